@@ -1,0 +1,56 @@
+"""The `swarm` console script: one command, one module per subcommand.
+
+Each module in `COMMANDS` exposes `register(subparsers)` which adds its parser and sets
+`func` to a handler `handler(args) -> int`. Modules import their heavy dependencies (torch,
+web3, libp2p) inside the handler so `swarm --help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Order is the order shown in `swarm --help`.
+COMMANDS = ("up", "deploy", "node", "verify", "simulate", "ledger", "audit", "bench")
+
+
+class CLIError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="swarm",
+        description="Serverless swarm learning with local differential privacy, "
+        "libp2p exchange and an on-chain round ledger.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"node.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"node.cli.{name}":
+                raise
+            continue  # subcommand not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except CLIError as exc:
+        print(f"swarm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"swarm {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
