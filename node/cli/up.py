@@ -1,0 +1,40 @@
+"""`swarm up`: a local swarm (Anvil + ledger + N peer processes) with live progress."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from node.cli import common
+
+SHORTCUTS = {"peers": "swarm.peers", "rounds": "swarm.rounds", "dataset": "data.dataset",
+             "mechanism": "privacy.mechanism", "epsilon": "privacy.epsilon", "seed": "swarm.seed"}
+
+
+def register(sub) -> None:
+    p = sub.add_parser("up", help="run a local swarm: Anvil, the ledger and N peers, with a verifiable run folder")
+    p.add_argument("--peers", type=int, help="number of peer processes (default 4)")
+    p.add_argument("--rounds", type=int, help="rounds to run (default 5)")
+    p.add_argument("--dataset", help="digits, breast-cancer, fashion-mnist, mnist, cifar10 (default digits)")
+    p.add_argument("--mechanism", help="pnpm (default), duchi, pm, hm, ldp-fl, laplace, gaussian, sampled, none")
+    p.add_argument("--epsilon", type=float, help="the mechanism's epsilon (per coordinate for local mechanisms)")
+    p.add_argument("--seed", type=int, help="the one seed of the run")
+    p.add_argument("--out", type=Path, help="run folder (default runs/<timestamp>)")
+    common.add_config_options(p)
+    p.set_defaults(func=handle)
+
+
+def handle(args) -> int:
+    from node.cli import CLIError
+    from node.up import run_up
+
+    config = common.load(args, SHORTCUTS)
+    try:
+        report = run_up(config, out=args.out, json_output=args.json)
+    except FileExistsError as exc:
+        raise CLIError(str(exc)) from exc
+    if args.json:
+        common.emit_json(report)
+    else:
+        print((Path(report["run"]) / "report.md").read_text())
+        print(f"run folder: {report['run']}\nverify it:  {report['verify_command']}")
+    ok = not report["interrupted"] and all(rc == 0 for rc in report["peer_exit_codes"])
+    return 0 if ok else 1

@@ -1,0 +1,85 @@
+"""`swarm verify`: re-check every round of a swarm, trusting no peer."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from node.cli import common
+
+
+def register(sub) -> None:
+    p = sub.add_parser("verify", help="re-check every round: blobs vs commitments, aggregates, eps per peer")
+    p.add_argument("--rpc-url", help="the chain's JSON-RPC URL")
+    p.add_argument("--ledger", help="the SwarmLedger contract address")
+    p.add_argument("--archive", type=Path, help="folder of the run's blobs (content-addressed)")
+    p.add_argument("--run", type=Path, help="a `swarm up` run folder: restarts a local chain from its saved state")
+    p.add_argument("--json", action="store_true", help="print one JSON document for scripts")
+    p.set_defaults(func=handle)
+
+
+def handle(args) -> int:
+    from node.cli import CLIError
+
+    if args.run:
+        if args.rpc_url or args.ledger:
+            raise CLIError("--run restarts the run's own chain: do not combine it with --rpc-url/--ledger")
+        return _verify_run(args.run, args.archive, args.json)
+    if not (args.rpc_url and args.ledger and args.archive):
+        raise CLIError("give --rpc-url, --ledger and --archive, or --run DIR for a local run")
+    from node.ledger import LedgerClient, connect
+
+    ledger = LedgerClient(connect(args.rpc_url), args.ledger)
+    return _verify(ledger, args.archive, args.json)
+
+
+def _verify_run(run: Path, archive: Path | None, as_json: bool) -> int:
+    from node.chain import start_anvil
+    from node.cli import CLIError
+    from node.ledger import LedgerClient, connect
+
+    try:
+        info = json.loads((run / "run.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"{run} is not a swarm run folder (run.json unreadable: {exc})") from exc
+    state = run / "chain" / "state.json"
+    if not state.exists():
+        raise CLIError(f"{state} is missing: the run's chain state was not saved")
+    with start_anvil(load_state=state, chain_id=info["chain_id"]) as anvil:
+        ledger = LedgerClient(connect(anvil.url), info["ledger"])
+        return _verify(ledger, archive or run / "archive", as_json)
+
+
+def _verify(ledger, archive_dir: Path, as_json: bool) -> int:
+    from node.cli import CLIError
+    from node.verify import verify
+    from p2p.store import DiskBlobStore
+
+    if not archive_dir.is_dir():
+        raise CLIError(f"archive folder {archive_dir} does not exist")
+    report = verify(ledger, DiskBlobStore(archive_dir))
+    if as_json:
+        common.emit_json(report.to_dict())
+    else:
+        _print(report)
+    return 0 if report.ok else 1
+
+
+def _print(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"ledger {report.ledger}")
+    for col in ("round", "state", "participants", "included", "blobs ok", "aggregate", "eps ok"):
+        t.add_column(col)
+    for r in report.rounds:
+        agg = "-" if r.aggregate_ok is None else ("ok" if r.aggregate_ok else "FAIL")
+        t.add_row(str(r.round), r.state, str(r.participants), str(r.included), str(r.blobs_ok), agg, str(r.eps_ok))
+    console.print(t)
+    for peer, entry in sorted(report.peers.items()):
+        console.print(f"  {peer}: eps spent {entry.get('eps_spent')} over {entry.get('commits')} commits, "
+                      f"protecting {entry.get('protects')}")
+    if report.ok:
+        console.print("[green]every check holds[/green]")
+    for f in report.failures:
+        console.print(f"[red]FAIL[/red] round {f.round}, peer {f.peer}, check {f.check}: {f.detail}")

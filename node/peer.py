@@ -1,0 +1,367 @@
+"""The peer's round state machine (DESIGN.md, "A round, step by step").
+
+One trio event loop per peer. The libp2p host serves blobs from the loop while training and
+every synchronous web3 call run in worker threads (`trio.to_thread.run_sync`). Every wait on
+the chain or the network has a deadline; the chain decides who is in a round, and every
+participant aggregates the on-chain set in ledger order, so all honest peers attest the same
+bits.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import trio
+
+from node import wire
+from node.blob import BlobError, sha256
+
+log = logging.getLogger("swarm.peer")
+
+
+class Phase(str, enum.Enum):
+    STARTING = "starting"
+    TRAINING = "training"
+    COMMITTING = "committing"
+    WAITING_CLOSE = "waiting-close"
+    FETCHING = "fetching"
+    ATTESTING = "attesting"
+    WAITING_FINAL = "waiting-final"
+    FOLLOWING = "following"  # not a participant this round: waits for the result
+    BUDGET_SPENT = "budget-spent"
+    DONE = "done"
+
+
+@dataclass
+class PeerSettings:
+    shared: wire.SharedSettings
+    mechanism: dict  # mechanism params, e.g. {"name": "pnpm", "epsilon": 1.0}
+    epochs: int
+    batch_size: int
+    lr: float
+    lr_decay: float
+    momentum: float
+    rounds: int  # stop once this round is finalized or aborted
+    fetch_timeout: float = 30.0
+    poll_interval: float = 0.25
+    chain_timeout: float = 600.0  # longest wait for any one chain state change
+    fault: str | None = None  # testing only: "wrong-bytes" or "scale:K" (see docs/NODE.md)
+    dp: object | None = None  # node.train.DPSGDConfig for DP-SGD inside local training
+
+
+@dataclass
+class RoundOutcome:
+    round: int
+    state: str
+    committed: bool = False
+    included: list[bool] = field(default_factory=list)
+    accuracy: float | None = None
+    loss: float | None = None
+    eps_cumulative: float | None = None
+    train_seconds: float = 0.0
+    round_seconds: float = 0.0
+    bytes_fetched: int = 0
+    gas_used: int = 0
+
+
+class Peer:
+    """A swarm participant: drives rounds until `settings.rounds` is reached."""
+
+    def __init__(self, settings: PeerSettings, *, ledger, host, store, train_xy, test_xy, workdir: Path,
+                 on_status: Callable[[dict], None] | None = None):
+        from node.models import init_model
+
+        self.s = settings
+        self.ledger = ledger
+        self.host = host
+        self.store = store
+        self.train_x, self.train_y = train_xy
+        self.test_x, self.test_y = test_xy
+        self.workdir = Path(workdir)
+        self.on_status = on_status or (lambda status: None)
+        sh = settings.shared
+        self.model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
+        from node.blob import flatten
+
+        self.genesis_vector, self.spec = flatten(self.model)
+        self.num_params = self.genesis_vector.numel()
+        self.address = ledger.account.address
+        self.phase = Phase.STARTING
+        self.round = 0
+        self._commits = 0  # rounds this peer has committed in: the accountant's T
+
+    # ---------------------------------------------------------------- helpers
+    async def chain(self, fn, *args, **kwargs):
+        return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    def _status(self, **extra):
+        self.on_status({"round": self.round, "phase": self.phase.value, "address": self.address,
+                        "time": time.time(), **extra})
+
+    def _set(self, phase: Phase, **extra):
+        self.phase = phase
+        self._status(**extra)
+
+    async def _wait_for(self, predicate, *, what: str, nudge=None):
+        """Poll the chain until predicate() is truthy; `nudge` may send a transaction that
+        moves the round along (close or abort). Fails after `chain_timeout`."""
+        with trio.fail_after(self.s.chain_timeout):
+            while True:
+                value = await self.chain(predicate)
+                if value:
+                    return value
+                if nudge is not None:
+                    await nudge()
+                await trio.sleep(self.s.poll_interval)
+        raise AssertionError(f"unreachable: {what}")  # fail_after raises TooSlowError
+
+    # ------------------------------------------------------------ bootstrap
+    async def start(self) -> torch.Tensor:
+        """Register if needed, check the genesis, and return the current global model."""
+        from node.ledger import LedgerError
+
+        params = await self.chain(self.ledger.params)
+        genesis = wire.genesis_blob(self.genesis_vector, self.s.shared.to_dict())
+        if sha256(genesis) != bytes(params.genesis_digest):
+            raise RuntimeError(
+                "this peer's swarm settings (model, dataset, aggregation, seed) do not match the ledger's "
+                f"genesis digest {bytes(params.genesis_digest).hex()}: got {sha256(genesis).hex()}"
+            )
+        self.store.put(genesis)
+        await self.host.announce_blob(sha256(genesis).hex())
+        if not await self.chain(lambda: len(self.ledger.peer_id_of(self.address)) > 0):
+            try:
+                await self.chain(self.ledger.register, self.host.peer_id_bytes)
+            except LedgerError as exc:  # raced with ourselves after a restart: fine if now registered
+                if not await self.chain(lambda: len(self.ledger.peer_id_of(self.address)) > 0):
+                    raise RuntimeError(f"registration failed: {exc}") from exc
+        self._commits = await self.chain(self._count_my_commits)
+        return await self._latest_global()
+
+    def _count_my_commits(self) -> int:
+        current = self.ledger.current_round()
+        return sum(1 for r in range(1, current + 1)
+                   if int(self.ledger.commitment_of(r, self.address).num_samples) > 0)
+
+    async def _latest_global(self) -> torch.Tensor:
+        """The model of the last finalized round (genesis if none): from our store, else from
+        any peer, checked against the finalized digest on chain."""
+        current = await self.chain(self.ledger.current_round)
+        for r in range(current - 1, 0, -1):
+            info = await self.chain(self.ledger.round_info, r)
+            if info.state.name == "FINALIZED":
+                digest = bytes(await self.chain(self.ledger.finalized_digest, r))
+                data = await self._obtain(digest.hex(), providers=None)
+                vector, _ = wire.read_vector(data, self.num_params, kind="model")
+                return vector
+        return self.genesis_vector.clone()
+
+    async def _obtain(self, digest_hex: str, providers) -> bytes:
+        data = self.store.get(digest_hex)
+        if data is not None:
+            return data
+        return await self.host.fetch(digest_hex, providers=providers, max_size=wire.max_blob_size(self.num_params),
+                                     timeout=self.s.fetch_timeout)
+
+    # ---------------------------------------------------------------- rounds
+    async def run(self, *, on_round: Callable[[RoundOutcome], None] | None = None) -> list[RoundOutcome]:
+        global_vector = await self.start()
+        outcomes = []
+        while True:
+            current = await self.chain(self.ledger.current_round)
+            if current > self.s.rounds:
+                break
+            outcome, global_vector = await self.play_round(current, global_vector)
+            outcomes.append(outcome)
+            if on_round:
+                on_round(outcome)
+        self._set(Phase.DONE)
+        return outcomes
+
+    async def play_round(self, r: int, global_vector: torch.Tensor) -> tuple[RoundOutcome, torch.Tensor]:
+        from node.ledger import LedgerError
+
+        self.round = r
+        started = time.monotonic()
+        out = RoundOutcome(round=r, state="open")
+        info = await self.chain(self.ledger.round_info, r)
+        already = int((await self.chain(self.ledger.commitment_of, r, self.address)).num_samples) > 0
+        if info.state.name == "OPEN" and not already:
+            try:
+                out.train_seconds, out.gas_used, out.eps_cumulative = await self._contribute(r, global_vector)
+                out.committed = True
+            except BudgetExhausted as exc:
+                self._set(Phase.BUDGET_SPENT, reason=str(exc))
+                log.warning("round %d: %s", r, exc)
+            except LedgerError as exc:  # window closed under us, or similar: follow this round
+                log.warning("round %d: commit refused: %s", r, exc)
+        out.committed = out.committed or already
+
+        self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
+        info = await self._wait_for(lambda: self._state_after(r, "OPEN"), what="close",
+                                    nudge=lambda: self._try(self.ledger.close_round, r))
+        if info.state.name == "CLOSED" and out.committed:
+            participants = await self.chain(self.ledger.participants, r)
+            if self.address in participants:
+                new_vector, out.included, out.bytes_fetched, gas = await self._aggregate_and_attest(r, global_vector)
+                out.gas_used += gas
+        self._set(Phase.WAITING_FINAL)
+        info = await self._wait_for(lambda: self._state_after(r, "OPEN", "CLOSED"), what="finalization",
+                                    nudge=lambda: self._try(self.ledger.abort_round, r))
+        out.state = info.state.name.lower()
+        if info.state.name == "FINALIZED":
+            digest = bytes(await self.chain(self.ledger.finalized_digest, r))
+            data = await self._obtain(digest.hex(), providers=None)
+            global_vector, _ = wire.read_vector(data, self.num_params, kind="model")
+            await self.host.announce_blob(digest.hex())
+            out.accuracy, out.loss = await trio.to_thread.run_sync(self._evaluate, global_vector)
+        out.round_seconds = time.monotonic() - started
+        return out, global_vector
+
+    def _state_after(self, r: int, *states: str):
+        info = self.ledger.round_info(r)
+        return None if info.state.name in states else info
+
+    async def _try(self, fn, *args):
+        """Close or abort when the chain allows it; refusals (window still open, quorum not
+        met, someone else was first) are the normal case and are ignored."""
+        from node.ledger import LedgerError
+
+        try:
+            await self.chain(fn, *args)
+        except LedgerError:
+            pass
+
+    # ------------------------------------------------------------ contribute
+    async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, float]:
+        import mechanisms
+        from mechanisms.accounting import cumulative_spend
+
+        spend = cumulative_spend(self.s.mechanism, self.num_params, self._commits + 1)
+        cap = (await self.chain(self.ledger.params)).eps_cap_micro
+        eps_micro = wire.eps_to_micro(spend.epsilon)
+        if eps_micro > cap:
+            raise BudgetExhausted(
+                f"committing round {r} would bring eps to {spend.epsilon:.6g} ({spend.protects}), past the "
+                f"swarm's cap {cap / wire.EPS_SCALE:.6g}: this peer stops contributing"
+            )
+        self._set(Phase.TRAINING)
+        t0 = time.monotonic()
+        vector, num_samples = await trio.to_thread.run_sync(self._train_and_perturb, r, global_vector)
+        train_seconds = time.monotonic() - t0
+        mech_json = wire.canonical(self.s.mechanism)
+        data = wire.update_blob(vector, r, mech_json)
+        digest = self.store.put(data)
+        if self.s.fault == "wrong-bytes":
+            self.store.poison(digest)  # testing: commit this digest, serve other bytes
+        await self.host.announce_blob(digest)
+        self._set(Phase.COMMITTING)
+        receipt = await self.chain(self.ledger.commit, r, bytes.fromhex(digest), num_samples, eps_micro,
+                                   mech_json.encode())
+        self._commits += 1
+        return train_seconds, _gas(receipt), spend.epsilon
+
+    def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
+        import mechanisms
+        from node.blob import unflatten
+        from node.train import round_lr, train_local
+
+        self.model.load_state_dict(unflatten(global_vector, self.spec))
+        seed = _round_seed(self.s.shared.seed, self.address, r)
+        result = train_local(self.model, self.train_x, self.train_y, epochs=self.s.epochs,
+                             batch_size=self.s.batch_size, lr=round_lr(self.s.lr, self.s.lr_decay, r - 1),
+                             momentum=self.s.momentum, seed=seed, dp=self.s.dp)
+        from node.blob import flatten
+
+        local, _ = flatten(self.model)
+        shared = local - global_vector if self.s.shared.share == "update" else local
+        if self.s.fault and self.s.fault.startswith("scale:"):
+            shared = shared * float(self.s.fault.split(":", 1)[1])  # testing: a byzantine update
+        mechanism = mechanisms.from_params(self.s.mechanism)
+        generator = torch.Generator().manual_seed(seed ^ 0x5EED)
+        noisy = mechanism.perturb(shared.to(torch.float32), generator=generator)
+        return noisy.to(torch.float32).contiguous(), int(result.num_samples)
+
+    # -------------------------------------------------------------- aggregate
+    async def _aggregate_and_attest(self, r: int, previous: torch.Tensor):
+        self._set(Phase.FETCHING)
+        commitments = await self.chain(self.ledger.commitments, r)
+        peer_ids = [await self.chain(self.ledger.peer_id_of, c.peer) for c in commitments]
+        vectors: list[torch.Tensor | None] = [None] * len(commitments)
+        fetched = [0]
+
+        async def fetch_one(i: int, nursery_deadline: float):
+            c = commitments[i]
+            digest_hex = bytes(c.digest).hex()
+            providers = self._providers(digest_hex, peer_ids[i])
+            with trio.move_on_at(nursery_deadline):
+                while True:
+                    try:
+                        data = await self._obtain(digest_hex, providers)
+                        vectors[i], _ = wire.read_vector(data, self.num_params, kind="update")
+                        fetched[0] += len(data)
+                        return
+                    except BlobError as exc:  # right digest, malformed content: nobody can use it
+                        log.warning("round %d: blob of %s is malformed: %s", r, c.peer, exc)
+                        return
+                    except Exception as exc:  # P2P errors: try again (other holders) until the deadline
+                        log.info("round %d: fetch of %s from %s failed: %s", r, digest_hex[:12], c.peer, exc)
+                        await trio.sleep(0.5)
+                        providers = self._providers(digest_hex, peer_ids[i])
+
+        deadline = trio.current_time() + self.s.fetch_timeout
+        async with trio.open_nursery() as nursery:
+            for i in range(len(commitments)):
+                nursery.start_soon(fetch_one, i, deadline)
+        included = [v is not None for v in vectors]
+        if not any(included):
+            raise RuntimeError(f"round {r}: no blob could be fetched, not even our own")
+        new_vector = await trio.to_thread.run_sync(
+            lambda: wire.next_global(self.s.shared, previous,
+                                     [v for v in vectors if v is not None],
+                                     [int(c.num_samples) for c, v in zip(commitments, vectors) if v is not None]))
+        data = wire.model_blob(new_vector, r)
+        digest = self.store.put(data)
+        await self.host.announce_blob(digest)
+        self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
+        receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), wire.bitmap(included))
+        return new_vector, included, fetched[0], _gas(receipt)
+
+    def _providers(self, digest_hex: str, committer_peer_id: bytes) -> list[str]:
+        from p2p import peer_id_from_bytes
+
+        providers = list(self.host.providers(digest_hex))
+        committer = peer_id_from_bytes(bytes(committer_peer_id))
+        return [committer] + [p for p in providers if p != committer]
+
+    def _evaluate(self, vector: torch.Tensor) -> tuple[float, float]:
+        from node.blob import unflatten
+        from node.train import evaluate
+
+        self.model.load_state_dict(unflatten(vector, self.spec))
+        return evaluate(self.model, self.test_x, self.test_y)
+
+
+class BudgetExhausted(Exception):
+    """The next commit would pass the swarm's eps cap."""
+
+
+def _round_seed(seed: int, address: str, r: int) -> int:
+    """Each peer's draws for a round derive from the run's one seed, its address and the round."""
+    digest = sha256(f"{seed}:{address.lower()}:{r}".encode())
+    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _gas(receipt) -> int:
+    try:
+        return int(receipt["gasUsed"])
+    except (TypeError, KeyError):
+        return int(getattr(receipt, "gas_used", 0) or 0)

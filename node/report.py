@@ -1,0 +1,95 @@
+"""The run folder's summary: per-round metrics (JSONL), a plot, and a report that names the
+ledger and the command that verifies the run. PNPM's eps is labelled sign-only everywhere."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from node.runner import write_json_atomic
+
+
+def round_rows(peers) -> list[dict]:
+    """One row per round from every peer's metrics: the global model is the same on every
+    peer, so accuracy is taken from any peer that evaluated it (they agree bit for bit)."""
+    by_round: dict[int, dict] = {}
+    for p in peers:
+        for m in p.metrics():
+            row = by_round.setdefault(m["round"], {"round": m["round"], "state": m["state"], "accuracy": None,
+                                                   "loss": None, "eps": {}, "gas": 0, "bytes_fetched": 0,
+                                                   "committed": 0, "train_seconds": [], "round_seconds": []})
+            row["state"] = m["state"]
+            if m.get("accuracy") is not None:
+                row["accuracy"], row["loss"] = m["accuracy"], m["loss"]
+            if m.get("eps_cumulative") is not None:
+                row["eps"][m["peer"]] = m["eps_cumulative"]
+            row["gas"] += int(m.get("gas_used") or 0)
+            row["bytes_fetched"] += int(m.get("bytes_fetched") or 0)
+            row["committed"] += bool(m.get("committed"))
+            row["train_seconds"].append(m.get("train_seconds") or 0.0)
+            row["round_seconds"].append(m.get("round_seconds") or 0.0)
+    rows = []
+    for r in sorted(by_round):
+        row = by_round[r]
+        row["train_seconds"] = max(row["train_seconds"])
+        row["round_seconds"] = max(row["round_seconds"])
+        rows.append(row)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    rounds = [r["round"] for r in rows if r["accuracy"] is not None]
+    ax.plot(rounds, [r["accuracy"] for r in rows if r["accuracy"] is not None], "o-", color="tab:blue")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy", color="tab:blue")
+    ax.set_ylim(0, 1)
+    ax2 = ax.twinx()
+    eps_rounds = [r["round"] for r in rows if r["eps"]]
+    ax2.plot(eps_rounds, [max(r["eps"].values()) for r in rows if r["eps"]], "s--", color="tab:red")
+    ax2.set_ylabel("max eps per peer (cumulative)", color="tab:red")
+    ax.set_title("accuracy and privacy spend per round")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_report(out: Path, peers, ledger, run_info: dict, interrupted: bool) -> dict:
+    from node.metrics import MetricsWriter
+
+    rows = round_rows(peers)
+    with MetricsWriter(out / "metrics.jsonl") as metrics:
+        for row in rows:
+            metrics.write(row)
+    if rows:
+        plot(rows, out / "progress.png")
+    mechanism = run_info["config"]["privacy"]["mechanism"]
+    protects = "the SIGN of each weight only (no finite eps for the values)" if mechanism == "pnpm" else "the values"
+    eps_spent = {}
+    for p in peers:
+        try:
+            eps_spent[p.address] = ledger.eps_spent(p.address) / 1e6
+        except Exception:  # the chain may be gone after a hard stop; metrics still hold the figures
+            eps_spent[p.address] = None
+    verify_cmd = f"swarm verify --run {out}"
+    report = {"run": str(out), "ledger": run_info["ledger"], "chain_id": run_info["chain_id"],
+              "interrupted": interrupted, "rounds": rows, "eps_spent": eps_spent, "mechanism": mechanism,
+              "protects": protects, "peer_exit_codes": [p.returncode for p in peers],
+              "verify_command": verify_cmd, "finished": time.time()}
+    write_json_atomic(out / "report.json", report)
+    lines = [f"# Swarm run {out.name}", "", f"- ledger: `{run_info['ledger']}` (chain id {run_info['chain_id']})",
+             f"- mechanism: `{mechanism}`; the eps below protects {protects}",
+             f"- peers: {len(peers)}, exit codes {report['peer_exit_codes']}" + (" (interrupted)" if interrupted else ""),
+             f"- verify: `{verify_cmd}`", "", "| round | state | accuracy | max eps per peer | gas | bytes fetched |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        acc = f"{r['accuracy']:.4f}" if r["accuracy"] is not None else "-"
+        eps = f"{max(r['eps'].values()):.6g}" if r["eps"] else "-"
+        lines.append(f"| {r['round']} | {r['state']} | {acc} | {eps} | {r['gas']:,} | {r['bytes_fetched']:,} |")
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    return report

@@ -1,0 +1,126 @@
+"""One peer process (`swarm node`): wires the ledger client, the libp2p host, the blob store,
+the data shard and the round state machine together, and records status and metrics."""
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import trio
+
+from node import wire
+
+log = logging.getLogger("swarm.node")
+
+P2P_PASSWORD_ENV = "SWARM_P2P_PASSWORD"
+
+
+@dataclass
+class NodeOptions:
+    rpc_url: str
+    ledger: str
+    workdir: Path
+    bootstrap: list[str]
+    listen: list[str]
+    partition: tuple[int, int] | None  # (i, N): this peer's shard of the dataset
+    fault: str | None = None
+
+
+def p2p_password() -> bytes:
+    value = os.environ.get(P2P_PASSWORD_ENV)
+    if value:
+        return value.encode()
+    if sys.stdin.isatty():
+        return getpass.getpass("password for this peer's libp2p key file: ").encode()
+    raise RuntimeError(f"set {P2P_PASSWORD_ENV} to the password of this peer's libp2p key file")
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+class RegistryCache:
+    """The admission predicate p2p asks on every stream and message: is this libp2p peer
+    registered on the ledger? Refreshed from the chain in the background; unknown peers are
+    refused until the next refresh sees them."""
+
+    def __init__(self, ledger):
+        self.ledger = ledger
+        self.allowed: set[str] = set()
+
+    def __call__(self, peer_id: str) -> bool:
+        return peer_id in self.allowed
+
+    def refresh(self) -> None:
+        from p2p import peer_id_from_bytes
+
+        self.allowed = {peer_id_from_bytes(bytes(pid)) for pid in self.ledger.registered_peer_ids()}
+
+    async def keep_fresh(self, interval: float = 1.0) -> None:
+        while True:  # ends when the owning nursery is cancelled at shutdown
+            try:
+                await trio.to_thread.run_sync(self.refresh)
+            except Exception as exc:  # a transient RPC error must not take the peer down
+                log.warning("registry refresh failed: %s", exc)
+            await trio.sleep(interval)
+
+
+async def run_node(config, options: NodeOptions) -> int:
+    """Run one peer until the configured number of rounds is over. Returns an exit status."""
+    from node.keys import load_account
+    from node.ledger import LedgerClient, connect
+    from node.metrics import MetricsWriter
+    from node.peer import Peer
+    from node.setup import load_shard, peer_settings
+    from p2p.host import HostConfig, open_host
+    from p2p.identity import load_or_create_identity
+    from p2p.store import DiskBlobStore
+
+    workdir = options.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    w3 = await trio.to_thread.run_sync(lambda: connect(options.rpc_url))
+    account = load_account(workdir / "eth-keystore.json", create=True)
+    ledger = LedgerClient(w3, options.ledger, account)
+    settings = peer_settings(config, fault=options.fault)
+    train_xy, test_xy = await trio.to_thread.run_sync(lambda: load_shard(config, options.partition))
+    key_pair = load_or_create_identity(workdir / "p2p.key", p2p_password())
+    store = DiskBlobStore(workdir / "blobs")
+    if options.fault == "wrong-bytes":
+        from node.faults import WrongBytesStore
+
+        store = WrongBytesStore(store)
+    registry = RegistryCache(ledger)
+    await trio.to_thread.run_sync(registry.refresh)
+    chain_id = await trio.to_thread.run_sync(lambda: w3.eth.chain_id)
+    host_config = HostConfig(key_pair=key_pair, listen_addrs=options.listen, bootstrap=options.bootstrap,
+                             topic=wire.topic_for(chain_id, ledger.address),
+                             max_blob_size=wire.max_blob_size(10_000_000))
+    status_path = workdir / "status.json"
+
+    async with open_host(host_config, store, allowed=registry) as host:
+        write_json_atomic(workdir / "peer.json", {"peer_id": host.peer_id, "addrs": host.addrs,
+                                                  "address": account.address})
+        with MetricsWriter(workdir / "metrics.jsonl") as metrics:
+            def on_status(status: dict) -> None:
+                write_json_atomic(status_path, status)
+
+            def on_round(outcome) -> None:
+                record = {"peer": account.address, "time": time.time(), **asdict(outcome)}
+                record["included"] = sum(outcome.included) if outcome.included else None
+                metrics.write(record)
+                log.info("round %d %s acc=%s", outcome.round, outcome.state, outcome.accuracy)
+
+            peer = Peer(settings, ledger=ledger, host=host, store=store, train_xy=train_xy, test_xy=test_xy,
+                        workdir=workdir, on_status=on_status)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(registry.keep_fresh)
+                await peer.run(on_round=on_round)
+                nursery.cancel_scope.cancel()
+    return 0

@@ -1,0 +1,161 @@
+"""`swarm verify`: re-check every round of a swarm from the chain and an archive of blobs,
+trusting no peer.
+
+For every round: each committed blob matches its on-chain digest; the aggregate recomputed
+from the included blobs (ledger order, the finalizing bitmap) matches the finalized digest;
+each peer's recorded eps follows from the mechanism parameters it committed. The genesis blob
+anchors the shared settings (model, aggregation rule): its digest is on chain.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from node import wire
+from node.blob import BlobError, sha256
+
+
+@dataclass
+class Failure:
+    round: int
+    peer: str
+    check: str
+    detail: str
+
+
+@dataclass
+class RoundCheck:
+    round: int
+    state: str
+    participants: int = 0
+    included: int = 0
+    blobs_ok: int = 0
+    aggregate_ok: bool | None = None  # None: nothing to recompute (open or aborted round)
+    eps_ok: int = 0
+
+
+@dataclass
+class VerifyReport:
+    ledger: str
+    rounds: list[RoundCheck] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    peers: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict:
+        return {"ledger": self.ledger, "ok": self.ok, "rounds": [asdict(r) for r in self.rounds],
+                "failures": [asdict(f) for f in self.failures], "peers": self.peers}
+
+
+def verify(ledger, archive) -> VerifyReport:
+    """`ledger`: a read-only LedgerClient; `archive`: a blob store holding the run's blobs."""
+    from mechanisms.accounting import cumulative_spend
+
+    report = VerifyReport(ledger=ledger.address)
+    params = ledger.params()
+    genesis_digest = bytes(params.genesis_digest)
+    genesis = archive.get(genesis_digest.hex())
+    if genesis is None or sha256(genesis) != genesis_digest:
+        report.failures.append(Failure(0, "-", "genesis", f"genesis blob {genesis_digest.hex()} missing from the "
+                                       "archive or not matching the ledger's digest"))
+        return report
+    from node.blob import decode_blob
+
+    tensors, meta = decode_blob(genesis, max_size=1 << 31, expected=None)
+    shared = wire.SharedSettings.from_dict(json.loads(meta["swarm"]))
+    num_params = tensors[wire.VECTOR].numel()
+    global_vector = tensors[wire.VECTOR].to(torch.float32)
+    commits_by_peer: dict[str, int] = {}
+    last_eps: dict[str, int] = {}
+
+    for r in range(1, ledger.current_round() + 1):
+        info = ledger.round_info(r)
+        check = RoundCheck(round=r, state=info.state.name.lower())
+        report.rounds.append(check)
+        commitments = ledger.commitments(r)
+        check.participants = len(commitments)
+        vectors: list[torch.Tensor | None] = []
+        for c in commitments:
+            peer = c.peer
+            commits_by_peer[peer] = commits_by_peer.get(peer, 0) + 1
+            last_eps[peer] = int(c.eps_micro)
+            data = archive.get(bytes(c.digest).hex())
+            vector = None
+            if data is None:
+                detail = "blob missing from the archive"
+            elif sha256(data) != bytes(c.digest):
+                detail = f"archived blob altered: its bytes hash to {sha256(data).hex()[:16]}..., not the committed digest"
+            else:
+                try:
+                    vector, _ = wire.read_vector(data, num_params, kind="update")
+                    check.blobs_ok += 1
+                    detail = ""
+                except BlobError as exc:
+                    detail = f"blob matches its digest but is malformed: {exc}"
+            vectors.append(vector)
+            if data is not None and sha256(data) != bytes(c.digest):  # tampered archive: fails whatever the bitmap
+                report.failures.append(Failure(r, peer, "blob", detail))
+            # eps: the k-th commit of this peer must record cumulative_spend(params, d, k)
+            try:
+                mech = json.loads(bytes(c.mechanism).decode())
+                spend = cumulative_spend(mech, num_params, commits_by_peer[peer])
+                expected = wire.eps_to_micro(spend.epsilon)
+                if expected != int(c.eps_micro):
+                    report.failures.append(Failure(r, peer, "eps", f"ledger records {int(c.eps_micro) / 1e6:.6f}, the "
+                                                   f"committed mechanism {mech} gives {expected / 1e6:.6f}"))
+                else:
+                    check.eps_ok += 1
+                report.peers.setdefault(peer, {})["protects"] = spend.protects
+            except (ValueError, KeyError, TypeError) as exc:
+                report.failures.append(Failure(r, peer, "eps", f"committed mechanism parameters unusable: {exc}"))
+
+        if info.state.name != "FINALIZED":
+            continue
+        finalized = bytes(ledger.finalized_digest(r))
+        bitmap = _finalizing_bitmap(ledger, r, finalized, len(commitments))
+        if bitmap is None:
+            report.failures.append(Failure(r, "-", "attestation", "no majority attestation found for the finalized digest"))
+            check.aggregate_ok = False
+            continue
+        included = wire.bits(bitmap, len(commitments))
+        check.included = sum(included)
+        unusable = [c.peer for c, inc, v in zip(commitments, included, vectors) if inc and v is None]
+        for peer in unusable:
+            report.failures.append(Failure(r, peer, "blob", "included in the finalized aggregate but missing or "
+                                           "invalid in the archive: the aggregate cannot be recomputed"))
+        if unusable:
+            check.aggregate_ok = False
+            continue
+        recomputed = wire.next_global(shared, global_vector,
+                                      [v for v, inc in zip(vectors, included) if inc],
+                                      [int(c.num_samples) for c, inc in zip(commitments, included) if inc])
+        digest = sha256(wire.model_blob(recomputed, r))
+        check.aggregate_ok = digest == finalized
+        if not check.aggregate_ok:
+            report.failures.append(Failure(r, "-", "aggregate", f"recomputed aggregate {digest.hex()[:16]}... differs "
+                                           f"from the finalized digest {finalized.hex()[:16]}..."))
+        global_vector = recomputed
+
+    for peer, eps_micro in last_eps.items():
+        on_chain = int(ledger.eps_spent(peer))
+        entry = report.peers.setdefault(peer, {})
+        entry.update(eps_spent=on_chain / wire.EPS_SCALE, commits=commits_by_peer[peer])
+        if on_chain != eps_micro:
+            report.failures.append(Failure(0, peer, "eps", f"epsSpent {on_chain} differs from the last commitment {eps_micro}"))
+    return report
+
+
+def _finalizing_bitmap(ledger, r: int, digest: bytes, n: int) -> bytes | None:
+    counts: dict[tuple[bytes, bytes], int] = {}
+    for a in ledger.attestations(r):
+        key = (bytes(a.digest), bytes(a.included))
+        counts[key] = counts.get(key, 0) + 1
+    for (d, bm), count in counts.items():
+        if d == digest and 2 * count > n:
+            return bm
+    return None
