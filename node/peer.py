@@ -70,6 +70,7 @@ class RoundOutcome:
     round_seconds: float = 0.0
     bytes_fetched: int = 0
     gas_used: int = 0
+    global_digest: str | None = None  # the model this peer holds after the round
 
 
 class Peer:
@@ -222,6 +223,7 @@ class Peer:
             data = await self._obtain(digest.hex(), providers=None)
             global_vector, _ = wire.read_vector(data, self.num_params, kind="model")
             await self.host.announce_blob(digest.hex())
+            out.global_digest = digest.hex()
             out.accuracy, out.loss = await trio.to_thread.run_sync(self._evaluate, global_vector)
         out.round_seconds = time.monotonic() - started
         return out, global_vector
@@ -271,24 +273,12 @@ class Peer:
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
         import mechanisms
-        from node.blob import unflatten
-        from node.train import round_lr, train_local
+        from node.local import contribute, round_seed
 
-        self.model.load_state_dict(unflatten(global_vector, self.spec))
-        seed = _round_seed(self.s.shared.seed, self.address, r)
-        result = train_local(self.model, self.train_x, self.train_y, epochs=self.s.epochs,
-                             batch_size=self.s.batch_size, lr=round_lr(self.s.lr, self.s.lr_decay, r - 1),
-                             momentum=self.s.momentum, seed=seed, dp=self.s.dp)
-        from node.blob import flatten
-
-        local, _ = flatten(self.model)
-        shared = local - global_vector if self.s.shared.share == "update" else local
-        if self.s.fault and self.s.fault.startswith("scale:"):
-            shared = shared * float(self.s.fault.split(":", 1)[1])  # testing: a byzantine update
-        mechanism = mechanisms.from_params(self.s.mechanism)
-        generator = torch.Generator().manual_seed(seed ^ 0x5EED)
-        noisy = mechanism.perturb(shared.to(torch.float32), generator=generator)
-        return noisy.to(torch.float32).contiguous(), int(result.num_samples)
+        c = contribute(self.model, self.spec, global_vector, self.train_x, self.train_y, settings=self.s,
+                       mechanism=mechanisms.from_params(self.s.mechanism), round_number=r,
+                       seed=round_seed(self.s.shared.seed, self.address, r), fault=self.s.fault)
+        return c.vector, c.num_samples
 
     # -------------------------------------------------------------- aggregate
     async def _aggregate_and_attest(self, r: int, previous: torch.Tensor):
@@ -352,12 +342,6 @@ class Peer:
 
 class BudgetExhausted(Exception):
     """The next commit would pass the swarm's eps cap."""
-
-
-def _round_seed(seed: int, address: str, r: int) -> int:
-    """Each peer's draws for a round derive from the run's one seed, its address and the round."""
-    digest = sha256(f"{seed}:{address.lower()}:{r}".encode())
-    return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
 
 
 def _gas(receipt) -> int:

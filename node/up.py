@@ -65,90 +65,155 @@ def default_out_dir() -> Path:
     return Path("runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
-def run_up(config, *, out: Path | None, json_output: bool, config_path_note: str | None = None) -> dict:
+class LocalSwarm:
+    """Anvil, the deployed ledger and N peer processes in one run folder. `swarm up` and the
+    end-to-end tests drive swarms through this one class."""
+
+    def __init__(self, config, out: Path, *, faults: dict[int, str] | None = None, say=None):
+        out = Path(out)
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"--out {out} exists and is not empty: choose a new folder")
+        self.config, self.out = config, out
+        self.faults = faults or {}
+        self.say = say or (lambda msg: None)
+        self.peers: list[PeerProcess] = []
+        self._password = secrets.token_hex(16)
+        self._anvil_cm = None
+
+    def __enter__(self) -> "LocalSwarm":
+        from eth_account import Account
+
+        from node.chain import start_anvil
+        from node.ledger import LedgerClient, connect
+        from node.setup import eps_cap_micro, genesis
+        from p2p import peer_id_of_key_pair
+        from p2p.identity import load_or_create_identity
+        from p2p.store import DiskBlobStore
+
+        config, out = self.config, self.out
+        (out / "chain").mkdir(parents=True, exist_ok=True)
+        (out / "config.toml").write_text(config.to_toml())
+        self.archive = DiskBlobStore(out / "archive")
+        n = config.swarm.peers
+        self._anvil_cm = start_anvil(block_time=config.chain.block_time, accounts=n + 1)
+        self.anvil = self._anvil_cm.__enter__()
+        try:
+            self.w3 = connect(self.anvil.url)
+            deployer = Account.from_key(self.anvil.private_keys[0])
+            genesis_blob = genesis(config)
+            self.archive.put(genesis_blob)
+            self.ledger = LedgerClient.deploy(
+                self.w3, deployer, min_peers=config.chain.min_peers, commit_window=config.chain.commit_window,
+                attest_window=config.chain.attest_window, eps_cap_micro=eps_cap_micro(config),
+                delta=config.privacy.delta, genesis_digest=sha256(genesis_blob))
+            self.say(f"ledger {self.ledger.address} on {self.anvil.url} (chain id {self.w3.eth.chain_id})")
+            for i in range(n):
+                workdir = out / "peers" / str(i)
+                workdir.mkdir(parents=True)
+                key_pair = load_or_create_identity(workdir / "p2p.key", self._password.encode())
+                peer_id = peer_id_of_key_pair(key_pair)
+                self.peers.append(PeerProcess(i, workdir, Account.from_key(self.anvil.private_keys[i + 1]).address,
+                                              peer_id, f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"))
+            self.run_info = {"ledger": self.ledger.address, "chain_id": self.w3.eth.chain_id, "rpc_url": self.anvil.url,
+                             "peers": [{"index": p.index, "address": p.address, "peer_id": p.peer_id}
+                                       for p in self.peers],
+                             "started": time.time(), "config": config.to_dict()}
+            write_json_atomic(out / "run.json", self.run_info)
+        except BaseException:
+            self._anvil_cm.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        self._anvil_cm.__exit__(*exc)
+
+    def start_peer(self, i: int) -> None:
+        p = self.peers[i]
+        env = dict(os.environ, SWARM_PRIVATE_KEY=self.anvil.private_keys[i + 1], **{P2P_PASSWORD_ENV: self._password})
+        cmd = [sys.executable, "-m", "node.cli", "node", "--rpc-url", self.anvil.url, "--ledger", self.ledger.address,
+               "--config", str(self.out / "config.toml"), "--workdir", str(p.workdir),
+               "--listen", p.multiaddr.rsplit("/p2p/", 1)[0], "--partition", f"{i}/{len(self.peers)}"]
+        for q in self.peers:
+            if q is not p:
+                cmd += ["--bootstrap", q.multiaddr]
+        if i in self.faults:
+            cmd += ["--fault", self.faults[i]]
+        with open(p.workdir / "peer.log", "ab") as log:
+            # A session of its own: Ctrl-C reaches only us, and we stop the peers in order.
+            p.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def start(self) -> None:
+        for i in range(len(self.peers)):
+            self.start_peer(i)
+
+    def kill(self, i: int, sig=signal.SIGKILL) -> None:
+        p = self.peers[i]
+        p.process.send_signal(sig)
+        p.process.wait()
+
+    def running(self) -> bool:
+        return any(p.process and p.process.poll() is None for p in self.peers)
+
+    def wait(self, timeout: float, on_tick=None) -> None:
+        """Until every peer process has exited; dumps the chain after every finished round so
+        a hard kill of this process still leaves a verifiable folder."""
+        deadline = time.monotonic() + timeout
+        last_dumped = 0
+        while self.running():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the swarm did not finish within {timeout:.0f} s (see {self.out}/peers/*/peer.log)")
+            time.sleep(0.5)
+            if on_tick:
+                on_tick()
+            done = self.ledger.current_round() - 1
+            if done > last_dumped:
+                self.save_chain()
+                last_dumped = done
+
+    def save_chain(self) -> None:
+        self.anvil.dump_state(self.out / "chain" / "state.json")
+
+    def stop(self, grace: float = 10.0) -> None:
+        _stop(self.peers, grace)
+
+    def finish(self, interrupted: bool) -> dict:
+        self.stop()
+        self.save_chain()
+        _collect_archive(self.peers, self.archive)
+        from node.report import write_report
+
+        return write_report(self.out, self.peers, self.ledger, self.run_info, interrupted)
+
+
+def run_up(config, *, out: Path | None, json_output: bool) -> dict:
     """Run a local swarm to the end (or Ctrl-C) and return the report as a dict."""
-    from eth_account import Account
-
-    from node.chain import start_anvil
-    from node.ledger import LedgerClient, connect
-    from node.setup import eps_cap_micro, genesis
-    from p2p.identity import load_or_create_identity
-    from p2p.store import DiskBlobStore
-    from p2p import peer_id_of_key_pair
-
-    out = Path(out or default_out_dir())
-    if out.exists() and any(out.iterdir()):
-        raise FileExistsError(f"--out {out} exists and is not empty: choose a new folder")
-    (out / "chain").mkdir(parents=True, exist_ok=True)
-    archive = DiskBlobStore(out / "archive")
-    n = config.swarm.peers
-    (out / "config.toml").write_text(config.to_toml())
     say = (lambda *a: None) if json_output else (lambda msg: print(msg, flush=True))
-
-    with start_anvil(block_time=config.chain.block_time, accounts=n + 1) as anvil:
-        w3 = connect(anvil.url)
-        deployer = Account.from_key(anvil.private_keys[0])
-        genesis_blob = genesis(config)
-        archive.put(genesis_blob)
-        ledger = LedgerClient.deploy(
-            w3, deployer, min_peers=config.chain.min_peers, commit_window=config.chain.commit_window,
-            attest_window=config.chain.attest_window, eps_cap_micro=eps_cap_micro(config),
-            delta=config.privacy.delta, genesis_digest=sha256(genesis_blob))
-        say(f"ledger {ledger.address} on {anvil.url} (chain id {w3.eth.chain_id})")
-        password = secrets.token_hex(16)
-        peers: list[PeerProcess] = []
-        for i in range(n):
-            workdir = out / "peers" / str(i)
-            workdir.mkdir(parents=True)
-            key_pair = load_or_create_identity(workdir / "p2p.key", password.encode())
-            port = free_port()
-            peer_id = peer_id_of_key_pair(key_pair)
-            peers.append(PeerProcess(i, workdir, Account.from_key(anvil.private_keys[i + 1]).address, peer_id,
-                                     f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer_id}"))
-        run_info = {"ledger": ledger.address, "chain_id": w3.eth.chain_id, "rpc_url": anvil.url,
-                    "peers": [{"index": p.index, "address": p.address, "peer_id": p.peer_id} for p in peers],
-                    "started": time.time(), "config": config.to_dict()}
-        write_json_atomic(out / "run.json", run_info)
-        for p in peers:
-            env = dict(os.environ, SWARM_PRIVATE_KEY=anvil.private_keys[p.index + 1], **{P2P_PASSWORD_ENV: password})
-            cmd = [sys.executable, "-m", "node.cli", "node", "--rpc-url", anvil.url, "--ledger", ledger.address,
-                   "--config", str(out / "config.toml"), "--workdir", str(p.workdir),
-                   "--listen", p.multiaddr.rsplit("/p2p/", 1)[0], "--partition", f"{p.index}/{n}"]
-            for q in peers:
-                if q is not p:
-                    cmd += ["--bootstrap", q.multiaddr]
-            log = open(p.workdir / "peer.log", "wb")
-            p.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True)  # Ctrl-C reaches us; we stop them in order
+    with LocalSwarm(config, out or default_out_dir(), say=say) as swarm:
+        swarm.start()
         interrupted = False
         try:
-            _watch(peers, ledger, anvil, out, config, json_output)
+            _watch(swarm, json_output)
         except KeyboardInterrupt:
             interrupted = True
             say("interrupted: stopping the peers, saving the chain and the archive")
-        finally:
-            _stop(peers)
-            anvil.dump_state(out / "chain" / "state.json")
-            _collect_archive(peers, archive)
-        report = _report(out, peers, ledger, run_info, interrupted)
-    return report
+        return swarm.finish(interrupted)
 
 
-def _watch(peers, ledger, anvil, out: Path, config, json_output: bool) -> None:
-    """Show live progress until every peer process has exited; dump the chain after every
-    finished round so a hard kill of this process still leaves a verifiable folder."""
+def _watch(swarm: LocalSwarm, json_output: bool) -> None:
+    """Live progress: round, phase and last figures of every peer."""
     from rich.console import Console
     from rich.live import Live
     from rich.table import Table
 
-    deadline = time.monotonic() + config.chain.run_timeout
-    last_dumped = 0
+    config, ledger = swarm.config, swarm.ledger
 
     def table() -> Table:
         t = Table(title=f"swarm {ledger.address[:10]}…  round {ledger.current_round()} of {config.swarm.rounds}")
-        for col in ("peer", "round", "phase", "accuracy", "eps (cumulative)", "state"):
+        for col in ("peer", "round", "phase", "accuracy", "eps (cumulative)", "process"):
             t.add_column(col)
-        for p in peers:
+        for p in swarm.peers:
             st, m = p.status(), p.metrics()
             last = m[-1] if m else {}
             acc = f"{last['accuracy']:.3f}" if last.get("accuracy") is not None else "-"
@@ -158,16 +223,8 @@ def _watch(peers, ledger, anvil, out: Path, config, json_output: bool) -> None:
         return t
 
     console = Console(stderr=True, quiet=json_output)
-    with Live(table(), console=console, refresh_per_second=2, transient=False) as live:
-        while any(p.process.poll() is None for p in peers):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the swarm did not finish within {config.chain.run_timeout} s")
-            time.sleep(0.5)
-            live.update(table())
-            done = ledger.current_round() - 1
-            if done > last_dumped:
-                anvil.dump_state(out / "chain" / "state.json")
-                last_dumped = done
+    with Live(table(), console=console, refresh_per_second=2) as live:
+        swarm.wait(config.chain.run_timeout, on_tick=lambda: live.update(table()))
 
 
 def _stop(peers, grace: float = 10.0) -> None:
@@ -195,9 +252,3 @@ def _collect_archive(peers, archive) -> None:
                 data = store.get(digest)
                 if data is not None:
                     archive.put(data)
-
-
-def _report(out: Path, peers, ledger, run_info: dict, interrupted: bool) -> dict:
-    from node.report import write_report
-
-    return write_report(out, peers, ledger, run_info, interrupted)

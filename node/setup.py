@@ -1,0 +1,99 @@
+"""From a resolved config to what a peer runs with: the shared settings (anchored in the genesis
+blob), the mechanism parameters, the data shard, and the swarm's eps cap."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from node import wire
+
+
+def mechanism_params(config) -> dict:
+    """The parameters the peer commits on chain (canonical JSON) and rebuilds its mechanism from."""
+    import mechanisms
+
+    extra = dict(config.privacy.params or {})
+    name = config.privacy.mechanism
+    if name in ("duchi", "pm", "hm", "laplace") and "clip" not in extra:
+        extra["clip"] = True  # model weights are not confined to [-1, 1]: clamp, inside the mechanism
+    mechanism = mechanisms.get(name, epsilon=config.privacy.epsilon, **extra)
+    return mechanism.params()
+
+
+def dataset_meta(config) -> tuple[tuple[int, ...], int]:
+    from node.data import load_dataset
+
+    test = load_dataset(config.data.dataset, data_dir=config.data.data_dir or None, split="test")
+    return tuple(test.input_shape), int(test.num_classes)
+
+
+def shared_settings(config) -> wire.SharedSettings:
+    from node.models import default_model_for
+
+    input_shape, num_classes = dataset_meta(config)
+    model = config.model.name if config.model.name != "auto" else default_model_for(config.data.dataset)
+    return wire.SharedSettings(model=model, dataset=config.data.dataset, input_shape=input_shape,
+                               num_classes=num_classes, share=config.privacy.share,
+                               aggregation=config.aggregation.rule, trim_ratio=config.aggregation.trim_ratio,
+                               krum_f=config.aggregation.krum_f, seed=config.swarm.seed)
+
+
+def genesis(config) -> bytes:
+    from node.blob import flatten
+    from node.models import init_model
+
+    sh = shared_settings(config)
+    model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
+    vector, _ = flatten(model)
+    return wire.genesis_blob(vector, sh.to_dict())
+
+
+def num_params(config) -> int:
+    from node.models import build_model
+
+    sh = shared_settings(config)
+    model = build_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes)
+    return sum(p.numel() for p in model.state_dict().values())
+
+
+def eps_cap_micro(config) -> int:
+    """The swarm's per-peer cap. 0 in the config means: exactly what `rounds` rounds of the
+    configured mechanism spend, so the demo never silently stops a peer."""
+    from mechanisms.accounting import cumulative_spend
+
+    if config.privacy.eps_cap > 0:
+        return wire.eps_to_micro(config.privacy.eps_cap)
+    spend = cumulative_spend(mechanism_params(config), num_params(config), config.swarm.rounds)
+    return wire.eps_to_micro(spend.epsilon)
+
+
+def peer_settings(config, *, fault: str | None = None):
+    from node.peer import PeerSettings
+    from node.train import DPSGDConfig
+
+    t = config.train
+    dp = None
+    if t.dp_sgd:
+        dp = DPSGDConfig(noise_multiplier=t.dp_noise_multiplier, max_grad_norm=t.dp_max_grad_norm,
+                         delta=config.privacy.delta)
+    return PeerSettings(shared=shared_settings(config), mechanism=mechanism_params(config), epochs=t.epochs,
+                        batch_size=t.batch_size, lr=t.lr, lr_decay=t.lr_decay, momentum=t.momentum,
+                        rounds=config.swarm.rounds, fetch_timeout=config.chain.fetch_timeout, fault=fault, dp=dp)
+
+
+def load_shard(config, partition: tuple[int, int] | None):
+    """This peer's training shard and the shared test set."""
+    from node.data import load_dataset
+    from node.partition import partition as split
+
+    d = config.data
+    train = load_dataset(d.dataset, data_dir=d.data_dir or None, split="train", limit=d.limit or None)
+    test = load_dataset(d.dataset, data_dir=d.data_dir or None, split="test", limit=d.test_limit or None)
+    if partition is not None:
+        i, n = partition
+        shards = split(train.y.numpy(), n, scheme=d.partition, alpha=d.alpha, shards_per_peer=d.shards_per_peer,
+                       seed=config.swarm.seed)
+        idx = torch.as_tensor(shards[i], dtype=torch.long)
+        train = train.subset(idx)
+    return (train.x, train.y), (test.x, test.y)

@@ -1,0 +1,148 @@
+"""End to end: real Anvil, real libp2p hosts on 127.0.0.1, real peer processes.
+
+One `swarm up` run with the README's defaults is shared by the tests that only read its
+folder; the fault tests (SIGKILL, a byzantine peer) drive their own LocalSwarm."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from node.config import load_config
+from node.up import LocalSwarm
+
+# The README promises this accuracy for `./run demo` (4 peers, 5 rounds, digits, PNPM eps 1).
+DEMO_MIN_ACCURACY = 0.80
+
+pytestmark = pytest.mark.slow
+
+
+def swarm_cli(*args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("demo") / "run"
+    proc = swarm_cli("up", "--out", str(out), "--json")
+    assert proc.returncode == 0, f"swarm up failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return out
+
+
+def peer_rounds(run: Path) -> dict[int, list[dict]]:
+    out = {}
+    for d in sorted((run / "peers").iterdir()):
+        out[int(d.name)] = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines() if line]
+    return out
+
+
+def test_demo_finishes_learns_and_verifies(demo_run):
+    report = json.loads((demo_run / "report.json").read_text())
+    rounds = report["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2, 3, 4, 5]
+    assert all(r["state"] == "finalized" for r in rounds)
+    assert rounds[-1]["accuracy"] >= DEMO_MIN_ACCURACY, rounds
+    assert (demo_run / "progress.png").stat().st_size > 1000
+    assert "swarm verify --run" in (demo_run / "report.md").read_text()
+    assert "SIGN" in report["protects"]  # PNPM's eps is labelled sign-only
+
+    # every peer holds the same global model after every round, and it is the finalized one
+    per_peer = peer_rounds(demo_run)
+    for r in range(1, 6):
+        digests = {p: next(m["global_digest"] for m in ms if m["round"] == r) for p, ms in per_peer.items()}
+        assert len(set(digests.values())) == 1, (r, digests)
+
+    proc = swarm_cli("verify", "--run", str(demo_run), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    verdict = json.loads(proc.stdout)
+    assert verdict["ok"] and len(verdict["rounds"]) == 5
+    assert all(r["aggregate_ok"] for r in verdict["rounds"])
+
+
+def test_verify_names_an_altered_blob(demo_run, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(demo_run, run)
+    commitments = json.loads(swarm_cli("verify", "--run", str(run), "--json").stdout)
+    assert commitments["ok"]
+    # alter one update blob of round 2 in the archive
+    info = json.loads((run / "run.json").read_text())
+    from node.chain import start_anvil
+    from node.ledger import LedgerClient, connect
+
+    with start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"]) as anvil:
+        c = LedgerClient(connect(anvil.url), info["ledger"]).commitments(2)[1]
+    digest = bytes(c.digest).hex()
+    path = run / "archive" / digest[:2] / digest
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+
+    proc = swarm_cli("verify", "--run", str(run), "--json")
+    assert proc.returncode == 1
+    failures = json.loads(proc.stdout)["failures"]
+    assert any(f["round"] == 2 and f["peer"] == c.peer and f["check"] == "blob" for f in failures), failures
+    text = swarm_cli("verify", "--run", str(run)).stdout
+    assert "round 2" in text and c.peer in text
+
+
+def small_config(**overrides):
+    sets = {"swarm.peers": 4, "swarm.rounds": 3, "chain.min_peers": 3}
+    sets.update(overrides)
+    return load_config(None, [f"{k}={v}" for k, v in sets.items()])
+
+
+def wait_until(predicate, timeout: float, what: str):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(what)
+
+
+def test_sigkilled_peer_round_still_finalizes_and_peer_catches_up(tmp_path):
+    with LocalSwarm(small_config(), tmp_path / "run") as swarm:
+        swarm.start()
+        victim = swarm.peers[3]
+        # kill it in round 2, right after it committed
+        wait_until(lambda: swarm.ledger.current_round() == 2 and
+                   int(swarm.ledger.commitment_of(2, victim.address).num_samples) > 0, 300, "peer 3 commits round 2")
+        swarm.kill(3)
+        wait_until(lambda: swarm.ledger.round_info(2).state.name == "FINALIZED", 300, "round 2 finalizes")
+        assert victim.address in swarm.ledger.participants(2)  # it had committed: quorum 3 of 4 attested
+        swarm.start_peer(3)  # the same workdir: same keys, same store
+        swarm.wait(400)
+        assert [p.process.returncode for p in swarm.peers] == [0, 0, 0, 0]
+        final = bytes(swarm.ledger.finalized_digest(3)).hex()
+        restarted = [m for m in victim.metrics() if m["round"] == 3]
+        assert restarted and restarted[-1]["global_digest"] == final
+        report = swarm.finish(interrupted=False)
+    assert [r["state"] for r in report["rounds"]] == ["finalized"] * 3
+    assert swarm_cli("verify", "--run", str(tmp_path / "run")).returncode == 0
+
+
+def test_peer_serving_other_bytes_is_left_out(tmp_path):
+    with LocalSwarm(small_config(**{"swarm.rounds": 2}), tmp_path / "run", faults={3: "wrong-bytes"}) as swarm:
+        swarm.start()
+        swarm.wait(400)
+        liar = swarm.peers[3].address
+        for r in (1, 2):
+            assert swarm.ledger.round_info(r).state.name == "FINALIZED"
+            participants = swarm.ledger.participants(r)
+            atts = swarm.ledger.attestations(r)
+            final = bytes(swarm.ledger.finalized_digest(r))
+            winning = [a for a in atts if bytes(a.digest) == final]
+            assert len(winning) >= 3
+            from node.wire import bits
+
+            included = bits(bytes(winning[0].included), len(participants))
+            assert included[participants.index(liar)] is False
+            assert sum(included) == 3
+        swarm.finish(interrupted=False)
+    assert swarm_cli("verify", "--run", str(tmp_path / "run")).returncode == 0
