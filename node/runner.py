@@ -83,6 +83,9 @@ async def run_node(config, options: NodeOptions) -> int:
     from p2p.identity import load_or_create_identity
     from p2p.store import DiskBlobStore
 
+    import torch
+
+    torch.set_num_threads(1)  # several peers share a machine's cores; one thread each is fastest
     workdir = options.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     w3 = await trio.to_thread.run_sync(lambda: connect(options.rpc_url))

@@ -2,8 +2,6 @@
 blob), the mechanism parameters, the data shard, and the swarm's eps cap."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from node import wire
@@ -15,6 +13,9 @@ def mechanism_params(config) -> dict:
 
     extra = dict(config.privacy.params or {})
     name = config.privacy.mechanism
+    if name == "none":
+        raise ValueError("privacy.mechanism = none is for `swarm simulate` baselines only: a swarm peer "
+                         "always perturbs what it shares")
     if name in ("duchi", "pm", "hm", "laplace") and "clip" not in extra:
         extra["clip"] = True  # model weights are not confined to [-1, 1]: clamp, inside the mechanism
     mechanism = mechanisms.get(name, epsilon=config.privacy.epsilon, **extra)
@@ -29,12 +30,10 @@ def dataset_meta(config) -> tuple[tuple[int, ...], int]:
 
 
 def shared_settings(config) -> wire.SharedSettings:
-    from node.models import default_model_for
-
     input_shape, num_classes = dataset_meta(config)
-    model = config.model.name if config.model.name != "auto" else default_model_for(config.data.dataset)
+    model = config.model_name
     return wire.SharedSettings(model=model, dataset=config.data.dataset, input_shape=input_shape,
-                               num_classes=num_classes, share=config.privacy.share,
+                               num_classes=num_classes, share=config.privacy.perturb,
                                aggregation=config.aggregation.rule, trim_ratio=config.aggregation.trim_ratio,
                                krum_f=config.aggregation.krum_f, seed=config.swarm.seed)
 
@@ -76,7 +75,7 @@ def peer_settings(config, *, fault: str | None = None):
     dp = None
     if t.dp_sgd:
         dp = DPSGDConfig(noise_multiplier=t.dp_noise_multiplier, max_grad_norm=t.dp_max_grad_norm,
-                         delta=config.privacy.delta)
+                         delta=t.dp_delta)
     return PeerSettings(shared=shared_settings(config), mechanism=mechanism_params(config), epochs=t.epochs,
                         batch_size=t.batch_size, lr=t.lr, lr_decay=t.lr_decay, momentum=t.momentum,
                         rounds=config.swarm.rounds, fetch_timeout=config.chain.fetch_timeout, fault=fault, dp=dp)

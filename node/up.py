@@ -17,13 +17,12 @@ import datetime as dt
 import json
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from node import wire
@@ -46,7 +45,6 @@ class PeerProcess:
     multiaddr: str
     process: subprocess.Popen | None = None
     returncode: int | None = None
-    history: list[dict] = field(default_factory=list)
 
     def status(self) -> dict:
         try:
@@ -85,6 +83,7 @@ class LocalSwarm:
 
         from node.chain import start_anvil
         from node.ledger import LedgerClient, connect
+        from node.config import quorum
         from node.setup import eps_cap_micro, genesis
         from p2p import peer_id_of_key_pair
         from p2p.identity import load_or_create_identity
@@ -103,7 +102,7 @@ class LocalSwarm:
             genesis_blob = genesis(config)
             self.archive.put(genesis_blob)
             self.ledger = LedgerClient.deploy(
-                self.w3, deployer, min_peers=config.chain.min_peers, commit_window=config.chain.commit_window,
+                self.w3, deployer, min_peers=quorum(config), commit_window=config.chain.commit_window,
                 attest_window=config.chain.attest_window, eps_cap_micro=eps_cap_micro(config),
                 delta=config.privacy.delta, genesis_digest=sha256(genesis_blob))
             self.say(f"ledger {self.ledger.address} on {self.anvil.url} (chain id {self.w3.eth.chain_id})")

@@ -1,0 +1,330 @@
+"""The run configuration: typed dataclasses, defaults in node/defaults.toml, a TOML file on top,
+then `section.key=value` overrides parsed with the field's type.
+
+Every key must be known and every value must have the field's type and range: a typo in a
+config file is an error, never silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
+
+
+class ConfigError(ValueError):
+    """An unknown key, a value of the wrong type, or a value out of range."""
+
+
+@dataclass
+class SwarmConfig:
+    peers: int
+    rounds: int
+    seed: int
+
+
+@dataclass
+class DataConfig:
+    dataset: str
+    partition: str
+    alpha: float
+    shards_per_peer: int
+    data_dir: str | None = None
+    limit: int | None = None  # first N training samples (CI slices)
+    test_limit: int | None = None  # first N test samples for evaluation
+
+
+@dataclass
+class ModelConfig:
+    name: str
+
+
+@dataclass
+class TrainConfig:
+    epochs: int
+    batch_size: int
+    lr: float
+    lr_decay: float
+    momentum: float
+    dp_sgd: bool
+    dp_noise_multiplier: float
+    dp_max_grad_norm: float
+    dp_delta: float
+
+
+@dataclass
+class PrivacyConfig:
+    mechanism: str
+    epsilon: float
+    perturb: str
+    delta: float
+    params: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class AggregationConfig:
+    rule: str
+    trim_ratio: float
+    krum_f: int
+
+
+@dataclass
+class ChainConfig:
+    min_peers: int
+    commit_window: int
+    attest_window: int
+    eps_cap: float
+    fetch_timeout: float
+    block_time: float
+    run_timeout: float
+    rpc_url: str | None = None
+    ledger: str | None = None
+
+
+@dataclass
+class P2PConfig:
+    listen_host: str
+    listen_port: int
+    bootstrap: list[str]
+
+
+@dataclass
+class OutputConfig:
+    plot: bool
+    archive: bool
+    dir: str | None = None
+
+
+@dataclass
+class Config:
+    swarm: SwarmConfig
+    data: DataConfig
+    model: ModelConfig
+    train: TrainConfig
+    privacy: PrivacyConfig
+    aggregation: AggregationConfig
+    chain: ChainConfig
+    p2p: P2PConfig
+    output: OutputConfig
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_toml(self) -> str:
+        """TOML text that `load_config` reads back to an equal Config (None values are left out)."""
+        import tomli_w
+
+        def drop_none(d):
+            return {k: drop_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
+
+        return tomli_w.dumps(drop_none(self.to_dict()))
+
+    @property
+    def model_name(self) -> str:
+        """The model to build: `model.name`, or the dataset's default when it is "auto"."""
+        if self.model.name != "auto":
+            return self.model.name
+        from node.models import default_model_for
+
+        return default_model_for(self.data.dataset)
+
+
+def _section_types() -> dict[str, type]:
+    return typing.get_type_hints(Config)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the TOML file at `path` (if any), then each "section.key=value" override."""
+    with open(DEFAULTS_PATH, "rb") as f:
+        merged = tomllib.load(f)
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                user = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        _merge(merged, user, source=str(path))
+    config = _build(merged)
+    for override in overrides:
+        _apply_override(config, override)
+    _check_ranges(config)
+    return config
+
+
+def _merge(base: dict, user: dict, *, source: str) -> None:
+    sections = _section_types()
+    for section, values in user.items():
+        if section not in sections:
+            raise ConfigError(f"{source}: unknown section [{section}]; known: {', '.join(sections)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+        known = {f.name for f in dataclasses.fields(sections[section])}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"{source}: unknown key {section}.{key}; known: {', '.join(sorted(known))}")
+            base.setdefault(section, {})[key] = value
+
+
+def _build(merged: dict) -> Config:
+    sections = {}
+    for section, cls in _section_types().items():
+        values = merged.get(section, {})
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                kwargs[f.name] = _coerce(values[f.name], hints[f.name], f"{section}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{section}.{f.name} has no value (node/defaults.toml must set it)")
+        sections[section] = cls(**kwargs)
+    return Config(**sections)
+
+
+def _coerce(value, hint, where: str):
+    """Check a TOML value against a field type (ints are accepted for floats)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None:
+            return None
+        (inner,) = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _coerce(value, inner, where)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        _, item = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, got {value!r}")
+        return {str(k): _coerce(v, item, f"{where}.{k}") for k, v in value.items()}
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{where} must be a finite number, got {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{where}: unsupported field type {hint!r}")
+
+
+def _parse_text(text: str, hint, where: str):
+    """An override's text as a value of the field's type: TOML syntax, or a bare string."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType) and text.strip().lower() in ("none", "null", ""):
+        return None
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare word such as dirichlet or /data/mnist
+    if origin is list and isinstance(value, str):
+        value = [part for part in value.split(",") if part]
+    if hint is str or (origin in (typing.Union, types.UnionType) and str in typing.get_args(hint)):
+        value = text  # strings are taken verbatim: "1" stays "1"
+    return _coerce(value, hint, where)
+
+
+def _apply_override(config: Config, override: str) -> None:
+    key, sep, text = override.partition("=")
+    if not sep:
+        raise ConfigError(f"override {override!r} must look like section.key=value")
+    parts = key.strip().split(".")
+    sections = _section_types()
+    if len(parts) < 2 or parts[0] not in sections:
+        raise ConfigError(f"override {override!r}: unknown section {parts[0]!r}; known: {', '.join(sections)}")
+    section = getattr(config, parts[0])
+    hints = typing.get_type_hints(type(section))
+    name = parts[1]
+    if name not in hints:
+        raise ConfigError(f"override {override!r}: unknown key {parts[0]}.{name}; "
+                          f"known: {', '.join(sorted(hints))}")
+    hint = hints[name]
+    if typing.get_origin(hint) is dict:
+        if len(parts) != 3:
+            raise ConfigError(f"override {override!r}: set one entry as {parts[0]}.{name}.NAME=value")
+        (_, item) = typing.get_args(hint)
+        getattr(section, name)[parts[2]] = _parse_text(text.strip(), item, key)
+        return
+    if len(parts) != 2:
+        raise ConfigError(f"override {override!r}: {parts[0]}.{name} has no sub-keys")
+    setattr(section, name, _parse_text(text.strip(), hint, key))
+
+
+def _check_ranges(c: Config) -> None:
+    from node.aggregate import RULES
+    from node.data import DATASETS
+    from node.models import MODELS
+    from node.partition import SCHEMES
+
+    checks = [
+        (c.swarm.peers >= 1, "swarm.peers", "must be >= 1"),
+        (c.swarm.rounds >= 1, "swarm.rounds", "must be >= 1"),
+        (c.swarm.seed >= 0, "swarm.seed", "must be >= 0"),
+        (c.data.dataset in DATASETS, "data.dataset", f"must be one of {', '.join(DATASETS)}"),
+        (c.data.partition in SCHEMES, "data.partition", f"must be one of {', '.join(SCHEMES)}"),
+        (c.data.alpha > 0, "data.alpha", "must be > 0"),
+        (c.data.shards_per_peer >= 1, "data.shards_per_peer", "must be >= 1"),
+        (c.data.limit is None or c.data.limit >= 1, "data.limit", "must be >= 1"),
+        (c.data.test_limit is None or c.data.test_limit >= 1, "data.test_limit", "must be >= 1"),
+        (c.model.name == "auto" or c.model.name in MODELS, "model.name", f"must be auto or one of {', '.join(MODELS)}"),
+        (c.train.epochs >= 1, "train.epochs", "must be >= 1"),
+        (c.train.batch_size >= 1, "train.batch_size", "must be >= 1"),
+        (c.train.lr > 0, "train.lr", "must be > 0"),
+        (0 < c.train.lr_decay <= 1, "train.lr_decay", "must be in (0, 1]"),
+        (0 <= c.train.momentum < 1, "train.momentum", "must be in [0, 1)"),
+        (c.train.dp_noise_multiplier > 0, "train.dp_noise_multiplier", "must be > 0"),
+        (c.train.dp_max_grad_norm > 0, "train.dp_max_grad_norm", "must be > 0"),
+        (0 < c.train.dp_delta < 1, "train.dp_delta", "must be in (0, 1)"),
+        (c.privacy.epsilon > 0, "privacy.epsilon", "must be > 0"),
+        (c.privacy.perturb in ("weights", "update"), "privacy.perturb", "must be weights or update"),
+        (0 < c.privacy.delta < 1, "privacy.delta", "must be in (0, 1)"),
+        (c.aggregation.rule in RULES, "aggregation.rule", f"must be one of {', '.join(RULES)}"),
+        (0 <= c.aggregation.trim_ratio < 0.5, "aggregation.trim_ratio", "must be in [0, 0.5)"),
+        (c.aggregation.krum_f >= 0, "aggregation.krum_f", "must be >= 0"),
+        (c.chain.min_peers >= 0, "chain.min_peers", "must be >= 0 (0 = two thirds of swarm.peers)"),
+        (c.chain.commit_window >= 1, "chain.commit_window", "must be >= 1 block"),
+        (c.chain.attest_window >= 1, "chain.attest_window", "must be >= 1 block"),
+        (c.chain.eps_cap >= 0, "chain.eps_cap", "must be >= 0 (0 = exactly what swarm.rounds rounds spend)"),
+        (c.chain.fetch_timeout > 0, "chain.fetch_timeout", "must be > 0"),
+        (c.chain.block_time > 0, "chain.block_time", "must be > 0"),
+        (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),
+        (c.chain.min_peers <= c.swarm.peers, "chain.min_peers", f"must be <= swarm.peers ({c.swarm.peers})"),
+        (c.privacy.mechanism in _MECHANISM_NAMES(), "privacy.mechanism",
+         f"must be none or one of {', '.join(_MECHANISM_NAMES()[1:])}"),
+        (0 <= c.p2p.listen_port <= 65535, "p2p.listen_port", "must be in 0..65535"),
+    ]
+    for ok, name, rule in checks:
+        if not ok:
+            raise ConfigError(f"{name} {rule}, got {_get(c, name)!r}")
+
+
+def _MECHANISM_NAMES() -> tuple[str, ...]:
+    import mechanisms
+
+    return ("none", *sorted(getattr(mechanisms, "MECHANISMS", {})))
+
+
+def quorum(c: Config) -> int:
+    """chain.min_peers, where 0 means two thirds of the peers (3 of 4: one may crash)."""
+    return c.chain.min_peers or max(1, (2 * c.swarm.peers + 2) // 3)
+
+
+def _get(c: Config, dotted: str):
+    section, key = dotted.split(".")
+    return getattr(getattr(c, section), key)

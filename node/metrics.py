@@ -1,0 +1,51 @@
+"""Run metrics as JSON Lines: one JSON object per line, each line flushed and fsynced when
+written, so a crash or Ctrl-C loses no finished record."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+class MetricsWriter:
+    """Append records to a JSONL file. Use as a context manager, or call `close()`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        if self._file.closed:
+            raise ValueError(f"metrics file {self.path} is closed")
+        # allow_nan=False: NaN/inf are not JSON; a record holding one is a bug to surface now.
+        line = json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        self._file.write(line + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """Every record of a metrics file. A last line cut short by a crash is ignored; a bad line
+    anywhere else is an error naming its line number."""
+    lines = Path(path).read_text(encoding="utf-8").split("\n")
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number == len(lines):  # unterminated final line: a write interrupted mid-way
+                break
+            raise ValueError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
+    return records

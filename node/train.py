@@ -1,0 +1,163 @@
+"""Local training: plain mini-batch SGD for E epochs, or DP-SGD through opacus.
+
+Everything random (shuffling, Poisson sampling, DP noise) draws from one `torch.Generator`
+seeded by the caller, never from the global RNG, so a run is reproducible on one machine and
+many simulated peers can train in one process. No DataLoader (and no worker processes): the
+data are tensors in memory and batches are index slices. `torch.set_num_threads` is the
+caller's business.
+
+DP-SGD (Abadi et al., CCS 2016) uses opacus' pieces directly: `GradSampleModule` for
+per-sample gradients, `DPOptimizer` for per-sample clipping to `max_grad_norm` and Gaussian
+noise of std `noise_multiplier * max_grad_norm`, `UniformWithReplacementSampler` for Poisson
+sampling with rate batch_size / N, and `RDPAccountant` for the privacy loss. One accountant
+per peer, passed in every round, gives the peer's cumulative epsilon over all rounds.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# opacus' per-sample hooks warn on every backward pass when the inputs need no gradient (they
+# never do here); the warning is about input gradients we do not use.
+warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+
+
+@dataclass(frozen=True)
+class DPSGDConfig:
+    noise_multiplier: float
+    max_grad_norm: float
+    delta: float = 1e-5
+
+    def __post_init__(self):
+        if not self.noise_multiplier > 0:
+            raise ValueError(f"noise_multiplier must be > 0, got {self.noise_multiplier!r}")
+        if not self.max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    num_samples: int
+    mean_loss: float  # mean training loss over the last epoch's batches
+    dp_epsilon: float | None  # cumulative over the accountant's whole history; None without DP
+
+
+def round_lr(lr0: float, decay: float, round_number: int) -> float:
+    """Learning rate of round `round_number` (0-based) under exponential decay: lr0 * decay**r."""
+    if not lr0 > 0:
+        raise ValueError(f"lr0 must be > 0, got {lr0!r}")
+    if not 0 < decay <= 1:
+        raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+    if round_number < 0:
+        raise ValueError(f"round must be >= 0, got {round_number}")
+    return lr0 * decay ** round_number
+
+
+def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
+                lr: float, momentum: float = 0.0, seed: int, dp: DPSGDConfig | None = None,
+                accountant=None) -> TrainResult:
+    """Train `model` in place on (x, y) and report what the round needs.
+
+    With `dp`, `accountant` (an `opacus.accountants.RDPAccountant`, kept by the caller across
+    rounds) records every step; a fresh one is used when None (epsilon of this call alone)."""
+    n = int(y.shape[0])
+    if n < 1 or x.shape[0] != n:
+        raise ValueError(f"need as many inputs as labels and at least one: x {tuple(x.shape)}, y {tuple(y.shape)}")
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr!r}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    if dp is None:
+        return _train_sgd(model, x, y, epochs, batch_size, lr, momentum, generator)
+    return _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, generator, dp, accountant)
+
+
+def _train_sgd(model, x, y, epochs, batch_size, lr, momentum, generator) -> TrainResult:
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    n = int(y.shape[0])
+    losses: list[float] = []
+    for _ in range(epochs):
+        losses = []
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            batch = order[start:start + batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return TrainResult(n, sum(losses) / len(losses), None)
+
+
+def _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, generator, dp: DPSGDConfig, accountant) -> TrainResult:
+    from opacus import GradSampleModule
+    from opacus.accountants import RDPAccountant
+    from opacus.optimizers import DPOptimizer
+    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+    from opacus.validators import ModuleValidator
+
+    errors = ModuleValidator.validate(model, strict=False)
+    if errors:
+        raise ValueError(f"model is not DP-SGD compatible: {errors[0]}")
+    n = int(y.shape[0])
+    sample_rate = min(1.0, batch_size / n)
+    steps_per_epoch = max(1, math.ceil(1 / sample_rate))  # expected passes over the data, as opacus does
+    if accountant is None:
+        accountant = RDPAccountant()
+    grad_module = GradSampleModule(model)
+    optimizer = DPOptimizer(
+        torch.optim.SGD(grad_module.parameters(), lr=lr, momentum=momentum),
+        noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
+        expected_batch_size=max(1, round(sample_rate * n)), generator=generator)
+    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=sample_rate, generator=generator,
+                                            steps=steps_per_epoch)
+    losses: list[float] = []
+    try:
+        for _ in range(epochs):
+            losses = []
+            for batch in sampler:
+                # An empty Poisson batch still counts as a step: the accountant stays an upper bound.
+                accountant.step(noise_multiplier=dp.noise_multiplier, sample_rate=sample_rate)
+                if len(batch) == 0:
+                    continue
+                index = torch.as_tensor(batch, dtype=torch.long)
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(grad_module(x[index]), y[index])
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+    finally:
+        grad_module._close()  # removes opacus' hooks and per-sample buffers: `model` is plain again
+    mean_loss = sum(losses) / len(losses) if losses else float("nan")
+    return TrainResult(n, mean_loss, float(accountant.get_epsilon(dp.delta)))
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> tuple[float, float]:
+    """(accuracy in [0, 1], mean cross-entropy loss) of `model` on (x, y)."""
+    n = int(y.shape[0])
+    if n < 1:
+        raise ValueError("cannot evaluate on an empty set")
+    was_training = model.training
+    model.eval()
+    correct, total_loss = 0, 0.0
+    for start in range(0, n, batch_size):
+        logits = model(x[start:start + batch_size])
+        target = y[start:start + batch_size]
+        total_loss += F.cross_entropy(logits, target, reduction="sum").item()
+        correct += int((logits.argmax(dim=1) == target).sum())
+    model.train(was_training)
+    return correct / n, total_loss / n

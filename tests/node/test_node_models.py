@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from node.blob import flatten
+from node.models import MODELS, count_parameters, count_weights, default_model_for, init_model
+
+
+@pytest.mark.parametrize("name,shape,weights,total", [
+    ("pnpm-mnist", (1, 28, 28), 21_750, 21_840),
+    ("pnpm-fmnist", (1, 28, 28), 41_936, 42_090),
+    ("pnpm-cifar10", (3, 32, 32), 56_560, 56_714),
+])
+def test_pnpm_paper_weight_counts_exact(name, shape, weights, total):
+    model = init_model(name, input_shape=shape, num_classes=10, seed=0)
+    assert count_weights(model) == weights and count_parameters(model) == total
+    assert model(torch.zeros(2, *shape)).shape == (2, 10)
+
+
+def test_seed002_cnn_matches_its_printout():
+    model = init_model("seed002-cnn", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(3136, 128), (128, 10)]
+
+
+def test_init_is_seeded_and_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    a, _ = flatten(init_model("digits-cnn", input_shape=(1, 8, 8), num_classes=10, seed=5))
+    assert torch.equal(torch.random.get_rng_state(), before)
+    b, _ = flatten(init_model("digits-cnn", input_shape=(1, 8, 8), num_classes=10, seed=5))
+    c, _ = flatten(init_model("digits-cnn", input_shape=(1, 8, 8), num_classes=10, seed=6))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_defaults_and_errors():
+    assert default_model_for("digits") == "digits-cnn" and default_model_for("breast-cancer") == "logreg"
+    for dataset in ("mnist", "fashion-mnist", "cifar10"):
+        assert default_model_for(dataset) in MODELS
+    logreg = init_model("logreg", input_shape=(30,), num_classes=2, seed=0)
+    assert count_parameters(logreg) == 62
+    with pytest.raises(ValueError, match="unknown model 'resnet'"):
+        init_model("resnet", input_shape=(1, 8, 8), num_classes=10, seed=0)
+    with pytest.raises(ValueError, match="too small"):
+        init_model("pnpm-mnist", input_shape=(1, 8, 8), num_classes=10, seed=0)
