@@ -85,7 +85,7 @@ class LocalSwarm:
         from node.ledger import LedgerClient, connect
         from node.config import quorum
         from node.setup import eps_cap_micro, genesis
-        from p2p import peer_id_of_key_pair
+        from libp2p.peer.id import ID
         from p2p.identity import load_or_create_identity
         from p2p.store import DiskBlobStore
 
@@ -110,7 +110,7 @@ class LocalSwarm:
                 workdir = out / "peers" / str(i)
                 workdir.mkdir(parents=True)
                 key_pair = load_or_create_identity(workdir / "p2p.key", self._password.encode())
-                peer_id = peer_id_of_key_pair(key_pair)
+                peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
                 self.peers.append(PeerProcess(i, workdir, Account.from_key(self.anvil.private_keys[i + 1]).address,
                                               peer_id, f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"))
             self.run_info = {"ledger": self.ledger.address, "chain_id": self.w3.eth.chain_id, "rpc_url": self.anvil.url,

@@ -1,0 +1,525 @@
+"""The swarm's libp2p host: GossipSub announcements and `/swarm/blob/1.0.0` chunked blob exchange.
+
+`open_host(config, store, allowed)` starts a py-libp2p host (TCP, Noise, Yamux; optional private
+network via a pre-shared key), joins the swarm's GossipSub topic, serves blobs from `store`, keeps
+the bootstrap peers connected, and closes everything when the `async with` block ends.
+
+Admission: `allowed(peer_id)` is asked for every blob stream (a refused peer gets a REFUSED frame)
+and for every gossip message's signed source (a topic validator rejects it, so it is neither
+delivered nor forwarded).
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import math
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Sequence
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.tools.anyio_service import background_trio_service
+
+from . import wire
+from .errors import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
+from .store import BlobStore, check_digest
+
+log = logging.getLogger(__name__)
+
+MiB = 1 << 20
+_ADDR_TTL = 3600  # seconds an announced address stays in the peerstore
+
+
+@dataclass(frozen=True)
+class Announcement:
+    """An application payload published on the topic by another (allowed) peer."""
+
+    peer_id: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Everything a host needs. Times are seconds; sizes are bytes."""
+
+    key_pair: KeyPair
+    topic: str
+    listen_addrs: Sequence[str] = ("/ip4/127.0.0.1/tcp/0",)
+    bootstrap: Sequence[str] = ()
+    psk: bytes | None = None
+    max_blob_size: int = 512 * MiB
+    chunk_size: int = MiB
+    pipeline_depth: int = 8
+    request_timeout: float = 10.0
+    connect_timeout: float = 5.0
+    reconnect_interval: float = 2.0
+    hello_interval: float = 10.0
+    dial_discovered: bool = True
+    max_announcement_size: int = 64 * 1024
+    announcement_buffer: int = 1024
+    max_announcements_per_second: float = 100.0
+    max_tracked_digests: int = 4096
+    gossip_heartbeat: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.topic:
+            raise ValueError("topic must be a non-empty string")
+        if not 0 < self.chunk_size <= wire.MAX_CHUNK:
+            raise ValueError(f"chunk_size must be in (0, {wire.MAX_CHUNK}], got {self.chunk_size}")
+        if self.max_blob_size <= 0:
+            raise ValueError(f"max_blob_size must be positive, got {self.max_blob_size}")
+        if self.pipeline_depth < 1:
+            raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
+        if self.psk is not None and len(self.psk) != 32:
+            raise ValueError(f"psk must be 32 bytes, got {len(self.psk)}")
+        for name in ("request_timeout", "connect_timeout", "reconnect_interval", "hello_interval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for addr in list(self.listen_addrs) + list(self.bootstrap):
+            multiaddr.Multiaddr(addr)  # raises on a malformed address
+        for addr in self.bootstrap:
+            if "/p2p/" not in addr:
+                raise ValueError(f"bootstrap address {addr!r} must end with /p2p/<peer id>")
+
+
+def peer_id_from_bytes(raw: bytes) -> str:
+    """The base58 peer id for the binary form the ledger stores."""
+    return ID(raw).to_base58()
+
+
+def peer_id_to_bytes(peer_id: str) -> bytes:
+    """The binary (multihash) form of a base58 peer id."""
+    return ID.from_base58(peer_id).to_bytes()
+
+
+class _ProviderFailed(Exception):
+    """One provider could not serve the blob; the fetch moves on to the next one."""
+
+    def __init__(self, reason: str, declared_size: int | None = None) -> None:
+        super().__init__(reason)
+        self.declared_size = declared_size
+
+
+class SwarmHost:
+    """A running host. Create it with `open_host`; do not construct directly."""
+
+    def __init__(self, config: HostConfig, store: BlobStore, allowed, libp2p_host, pubsub, gossipsub, nursery):
+        self.config = config
+        self.store = store
+        self._allowed = allowed or (lambda _peer_id: True)
+        self.libp2p_host = libp2p_host
+        self._pubsub = pubsub
+        self._gossipsub = gossipsub
+        self._nursery = nursery
+        self._providers: collections.OrderedDict[str, dict[str, None]] = collections.OrderedDict()
+        self._dialing: set[str] = set()
+        self._announce_send, self._announce_recv = trio.open_memory_channel[Announcement](config.announcement_buffer)
+        self.dropped_announcements = 0
+
+    # ---- identity and addresses -------------------------------------------------------------
+    @property
+    def peer_id(self) -> str:
+        return self.libp2p_host.get_id().to_base58()
+
+    @property
+    def peer_id_bytes(self) -> bytes:
+        return self.libp2p_host.get_id().to_bytes()
+
+    @property
+    def addrs(self) -> list[str]:
+        return [str(a) for a in self.libp2p_host.get_addrs()]
+
+    @property
+    def announcements(self) -> trio.MemoryReceiveChannel[Announcement]:
+        return self._announce_recv
+
+    def allowed(self, peer_id: str) -> bool:
+        try:
+            return bool(self._allowed(peer_id))
+        except Exception:  # a failing registry lookup must not admit anyone
+            log.exception("allowed(%s) raised; refusing", peer_id)
+            return False
+
+    def connected_peers(self) -> list[str]:
+        return [p.to_base58() for p in self.libp2p_host.get_connected_peers()]
+
+    def topic_peers(self) -> list[str]:
+        """Peers known to be subscribed to the topic (directly connected)."""
+        return [p.to_base58() for p in self._pubsub.peer_topics.get(self.config.topic, ())]
+
+    def mesh_peers(self) -> list[str]:
+        return [p.to_base58() for p in self._gossipsub.mesh.get(self.config.topic, ())]
+
+    # ---- connections ------------------------------------------------------------------------
+    async def connect(self, addr: str) -> str:
+        """Dial a full multiaddr (with /p2p/<id>); returns the peer id. Raises P2PError on failure."""
+        info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        await self._dial(info)
+        return info.peer_id.to_base58()
+
+    async def _dial(self, info: PeerInfo) -> None:
+        try:
+            with trio.fail_after(self.config.connect_timeout):
+                await self.libp2p_host.connect(info)
+        except trio.TooSlowError:
+            raise P2PError(f"connecting to {info.peer_id} timed out after {self.config.connect_timeout}s") from None
+        except P2PError:
+            raise
+        except Exception as exc:
+            raise P2PError(f"cannot connect to {info.peer_id}: {type(exc).__name__}: {exc}") from None
+
+    async def _ensure_connected(self, peer: ID) -> None:
+        if peer in self.libp2p_host.get_connected_peers():
+            return
+        try:
+            addrs = self.libp2p_host.get_peerstore().addrs(peer)
+        except Exception:
+            addrs = []
+        if not addrs:
+            raise _ProviderFailed("no known address")
+        try:
+            await self._dial(PeerInfo(peer, addrs))
+        except P2PError as exc:
+            raise _ProviderFailed(str(exc)) from None
+
+    async def _keep_bootstrap_connected(self) -> None:
+        """Re-dial every bootstrap peer that is not connected, every `reconnect_interval` seconds.
+
+        Runs until the host's nursery is cancelled at close; each dial is bounded by connect_timeout."""
+        infos = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in self.config.bootstrap]
+        infos = [i for i in infos if i.peer_id != self.libp2p_host.get_id()]
+        while infos:
+            connected = set(self.libp2p_host.get_connected_peers())
+            for info in infos:
+                if info.peer_id not in connected:
+                    try:
+                        await self._dial(info)
+                        log.info("connected to bootstrap peer %s", info.peer_id)
+                    except P2PError as exc:
+                        log.debug("bootstrap dial failed: %s", exc)
+            await trio.sleep(self.config.reconnect_interval)
+
+    # ---- announcements ----------------------------------------------------------------------
+    async def publish(self, payload: bytes) -> None:
+        """Publish an application payload (signed by libp2p) to the swarm topic."""
+        if len(payload) > self.config.max_announcement_size:
+            raise ValueError(f"payload is {len(payload)} bytes, above max_announcement_size={self.config.max_announcement_size}")
+        await self._publish(wire.KIND_APP, payload)
+
+    async def announce_blob(self, digest: str) -> None:
+        """Tell the topic that we hold `digest` (we must: announcing what we cannot serve is refused)."""
+        check_digest(digest)
+        if not self.store.has(digest):
+            raise ValueError(f"cannot announce {digest}: it is not in this host's store")
+        await self._publish(wire.KIND_HAVE, bytes.fromhex(digest))
+
+    async def _publish(self, kind: bytes, body: bytes) -> None:
+        data = wire.envelope(kind, self.addrs, body)
+        with trio.fail_after(self.config.request_timeout):
+            await self._pubsub.publish(self.config.topic, data)
+
+    async def _say_hello_periodically(self) -> None:
+        """Publish our addresses so peers reached only through gossip can dial us for blobs.
+
+        Runs until the host's nursery is cancelled; each publish is bounded by request_timeout."""
+        await trio.sleep(min(self.config.gossip_heartbeat, self.config.hello_interval))
+        while True:
+            try:
+                await self._publish(wire.KIND_HELLO, b"")
+            except Exception as exc:  # no topic peers yet, or a publish timed out: try next round
+                log.debug("hello publish failed: %s", exc)
+            await trio.sleep(self.config.hello_interval)
+
+    def _validate_gossip(self, _forwarder: ID, msg) -> bool:
+        """Topic validator: accept only small messages whose signed source is us or an allowed peer."""
+        if len(msg.data) > self.config.max_announcement_size + 4096:
+            return False
+        try:
+            source = ID(msg.from_id)
+        except Exception:
+            return False
+        return source == self.libp2p_host.get_id() or self.allowed(source.to_base58())
+
+    async def _read_gossip(self, subscription) -> None:
+        """Deliver topic messages. Waits for messages without a deadline on purpose (silence is normal);
+        the loop ends when the host's nursery is cancelled at close."""
+        me = self.libp2p_host.get_id()
+        while True:
+            msg = await subscription.get()
+            source = ID(msg.from_id)
+            # The validator already dropped non-allowed sources; check again in case admission changed.
+            if source == me or not self.allowed(source.to_base58()):
+                continue
+            try:
+                kind, addrs, body = wire.parse_envelope(msg.data)
+            except wire.WireError as exc:
+                log.debug("malformed gossip from %s: %s", source, exc)
+                continue
+            self._learn_addrs(source, addrs)
+            if kind == wire.KIND_APP:
+                try:
+                    self._announce_send.send_nowait(Announcement(source.to_base58(), body))
+                except trio.WouldBlock:  # the node is not reading: drop rather than stall gossip
+                    self.dropped_announcements += 1
+            elif kind == wire.KIND_HAVE and len(body) == 32:
+                self._add_provider(body.hex(), source.to_base58())
+
+    def _learn_addrs(self, source: ID, addrs: list[str]) -> None:
+        known = []
+        for text in addrs:
+            try:
+                info = info_from_p2p_addr(multiaddr.Multiaddr(text))
+            except Exception:
+                continue
+            if info.peer_id == source:  # only trust addresses a peer gives for itself
+                known.extend(info.addrs)
+        if not known:
+            return
+        self.libp2p_host.get_peerstore().add_addrs(source, known, _ADDR_TTL)
+        key = source.to_base58()
+        if (self.config.dial_discovered and source not in self.libp2p_host.get_connected_peers()
+                and key not in self._dialing):
+            self._dialing.add(key)
+            self._nursery.start_soon(self._dial_discovered, PeerInfo(source, known))
+
+    async def _dial_discovered(self, info: PeerInfo) -> None:
+        try:
+            await self._dial(info)
+        except P2PError as exc:
+            log.debug("dial of discovered peer failed: %s", exc)
+        finally:
+            self._dialing.discard(info.peer_id.to_base58())
+
+    def _add_provider(self, digest: str, peer_id: str) -> None:
+        holders = self._providers.setdefault(digest, {})
+        holders[peer_id] = None
+        self._providers.move_to_end(digest)
+        while len(self._providers) > self.config.max_tracked_digests:  # bounded memory
+            self._providers.popitem(last=False)
+
+    def providers(self, digest: str) -> list[str]:
+        """Peers that announced `digest`, oldest announcement first."""
+        return list(self._providers.get(check_digest(digest), {}))
+
+    # ---- serving blobs ----------------------------------------------------------------------
+    async def _serve_blob_stream(self, stream) -> None:
+        peer = stream.muxed_conn.peer_id.to_base58()
+        timeout = self.config.request_timeout
+        try:
+            if not self.allowed(peer):
+                with trio.move_on_after(timeout):
+                    await wire.write_frame(stream, wire.REFUSED + b"peer is not admitted to this swarm")
+                return
+            with trio.fail_after(timeout):
+                digest = wire.parse_open(await wire.read_frame(stream))
+            size = self.store.size(digest)
+            if size is None:
+                with trio.fail_after(timeout):
+                    await wire.write_frame(stream, wire.NOT_FOUND + digest.encode())
+                return
+            with trio.fail_after(timeout):
+                await wire.write_frame(stream, wire.size_response(size))
+            # Each READ returns >= 1 byte, so a well-behaved client needs at most `size` requests;
+            # the bound stops a client from keeping a stream busy forever.
+            for _ in range(max(1, math.ceil(size / 1024)) + 8):
+                with trio.move_on_after(timeout) as idle:
+                    body = await wire.read_frame(stream)
+                if idle.cancelled_caught:
+                    return
+                offset, length = wire.parse_read(body)
+                if length == 0 or length > self.config.chunk_size or offset + length > size:
+                    with trio.move_on_after(timeout):
+                        await wire.write_frame(stream, wire.ERROR + f"bad range {offset}+{length} (size {size}, chunk limit {self.config.chunk_size})".encode())
+                    return
+                chunk = self.store.read(digest, offset, length)
+                if chunk is None:
+                    with trio.move_on_after(timeout):
+                        await wire.write_frame(stream, wire.NOT_FOUND + b"blob removed")
+                    return
+                with trio.fail_after(timeout):
+                    await wire.write_frame(stream, wire.DATA + chunk)
+        except (wire.StreamEnded, trio.TooSlowError) as exc:
+            log.debug("blob stream with %s ended: %s", peer, exc)
+        except wire.WireError as exc:
+            log.info("protocol error from %s: %s", peer, exc)
+        finally:
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.close()
+                except Exception:
+                    pass
+
+    # ---- fetching blobs ---------------------------------------------------------------------
+    async def fetch(self, digest: str, *, providers: list[str] | None = None, max_size: int | None = None,
+                    timeout: float = 60.0, announce: bool = True) -> bytes:
+        """Fetch a blob by sha256 digest, verify it, store it, and (by default) announce we hold it.
+
+        Providers are tried in order (explicit `providers`, then peers that announced the digest, then
+        connected peers); when one fails mid-transfer the next continues from the same offset.
+        Raises BlobNotFound, DigestMismatch, BlobTooLarge or FetchTimeout (all P2PError)."""
+        check_digest(digest)
+        limit = self.config.max_blob_size if max_size is None else max_size
+        if limit <= 0:
+            raise ValueError(f"max_size must be positive, got {max_size}")
+        if self.store.has(digest):
+            data = self.store.get(digest)
+            if data is not None and len(data) <= limit:
+                return data
+        candidates = self._candidates(digest, providers)
+        if not candidates:
+            raise BlobNotFound(f"blob {digest[:16]}: no provider known and no peer connected")
+        received = bytearray()
+        failures: dict[str, str] = {}
+        declared: dict[str, int] = {}
+        size: int | None = None
+        try:
+            with trio.fail_after(timeout):
+                for peer in candidates:
+                    try:
+                        size = await self._fetch_from(peer, digest, received, limit, size)
+                    except _ProviderFailed as exc:
+                        failures[peer] = str(exc)
+                        if exc.declared_size is not None:
+                            declared[peer] = exc.declared_size
+                        continue
+                    if size is not None and len(received) == size:
+                        break
+        except trio.TooSlowError:
+            raise FetchTimeout(f"blob {digest[:16]}: fetch did not finish within {timeout}s "
+                               f"({len(received)} bytes received; failures: {failures or 'none'})") from None
+        if size is None or len(received) != size:
+            if declared and all(d > limit for d in declared.values()):
+                raise BlobTooLarge(f"blob {digest[:16]} is {max(declared.values())} bytes, above the limit of {limit}")
+            raise BlobNotFound(f"blob {digest[:16]}: no provider served it ({self._describe(failures)})")
+        data = bytes(received)
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            raise DigestMismatch(f"blob {digest[:16]}: received {len(data)} bytes hashing to {actual[:16]} "
+                                 f"from {', '.join(p for p in candidates if p not in failures)}; nothing stored")
+        self.store.put(data)
+        if announce:
+            try:
+                await self.announce_blob(digest)
+            except Exception as exc:  # the blob is stored and verified; a lost announcement is not fatal
+                log.debug("announce after fetch failed: %s", exc)
+        return data
+
+    @staticmethod
+    def _describe(failures: dict[str, str]) -> str:
+        return "; ".join(f"{p[-8:]}: {r}" for p, r in failures.items()) or "none tried"
+
+    def _candidates(self, digest: str, providers: list[str] | None) -> list[str]:
+        me = self.peer_id
+        ordered = list(providers or []) + self.providers(digest) + self.connected_peers()
+        return [p for p in dict.fromkeys(ordered) if p != me and self.allowed(p)]
+
+    async def _fetch_from(self, peer: str, digest: str, received: bytearray, limit: int, size: int | None) -> int:
+        """Append the rest of the blob from `peer` to `received`; return the blob size.
+
+        Any failure raises _ProviderFailed with what went wrong; bytes already received are kept."""
+        timeout = self.config.request_timeout
+        try:
+            peer_id = ID.from_base58(peer)
+        except Exception:
+            raise _ProviderFailed("malformed peer id") from None
+        await self._ensure_connected(peer_id)
+        stream = None
+        try:
+            with trio.fail_after(timeout):
+                stream = await self.libp2p_host.new_stream(peer_id, [TProtocol(wire.BLOB_PROTOCOL)])
+                await wire.write_frame(stream, wire.open_request(digest))
+                declared = wire.parse_size(await wire.read_frame(stream))
+            if declared > limit:
+                raise _ProviderFailed(f"declares {declared} bytes, above the limit of {limit}", declared)
+            if size is not None and declared != size:
+                raise _ProviderFailed(f"declares {declared} bytes, another provider declared {size}")
+            chunk = self.config.chunk_size
+            next_offset = len(received)
+            in_flight: collections.deque[tuple[int, int]] = collections.deque()
+            while len(received) < declared:
+                while next_offset < declared and len(in_flight) < self.config.pipeline_depth:
+                    length = min(chunk, declared - next_offset)
+                    with trio.fail_after(timeout):
+                        await wire.write_frame(stream, wire.read_request(next_offset, length))
+                    in_flight.append((next_offset, length))
+                    next_offset += length
+                offset, length = in_flight.popleft()
+                with trio.fail_after(timeout):
+                    body = await wire.read_frame(stream)
+                if body[:1] != wire.DATA:
+                    wire.raise_status(body, "DATA")
+                if len(body) - 1 != length or offset != len(received):
+                    raise _ProviderFailed(f"sent {len(body) - 1} bytes for a {length}-byte chunk")
+                received += memoryview(body)[1:]
+            return declared
+        except trio.TooSlowError:
+            raise _ProviderFailed(f"no answer within {timeout}s") from None
+        except (wire.StreamEnded, wire.WireError) as exc:
+            raise _ProviderFailed(str(exc)) from None
+        except _ProviderFailed:
+            raise
+        except Exception as exc:  # new_stream's failures: protocol not supported, connection lost
+            raise _ProviderFailed(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            if stream is not None:
+                with trio.move_on_after(1.0):
+                    try:
+                        await stream.close()
+                    except Exception:
+                        pass
+
+
+def _security_options(key_pair: KeyPair) -> dict:
+    """Noise only: py-libp2p's defaults also offer plaintext, which a swarm must never accept."""
+    return {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)}
+
+
+@asynccontextmanager
+async def open_host(config: HostConfig, store: BlobStore,
+                    allowed: Callable[[str], bool] | None = None) -> AsyncIterator[SwarmHost]:
+    """Run a host for the duration of the block (trio). See the module docstring."""
+    listen = [multiaddr.Multiaddr(a) for a in config.listen_addrs]
+    libp2p_host = new_host(
+        key_pair=config.key_pair,
+        sec_opt=_security_options(config.key_pair),
+        listen_addrs=listen,
+        psk=config.psk.hex() if config.psk is not None else None,
+    )
+    gossipsub = GossipSub(
+        protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=6, degree_low=4, degree_high=12,
+        heartbeat_interval=config.gossip_heartbeat,
+        # All test peers share 127.0.0.1: the IP-diversity guard would keep the mesh empty there.
+        eclipse_protection_enabled=False,
+        max_messages_per_topic_per_second=config.max_announcements_per_second,
+    )
+    pubsub = Pubsub(libp2p_host, gossipsub, strict_signing=True)
+    async with libp2p_host.run(listen_addrs=listen):
+        async with background_trio_service(pubsub), background_trio_service(gossipsub):
+            with trio.fail_after(config.connect_timeout):
+                await pubsub.wait_until_ready()
+            async with trio.open_nursery() as nursery:
+                host = SwarmHost(config, store, allowed, libp2p_host, pubsub, gossipsub, nursery)
+                libp2p_host.set_stream_handler(TProtocol(wire.BLOB_PROTOCOL), host._serve_blob_stream)
+                pubsub.set_topic_validator(config.topic, host._validate_gossip, False)
+                subscription = await pubsub.subscribe(config.topic)
+                nursery.start_soon(host._read_gossip, subscription)
+                nursery.start_soon(host._keep_bootstrap_connected)
+                nursery.start_soon(host._say_hello_periodically)
+                try:
+                    yield host
+                finally:
+                    nursery.cancel_scope.cancel()
+                    host._announce_send.close()

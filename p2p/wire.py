@@ -1,0 +1,120 @@
+"""Wire formats: the `/swarm/blob/1.0.0` frames and the gossip envelope.
+
+Blob protocol (one stream per blob; every message is a frame `u32 big-endian length || body`, because a
+py-libp2p reader waiting for EOF after the writer's close() hangs, see PLATFORM.md):
+
+    client -> server  OPEN  b"O" || digest(32)          server -> client  SIZE  b"S" || u64 size
+                      READ  b"R" || u64 offset || u32 length             DATA  b"D" || bytes
+                                                                         NOT_FOUND / REFUSED / ERROR:
+                                                                         b"N" / b"X" / b"E" || utf-8 reason
+
+The client may keep several READs in flight; the server answers them in order.
+
+Gossip envelope: kind(1) || u16 length of addresses || addresses (utf-8, newline-separated) || body.
+Kinds: b"A" application payload, b"H" "I hold digest(32)", b"P" hello (addresses only).
+"""
+from __future__ import annotations
+
+import struct
+
+BLOB_PROTOCOL = "/swarm/blob/1.0.0"
+MAX_CHUNK = 1 << 20  # 1 MiB: chunks stay well below the 8 MB single-message failures seen in py-libp2p
+_FRAME_HEADER = struct.Struct(">I")
+MAX_FRAME = MAX_CHUNK + 64
+
+OPEN, READ = b"O", b"R"
+SIZE, DATA, NOT_FOUND, REFUSED, ERROR = b"S", b"D", b"N", b"X", b"E"
+
+KIND_APP, KIND_HAVE, KIND_HELLO = b"A", b"H", b"P"
+
+
+class WireError(Exception):
+    """A peer sent bytes that do not follow the protocol."""
+
+
+class StreamEnded(Exception):
+    """The peer closed or reset the stream, or the connection went away."""
+
+
+async def read_exactly(stream, n: int) -> bytes:
+    """Read exactly n bytes; callers bound the wait with trio.fail_after / move_on_after."""
+    parts, got = [], 0
+    while got < n:
+        try:
+            part = await stream.read(n - got)
+        except Exception as exc:  # libp2p raises StreamEOF/StreamReset/MuxedConn errors here
+            raise StreamEnded(f"{type(exc).__name__}: {exc}") from None
+        if not part:
+            raise StreamEnded("end of stream")
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+async def read_frame(stream, max_frame: int = MAX_FRAME) -> bytes:
+    (length,) = _FRAME_HEADER.unpack(await read_exactly(stream, _FRAME_HEADER.size))
+    if length > max_frame:
+        raise WireError(f"frame of {length} bytes exceeds the limit of {max_frame}")
+    return await read_exactly(stream, length)
+
+
+async def write_frame(stream, body: bytes) -> None:
+    try:
+        await stream.write(_FRAME_HEADER.pack(len(body)) + body)
+    except Exception as exc:
+        raise StreamEnded(f"{type(exc).__name__}: {exc}") from None
+
+
+def open_request(digest: str) -> bytes:
+    return OPEN + bytes.fromhex(digest)
+
+
+def read_request(offset: int, length: int) -> bytes:
+    return READ + struct.pack(">QI", offset, length)
+
+
+def parse_open(body: bytes) -> str:
+    if len(body) != 33 or body[:1] != OPEN:
+        raise WireError("expected OPEN(digest)")
+    return body[1:].hex()
+
+
+def parse_read(body: bytes) -> tuple[int, int]:
+    if len(body) != 13 or body[:1] != READ:
+        raise WireError("expected READ(offset, length)")
+    return struct.unpack(">QI", body[1:])
+
+
+def size_response(size: int) -> bytes:
+    return SIZE + struct.pack(">Q", size)
+
+
+def parse_size(body: bytes) -> int:
+    if len(body) == 9 and body[:1] == SIZE:
+        return struct.unpack(">Q", body[1:])[0]
+    raise_status(body, "SIZE")
+
+
+def raise_status(body: bytes, expected: str):
+    """Turn a NOT_FOUND / REFUSED / ERROR answer (or garbage) into WireError with the peer's reason."""
+    reason = body[1:200].decode("utf-8", "replace")
+    kind = {NOT_FOUND: "not found", REFUSED: "refused", ERROR: "error"}.get(body[:1])
+    if kind is None:
+        raise WireError(f"expected {expected}, got message type {body[:1]!r}")
+    raise WireError(f"{kind}: {reason}")
+
+
+def envelope(kind: bytes, addrs: list[str], body: bytes = b"") -> bytes:
+    packed = "\n".join(addrs).encode()
+    return kind + struct.pack(">H", len(packed)) + packed + body
+
+
+def parse_envelope(data: bytes) -> tuple[bytes, list[str], bytes]:
+    if len(data) < 3:
+        raise WireError("gossip envelope too short")
+    (n,) = struct.unpack(">H", data[1:3])
+    if len(data) < 3 + n:
+        raise WireError("gossip envelope truncated")
+    addrs = [a for a in data[3 : 3 + n].decode("utf-8", "replace").split("\n") if a]
+    return data[:1], addrs, data[3 + n :]
+

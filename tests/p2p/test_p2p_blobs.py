@@ -1,0 +1,156 @@
+"""Chunked, verified blob exchange over `/swarm/blob/1.0.0` between real hosts on 127.0.0.1."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+import trio
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+
+from p2p import wire
+from p2p.errors import BlobNotFound, BlobTooLarge, DigestMismatch, P2PError
+from p2p.host import open_host
+from p2p.store import MemoryBlobStore
+
+pytestmark = pytest.mark.anyio
+MiB = 1 << 20
+
+
+async def test_64mb_blob_fetched_intact_and_served_onwards(config, hosts, wait_until):
+    data = os.urandom(64 * MiB)
+    holder_store = MemoryBlobStore()
+    digest = holder_store.put(data)
+    async with hosts([(config(), holder_store, None), (config(), MemoryBlobStore(), None),
+                      (config(), MemoryBlobStore(), None)]) as (holder, fetcher, third):
+        await fetcher.connect(holder.addrs[0])
+        got = await fetcher.fetch(digest, providers=[holder.peer_id], timeout=60)
+        assert hashlib.sha256(got).hexdigest() == digest and got == data
+        assert fetcher.store.get(digest) == data
+        # The fetcher announced it and now serves the blob itself.
+        await third.connect(fetcher.addrs[0])
+        again = await third.fetch(digest, providers=[fetcher.peer_id], max_size=64 * MiB, timeout=60)
+        assert again == data
+
+
+async def test_holder_killed_mid_transfer_fetch_completes_from_second_holder(config, hosts, stores, wait_until):
+    data = os.urandom(16 * MiB)
+    first = stores["counting"](signal_after=4 * MiB)
+    second = stores["counting"]()
+    digest = first.put(data)
+    second.put(data)
+    async with hosts([(config(), second, None), (config(request_timeout=2.0), MemoryBlobStore(), None)]) as (
+            holder2, fetcher):
+        async with trio.open_nursery() as nursery:
+            first_addr: list[str] = []
+            first_id: list[str] = []
+
+            async def run_first_holder(task_status=trio.TASK_STATUS_IGNORED):
+                with trio.CancelScope() as scope:
+                    async with open_host(config(), first, None) as holder1:
+                        first_addr.append(holder1.addrs[0])
+                        first_id.append(holder1.peer_id)
+                        task_status.started(scope)
+                        await trio.sleep_forever()
+
+            kill_scope = await nursery.start(run_first_holder)
+
+            async def kill_when_4mb_served():
+                await first.threshold_reached.wait()
+                kill_scope.cancel()  # the whole host shuts down: listener, connections, streams
+
+            nursery.start_soon(kill_when_4mb_served)
+            await fetcher.connect(first_addr[0])
+            await fetcher.connect(holder2.addrs[0])
+            got = await fetcher.fetch(digest, providers=[first_id[0], holder2.peer_id], timeout=60)
+        assert got == data and fetcher.store.has(digest)
+        assert 4 * MiB <= first.bytes_served < len(data), "first holder must die mid-transfer"
+        assert second.bytes_served > 0 and first.bytes_served + second.bytes_served >= len(data)
+
+
+async def test_peer_serving_wrong_bytes_gives_digest_error_and_stores_nothing(config, hosts, stores):
+    liar_store = stores["corrupting"]()
+    digest = liar_store.put(os.urandom(3 * MiB))
+    fetcher_store = MemoryBlobStore()
+    async with hosts([(config(), liar_store, None), (config(), fetcher_store, None)]) as (liar, fetcher):
+        await fetcher.connect(liar.addrs[0])
+        with pytest.raises(DigestMismatch, match="nothing stored"):
+            await fetcher.fetch(digest, providers=[liar.peer_id], timeout=30)
+        assert not fetcher_store.has(digest) and fetcher_store.digests() == []
+
+
+async def test_requests_above_the_size_limit_are_refused(config, hosts):
+    holder_store = MemoryBlobStore()
+    digest = holder_store.put(os.urandom(2 * MiB))
+    fetcher_store = MemoryBlobStore()
+    async with hosts([(config(), holder_store, None), (config(max_blob_size=MiB), fetcher_store, None)]) as (
+            holder, fetcher):
+        await fetcher.connect(holder.addrs[0])
+        # Client side: the declared size is above the limit, so no chunk is even requested.
+        with pytest.raises(BlobTooLarge, match="above the limit"):
+            await fetcher.fetch(digest, providers=[holder.peer_id], timeout=30)
+        with pytest.raises(BlobTooLarge):
+            await fetcher.fetch(digest, providers=[holder.peer_id], max_size=MiB // 2, timeout=30)
+        assert not fetcher_store.has(digest)
+        # Server side: a READ larger than the 1 MiB chunk limit gets an ERROR frame, not data.
+        stream = await fetcher.libp2p_host.new_stream(ID.from_base58(holder.peer_id), [TProtocol(wire.BLOB_PROTOCOL)])
+        with trio.fail_after(5):
+            await wire.write_frame(stream, wire.open_request(digest))
+            assert wire.parse_size(await wire.read_frame(stream)) == 2 * MiB
+            await wire.write_frame(stream, wire.read_request(0, 2 * MiB))
+            answer = await wire.read_frame(stream)
+        assert answer[:1] == wire.ERROR and b"chunk limit" in answer
+
+
+async def test_non_allowed_peer_is_refused_on_the_stream_path(config, hosts):
+    holder_store = MemoryBlobStore()
+    digest = holder_store.put(os.urandom(MiB))
+    outsider_cfg = config()
+    outsider = ID.from_pubkey(outsider_cfg.key_pair.public_key).to_base58()
+    async with hosts([(config(), holder_store, lambda p: p != outsider), (outsider_cfg, MemoryBlobStore(), None),
+                      (config(), MemoryBlobStore(), None)]) as (holder, out, member):
+        await out.connect(holder.addrs[0])
+        with pytest.raises(BlobNotFound, match="refused"):
+            await out.fetch(digest, providers=[holder.peer_id], timeout=30)
+        assert not out.store.has(digest)
+        await member.connect(holder.addrs[0])
+        assert await member.fetch(digest, providers=[holder.peer_id], timeout=30) == holder_store.get(digest)
+
+
+async def test_fetch_finds_providers_through_announcements(config, hosts, wait_until):
+    """A peer that only hears an announcement (never given an address) dials the holder and fetches."""
+    holder_store = MemoryBlobStore()
+    digest = holder_store.put(os.urandom(MiB))
+    async with hosts([(config(), MemoryBlobStore(), None), (config(), holder_store, None),
+                      (config(), MemoryBlobStore(), None)]) as (hub, holder, seeker):
+        await holder.connect(hub.addrs[0])
+        await seeker.connect(hub.addrs[0])
+        await wait_until(lambda: hub.peer_id in seeker.mesh_peers() and hub.peer_id in holder.mesh_peers())
+        await holder.announce_blob(digest)
+        await wait_until(lambda: holder.peer_id in seeker.providers(digest), what="provider announcement")
+        assert await seeker.fetch(digest, timeout=30) == holder_store.get(digest)
+        with pytest.raises(BlobNotFound):
+            await seeker.fetch("ab" * 32, providers=[hub.peer_id], timeout=30)
+
+
+async def test_reconnects_to_bootstrap_after_a_drop(config, hosts, wait_until):
+    async with hosts([(config(), MemoryBlobStore(), None)]) as (boot,):
+        async with hosts([(config(bootstrap=[boot.addrs[0]]), MemoryBlobStore(), None)]) as (peer,):
+            await wait_until(lambda: boot.peer_id in peer.connected_peers(), what="first bootstrap dial")
+            await peer.libp2p_host.disconnect(ID.from_base58(boot.peer_id))
+            await wait_until(lambda: boot.peer_id not in peer.connected_peers(), what="drop")
+            await wait_until(lambda: boot.peer_id in peer.connected_peers(), what="reconnect")
+
+
+async def test_private_network_psk(config, hosts):
+    psk = bytes(range(32))
+    holder_store = MemoryBlobStore()
+    digest = holder_store.put(b"members only")
+    async with hosts([(config(psk=psk), holder_store, None), (config(psk=psk), MemoryBlobStore(), None),
+                      (config(psk=bytes(32)), MemoryBlobStore(), None)]) as (holder, member, stranger):
+        await member.connect(holder.addrs[0])
+        assert await member.fetch(digest, providers=[holder.peer_id], timeout=10) == b"members only"
+        with pytest.raises(P2PError, match="cannot connect|timed out"):
+            await stranger.connect(holder.addrs[0])
+        assert holder.peer_id not in stranger.connected_peers()
