@@ -138,7 +138,11 @@ class Peer:
             )
         self.store.put(genesis)
         await self.host.announce_blob(sha256(genesis).hex())
-        if not await self.chain(lambda: len(self.ledger.peer_id_of(self.address)) > 0):
+        registered_id = await self.chain(self.ledger.peer_id_of, self.address)
+        if registered_id and registered_id != self.host.peer_id_bytes:
+            raise RuntimeError(f"{self.address} is registered with another libp2p peer id: use the key file "
+                               "it registered with (the workdir's p2p.key)")
+        if not registered_id:
             try:
                 await self.chain(self.ledger.register, self.host.peer_id_bytes)
             except LedgerError as exc:  # raced with ourselves after a restart: fine if now registered
@@ -149,8 +153,10 @@ class Peer:
 
     def _count_my_commits(self) -> int:
         current = self.ledger.current_round()
-        return sum(1 for r in range(1, current + 1)
-                   if int(self.ledger.commitment_of(r, self.address).num_samples) > 0)
+        return sum(1 for r in range(1, current + 1) if self._committed(r))
+
+    def _committed(self, r: int) -> bool:
+        return self.address in self.ledger.participants(r)
 
     async def _latest_global(self) -> torch.Tensor:
         """The model of the last finalized round (genesis if none): from our store, else from
@@ -194,7 +200,7 @@ class Peer:
         started = time.monotonic()
         out = RoundOutcome(round=r, state="open")
         info = await self.chain(self.ledger.round_info, r)
-        already = int((await self.chain(self.ledger.commitment_of, r, self.address)).num_samples) > 0
+        already = await self.chain(self._committed, r)
         if info.state.name == "OPEN" and not already:
             try:
                 out.train_seconds, out.gas_used, out.eps_cumulative = await self._contribute(r, global_vector)
@@ -322,7 +328,12 @@ class Peer:
         digest = self.store.put(data)
         await self.host.announce_blob(digest)
         self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
-        receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), wire.bitmap(included))
+        from node.ledger import RoundNotClosed
+
+        try:
+            receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), wire.bitmap(included))
+        except RoundNotClosed:  # a majority finalized (or the round was aborted) before our vote
+            return new_vector, included, fetched[0], 0
         return new_vector, included, fetched[0], _gas(receipt)
 
     def _providers(self, digest_hex: str, committer_peer_id: bytes) -> list[str]:

@@ -86,6 +86,7 @@ class LocalSwarm:
         from node.config import quorum
         from node.setup import eps_cap_micro, genesis
         from libp2p.peer.id import ID
+        from p2p import peer_id_to_bytes
         from p2p.identity import load_or_create_identity
         from p2p.store import DiskBlobStore
 
@@ -113,6 +114,9 @@ class LocalSwarm:
                 peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
                 self.peers.append(PeerProcess(i, workdir, Account.from_key(self.anvil.private_keys[i + 1]).address,
                                               peer_id, f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"))
+            for p in self.peers:  # registered up front: a round may close as soon as all committed
+                LedgerClient(self.w3, self.ledger.address, Account.from_key(self.anvil.private_keys[p.index + 1])) \
+                    .register(peer_id_to_bytes(p.peer_id))
             self.run_info = {"ledger": self.ledger.address, "chain_id": self.w3.eth.chain_id, "rpc_url": self.anvil.url,
                              "peers": [{"index": p.index, "address": p.address, "peer_id": p.peer_id}
                                        for p in self.peers],

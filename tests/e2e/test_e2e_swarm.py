@@ -29,7 +29,8 @@ def swarm_cli(*args, timeout=600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "run"
-    proc = swarm_cli("up", "--out", str(out), "--json")
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo.toml"  # what `./run demo` runs
+    proc = swarm_cli("up", "--config", str(demo), "--out", str(out), "--json")
     assert proc.returncode == 0, f"swarm up failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return out
 
@@ -60,8 +61,9 @@ def test_demo_finishes_learns_and_verifies(demo_run):
     proc = swarm_cli("verify", "--run", str(demo_run), "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     verdict = json.loads(proc.stdout)
-    assert verdict["ok"] and len(verdict["rounds"]) == 5
-    assert all(r["aggregate_ok"] for r in verdict["rounds"])
+    ended = [r for r in verdict["rounds"] if r["state"] != "open"]  # round 6 opened after round 5 finalized
+    assert verdict["ok"] and [r["round"] for r in ended] == [1, 2, 3, 4, 5]
+    assert all(r["aggregate_ok"] and r["blobs_ok"] == 4 and r["eps_ok"] == 4 for r in ended)
 
 
 def test_verify_names_an_altered_blob(demo_run, tmp_path):
@@ -112,7 +114,7 @@ def test_sigkilled_peer_round_still_finalizes_and_peer_catches_up(tmp_path):
         victim = swarm.peers[3]
         # kill it in round 2, right after it committed
         wait_until(lambda: swarm.ledger.current_round() == 2 and
-                   int(swarm.ledger.commitment_of(2, victim.address).num_samples) > 0, 300, "peer 3 commits round 2")
+                   victim.address in swarm.ledger.participants(2), 300, "peer 3 commits round 2")
         swarm.kill(3)
         wait_until(lambda: swarm.ledger.round_info(2).state.name == "FINALIZED", 300, "round 2 finalizes")
         assert victim.address in swarm.ledger.participants(2)  # it had committed: quorum 3 of 4 attested
@@ -137,7 +139,7 @@ def test_peer_serving_other_bytes_is_left_out(tmp_path):
             participants = swarm.ledger.participants(r)
             atts = swarm.ledger.attestations(r)
             final = bytes(swarm.ledger.finalized_digest(r))
-            winning = [a for a in atts if bytes(a.digest) == final]
+            winning = [a for a in atts if a.aggregate_digest == final]
             assert len(winning) >= 3
             from node.wire import bits
 

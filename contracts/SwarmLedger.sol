@@ -1,0 +1,563 @@
+// SPDX-License-Identifier: Apache-2.0
+pragma solidity 0.8.28;
+
+/**
+ * @title SwarmLedger
+ * @notice The round ledger of a serverless learning swarm. Peers register (eth address <->
+ * libp2p peer id), commit the digest of the update they published each round together with
+ * their cumulative privacy loss, and attest the digest of the aggregate they computed. A strict
+ * majority of a round's participants attesting the same (digest, inclusion bitmap) finalizes the
+ * round; a round nobody finalizes within the attestation window can be aborted by anyone.
+ *
+ * Rounds: round 1 opens at deployment. When round r is finalized or aborted, round r+1 opens in
+ * that same block. Every window is counted in blocks.
+ *
+ * Gas layout (why the storage looks the way it does): every transaction a peer sends touches a
+ * constant number of slots, whatever the number of peers, and creates at most one new slot
+ * (22,100 gas each). A commit writes the peer's slot, the live-round slot, the peer's latest-digest
+ * slot (created at registration, so a commit only overwrites it) and one new slot, its entry in
+ * the participant list. The digest of a peer's earlier commitments therefore lives in the
+ * Committed events only: `commitmentOf` returns it for the peer's latest round. An attestation
+ * writes the peer's slot and one vote counter; `closeRound` pre-writes the round's outcome slot so
+ * the finalizing attestation only overwrites it. No transaction loops over peers.
+ */
+contract SwarmLedger {
+    // ------------------------------------------------------------------ types
+
+    /// @notice Life cycle of a round: OPEN -> CLOSED -> FINALIZED or ABORTED.
+    enum RoundState {
+        OPEN,
+        CLOSED,
+        FINALIZED,
+        ABORTED
+    }
+
+    /// @notice Swarm parameters, fixed at deployment.
+    struct Params {
+        uint32 minPeers;
+        uint64 commitWindow;
+        uint64 attestWindow;
+        uint64 epsCapMicro;
+        uint64 deltaE18;
+        bytes32 genesisDigest;
+        bool allowlistEnabled;
+        address deployer;
+        uint64 deployBlock;
+    }
+
+    /// @notice What a view returns about one round.
+    struct RoundInfo {
+        RoundState state;
+        uint64 openedBlock;
+        uint64 closedBlock; // 0 while open
+        uint64 endedBlock; // block the round was finalized or aborted in; 0 while open or closed
+        uint32 participantCount;
+        bytes32 finalizedDigest; // 0 unless finalized
+    }
+
+    /// @notice One commitment, as stored.
+    struct Commitment {
+        address peer;
+        uint32 index; // position in participants(round): bit `index` of an inclusion bitmap
+        bytes32 digest; // 0 if this is not the peer's latest commitment: read the Committed event
+        uint64 numSamples;
+        uint64 epsMicro;
+    }
+
+    /// @dev One slot per registered address; `lastCommitRound`/`lastAttestRound` detect a second
+    /// commit or attestation without a per-round slot.
+    struct Peer {
+        uint64 epsMicro;
+        uint48 lastCommitRound;
+        uint48 lastAttestRound;
+        bool registered;
+        bool banned;
+    }
+
+    /// @dev The round in progress, in one slot: commits and attestations read it, commits bump
+    /// `participantCount`. Blocks and rounds fit 48 bits for millions of years of blocks.
+    struct Live {
+        uint48 round;
+        uint48 openedBlock;
+        uint48 closedBlock;
+        uint48 baseRound; // last finalized round (0 = genesis): the model this round starts from
+        uint32 participantCount;
+        RoundState state;
+    }
+
+    /// @dev Written once when a round closes; endedBlock of r is openedBlock of r+1.
+    struct RoundRecord {
+        uint48 openedBlock;
+        uint48 closedBlock;
+        uint32 participantCount;
+    }
+
+    /// @dev A participant list entry: one slot.
+    struct Participant {
+        address peer;
+        uint32 numSamples;
+        uint64 epsMicro;
+    }
+
+    // ------------------------------------------------------------------ errors
+
+    /// @notice A constructor parameter is out of range.
+    error InvalidParams(string name);
+    /// @notice Only the deployer may manage the allowlist.
+    error NotDeployer(address sender);
+    /// @notice The swarm has an allowlist and `account` is not (or no longer) on it.
+    error NotAllowed(address account);
+    /// @notice The sender is not registered.
+    error NotRegistered(address account);
+    /// @notice The sender is already registered.
+    error AlreadyRegistered(address account);
+    /// @notice Another address registered this libp2p peer id.
+    error PeerIdTaken(bytes peerId, address owner);
+    /// @notice A peer id must be 1 to 128 bytes long.
+    error InvalidPeerId(uint256 length);
+    /// @notice The round given is not the current round.
+    error WrongRound(uint64 given, uint64 current);
+    /// @notice The sender already committed in this round.
+    error AlreadyCommitted(uint64 round, address peer);
+    /// @notice The round no longer takes commitments (closed, or window over with quorum).
+    error CommitWindowClosed(uint64 round);
+    /// @notice The commit window lasts until block `lastBlock` included.
+    error CommitWindowOpen(uint64 round, uint64 lastBlock);
+    /// @notice Fewer than `minPeers` committed: the window extends until quorum.
+    error QuorumNotMet(uint64 round, uint32 committed, uint32 minPeers);
+    /// @notice Cumulative epsilon may not decrease.
+    error EpsDecreasing(uint64 previousMicro, uint64 givenMicro);
+    /// @notice Cumulative epsilon may not pass the swarm's cap.
+    error EpsOverCap(uint64 givenMicro, uint64 capMicro);
+    /// @notice A digest must not be 0 or 1 (1 marks a closed, not finalized, round).
+    error InvalidDigest(bytes32 digest);
+    /// @notice numSamples must be between 1 and 2^32 - 1.
+    error InvalidNumSamples(uint64 numSamples);
+    /// @notice The round is not open.
+    error RoundNotOpen(uint64 round, RoundState state);
+    /// @notice The round is not closed (still open, or already finalized or aborted).
+    error RoundNotClosed(uint64 round, RoundState state);
+    /// @notice Only the round's participants may attest.
+    error NotParticipant(uint64 round, address account);
+    /// @notice The sender already attested in this round.
+    error AlreadyAttested(uint64 round, address peer);
+    /// @notice The bitmap must be ceil(participants / 8) bytes with no bit set past the last one.
+    error MalformedBitmap(uint64 round, uint256 length, uint256 expectedLength);
+    /// @notice The attestation window lasts until block `lastBlock` included.
+    error AbortTooEarly(uint64 round, uint64 lastBlock);
+    /// @notice A finalized round cannot be aborted.
+    error RoundAlreadyFinalized(uint64 round);
+
+    // ------------------------------------------------------------------ events
+
+    /// @notice `account` was added to (true) or removed from (false) the allowlist.
+    event AllowlistChanged(address indexed account, bool allowed);
+    /// @notice `peer` registered with libp2p peer id `peerId`.
+    event Registered(address indexed peer, bytes peerId);
+    /// @notice A round opened; it starts from the model finalized in `baseRound` (0 = genesis).
+    event RoundOpened(uint64 indexed round, uint64 baseRound, bytes32 baseDigest);
+    /// @notice `peer` committed the update `digest` as participant number `index`.
+    event Committed(
+        uint64 indexed round,
+        address indexed peer,
+        uint32 index,
+        bytes32 digest,
+        uint64 numSamples,
+        uint64 epsMicro,
+        bytes mechanism
+    );
+    /// @notice The round closed: its participant list is final.
+    event RoundClosed(uint64 indexed round, uint32 participantCount);
+    /// @notice `peer` attested (`aggregateDigest`, `included`), which now has `votes` votes.
+    event Attested(uint64 indexed round, address indexed peer, bytes32 aggregateDigest, bytes included, uint32 votes);
+    /// @notice A strict majority agreed; attesters of anything else are the dissenters.
+    event RoundFinalized(uint64 indexed round, bytes32 aggregateDigest, bytes included, uint32 votes);
+    /// @notice The attestation window passed without a majority.
+    event RoundAborted(uint64 indexed round, address indexed by);
+
+    // ------------------------------------------------------------------ storage
+
+    /// @dev Marks a slot as created but empty: a round closed and not finalized, or a registered
+    /// peer with no commitment yet. Never a valid digest (sha256 output 1 is not a concern).
+    bytes32 private constant RESERVED = bytes32(uint256(1));
+
+    uint32 private immutable _minPeers;
+    uint64 private immutable _commitWindow;
+    uint64 private immutable _attestWindow;
+    uint64 private immutable _epsCapMicro;
+    uint64 private immutable _deltaE18;
+    bytes32 private immutable _genesisDigest;
+    bool private immutable _allowlistEnabled;
+    address private immutable _deployer;
+    uint64 private immutable _deployBlock;
+
+    Live private _live;
+    mapping(address => Peer) private _peers;
+    mapping(address => bytes) private _peerIds;
+    mapping(bytes32 => address) private _peerIdOwner;
+    mapping(address => bool) private _allowed;
+    mapping(uint64 => mapping(uint256 => Participant)) private _participants;
+    /// @dev The digest of each peer's latest commitment (RESERVED before the first).
+    mapping(address => bytes32) private _latestDigest;
+    mapping(uint64 => RoundRecord) private _records;
+    /// @dev RESERVED from closeRound, then the aggregate digest if finalized.
+    mapping(uint64 => bytes32) private _outcome;
+    /// @dev How many addresses ever registered: once all of them committed, a round may close
+    /// before its window ends (nobody else can still join it).
+    uint32 private _registeredCount;
+    /// @dev votes per keccak256(round, aggregateDigest, included).
+    mapping(bytes32 => uint32) private _votes;
+
+    // ------------------------------------------------------------------ setup
+
+    /**
+     * @param minPeers quorum: commitments needed before a round can close (>= 1)
+     * @param commitWindow blocks after a round opens during which it takes commitments (>= 1)
+     * @param attestWindow blocks after a round closes before anyone may abort it (>= 1)
+     * @param epsCapMicro cap on each peer's cumulative epsilon, in millionths
+     * @param deltaE18 the swarm's delta, in units of 1e-18 (1e-5 -> 1e13)
+     * @param genesisDigest digest of the initial model round 1 starts from
+     * @param allowlist if non-empty, only these addresses (and those the deployer adds) may register
+     */
+    constructor(
+        uint32 minPeers,
+        uint64 commitWindow,
+        uint64 attestWindow,
+        uint64 epsCapMicro,
+        uint64 deltaE18,
+        bytes32 genesisDigest,
+        address[] memory allowlist
+    ) {
+        if (minPeers == 0) revert InvalidParams("minPeers");
+        if (commitWindow == 0) revert InvalidParams("commitWindow");
+        if (attestWindow == 0) revert InvalidParams("attestWindow");
+        if (epsCapMicro == 0) revert InvalidParams("epsCapMicro");
+        if (deltaE18 >= 1e18) revert InvalidParams("deltaE18");
+        if (uint256(genesisDigest) <= 1) revert InvalidParams("genesisDigest");
+        _minPeers = minPeers;
+        _commitWindow = commitWindow;
+        _attestWindow = attestWindow;
+        _epsCapMicro = epsCapMicro;
+        _deltaE18 = deltaE18;
+        _genesisDigest = genesisDigest;
+        _allowlistEnabled = allowlist.length > 0;
+        _deployer = msg.sender;
+        _deployBlock = uint64(block.number);
+        for (uint256 i = 0; i < allowlist.length; ++i) {
+            _allowed[allowlist[i]] = true;
+            emit AllowlistChanged(allowlist[i], true);
+        }
+        _live = Live({
+            round: 1,
+            openedBlock: uint48(block.number),
+            closedBlock: 0,
+            baseRound: 0,
+            participantCount: 0,
+            state: RoundState.OPEN
+        });
+        emit RoundOpened(1, 0, genesisDigest);
+    }
+
+    // ------------------------------------------------------------------ admission
+
+    /**
+     * @notice Add addresses to the allowlist (deployer only; only if deployed with one).
+     * @param accounts addresses that may register
+     */
+    function allow(address[] calldata accounts) external {
+        if (msg.sender != _deployer) revert NotDeployer(msg.sender);
+        if (!_allowlistEnabled) revert InvalidParams("allowlist");
+        for (uint256 i = 0; i < accounts.length; ++i) {
+            _allowed[accounts[i]] = true;
+            _peers[accounts[i]].banned = false;
+            emit AllowlistChanged(accounts[i], true);
+        }
+    }
+
+    /**
+     * @notice Remove an address from the allowlist (deployer only). A registered peer that is
+     * removed can no longer commit; commitments it already made stay valid.
+     * @param account the address to remove
+     */
+    function disallow(address account) external {
+        if (msg.sender != _deployer) revert NotDeployer(msg.sender);
+        if (!_allowlistEnabled) revert InvalidParams("allowlist");
+        _allowed[account] = false;
+        _peers[account].banned = true;
+        emit AllowlistChanged(account, false);
+    }
+
+    /**
+     * @notice Register the sender with its libp2p peer id. Once per address, once per peer id.
+     * @param peerId the libp2p peer id bytes (multihash), 1 to 128 bytes
+     */
+    function register(bytes calldata peerId) external {
+        if (_allowlistEnabled && !_allowed[msg.sender]) revert NotAllowed(msg.sender);
+        Peer storage peer = _peers[msg.sender];
+        if (peer.registered) revert AlreadyRegistered(msg.sender);
+        if (peerId.length == 0 || peerId.length > 128) revert InvalidPeerId(peerId.length);
+        bytes32 key = keccak256(peerId);
+        address owner = _peerIdOwner[key];
+        if (owner != address(0)) revert PeerIdTaken(peerId, owner);
+        _peerIdOwner[key] = msg.sender;
+        _peerIds[msg.sender] = peerId;
+        _latestDigest[msg.sender] = RESERVED;
+        peer.registered = true;
+        _registeredCount += 1;
+        emit Registered(msg.sender, peerId);
+    }
+
+    // ------------------------------------------------------------------ rounds
+
+    /**
+     * @notice Commit the digest of the update the sender published for `round`.
+     * @dev Accepted while the round is open and either the commit window has not passed or the
+     * quorum is not reached yet (the window extends). The epsilon is spent from here on.
+     * @param round the current round
+     * @param digest sha256 of the published update blob
+     * @param numSamples local training samples (aggregation weight), 1 to 2^32 - 1
+     * @param epsMicro the sender's cumulative epsilon after this round, in millionths
+     * @param mechanism canonical JSON of the mechanism parameters (kept in the event only)
+     */
+    function commit(
+        uint64 round,
+        bytes32 digest,
+        uint64 numSamples,
+        uint64 epsMicro,
+        bytes calldata mechanism
+    ) external {
+        Peer memory peer = _peers[msg.sender];
+        if (!peer.registered) revert NotRegistered(msg.sender);
+        if (peer.banned) revert NotAllowed(msg.sender);
+        Live memory live = _live;
+        if (round != live.round) revert WrongRound(round, live.round);
+        if (peer.lastCommitRound == round) revert AlreadyCommitted(round, msg.sender);
+        if (
+            live.state != RoundState.OPEN ||
+            (block.number > uint256(live.openedBlock) + _commitWindow && live.participantCount >= _minPeers)
+        ) revert CommitWindowClosed(round);
+        if (epsMicro < peer.epsMicro) revert EpsDecreasing(peer.epsMicro, epsMicro);
+        if (epsMicro > _epsCapMicro) revert EpsOverCap(epsMicro, _epsCapMicro);
+        if (uint256(digest) <= 1) revert InvalidDigest(digest);
+        if (numSamples == 0 || numSamples > type(uint32).max) revert InvalidNumSamples(numSamples);
+
+        uint32 index = live.participantCount;
+        _peers[msg.sender] = Peer({
+            epsMicro: epsMicro,
+            lastCommitRound: uint48(round),
+            lastAttestRound: peer.lastAttestRound,
+            registered: true,
+            banned: false
+        });
+        _live.participantCount = index + 1;
+        _participants[round][index] = Participant(msg.sender, uint32(numSamples), epsMicro);
+        _latestDigest[msg.sender] = digest;
+        emit Committed(round, msg.sender, index, digest, numSamples, epsMicro, mechanism);
+    }
+
+    /**
+     * @notice Close `round` (anyone): at least `minPeers` committed, and either the commit
+     * window has passed or every registered peer has committed (nobody is left to wait for).
+     * The participant list is final from here.
+     * @param round the current round
+     */
+    function closeRound(uint64 round) external {
+        Live memory live = _live;
+        if (round != live.round) revert WrongRound(round, live.round);
+        if (live.state != RoundState.OPEN) revert RoundNotOpen(round, live.state);
+        uint256 lastBlock = uint256(live.openedBlock) + _commitWindow;
+        if (block.number <= lastBlock && live.participantCount < _registeredCount) {
+            revert CommitWindowOpen(round, uint64(lastBlock));
+        }
+        if (live.participantCount < _minPeers) revert QuorumNotMet(round, live.participantCount, _minPeers);
+        _live.state = RoundState.CLOSED;
+        _live.closedBlock = uint48(block.number);
+        _records[round] = RoundRecord(live.openedBlock, uint48(block.number), live.participantCount);
+        _outcome[round] = RESERVED;
+        emit RoundClosed(round, live.participantCount);
+    }
+
+    /**
+     * @notice Attest the aggregate the sender computed for a closed round (participants only,
+     * once). A strict majority of participants attesting the same (digest, bitmap) finalizes the
+     * round and opens the next one from that model.
+     * @param round the current round, closed
+     * @param aggregateDigest sha256 of the aggregate model
+     * @param included bitmap over participants(round): bit i (lowest bit of byte 0 first) set if
+     * participant i's blob went into the aggregate; exactly ceil(participants / 8) bytes
+     */
+    function attest(uint64 round, bytes32 aggregateDigest, bytes calldata included) external {
+        Live memory live = _live;
+        if (round == 0 || round > live.round) revert WrongRound(round, live.round);
+        if (round < live.round) revert RoundNotClosed(round, _pastState(round));
+        if (live.state != RoundState.CLOSED) revert RoundNotClosed(round, live.state);
+        Peer storage peer = _peers[msg.sender];
+        if (peer.lastCommitRound != round) revert NotParticipant(round, msg.sender);
+        if (peer.lastAttestRound == round) revert AlreadyAttested(round, msg.sender);
+        if (uint256(aggregateDigest) <= 1) revert InvalidDigest(aggregateDigest);
+        uint256 count = live.participantCount;
+        uint256 expected = (count + 7) / 8;
+        if (included.length != expected || (count % 8 != 0 && uint8(included[expected - 1]) >> (count % 8) != 0)) {
+            revert MalformedBitmap(round, included.length, expected);
+        }
+        peer.lastAttestRound = uint48(round);
+        bytes32 key = keccak256(abi.encodePacked(round, aggregateDigest, included));
+        uint32 votes = _votes[key] + 1;
+        _votes[key] = votes;
+        emit Attested(round, msg.sender, aggregateDigest, included, votes);
+        if (2 * uint256(votes) > count) {
+            _outcome[round] = aggregateDigest;
+            emit RoundFinalized(round, aggregateDigest, included, votes);
+            _openNext(round, uint48(round), aggregateDigest);
+        }
+    }
+
+    /**
+     * @notice Abort a closed round nobody finalized within the attestation window (anyone). The
+     * next round starts from the last finalized model; epsilon committed here stays spent.
+     * @param round the current round, closed, with its attestation window passed
+     */
+    function abortRound(uint64 round) external {
+        Live memory live = _live;
+        if (round == 0 || round > live.round) revert WrongRound(round, live.round);
+        if (round < live.round) {
+            RoundState past = _pastState(round);
+            if (past == RoundState.FINALIZED) revert RoundAlreadyFinalized(round);
+            revert RoundNotClosed(round, past);
+        }
+        if (live.state != RoundState.CLOSED) revert RoundNotClosed(round, live.state);
+        uint256 lastBlock = uint256(live.closedBlock) + _attestWindow;
+        if (block.number <= lastBlock) revert AbortTooEarly(round, uint64(lastBlock));
+        emit RoundAborted(round, msg.sender);
+        bytes32 base = live.baseRound == 0 ? _genesisDigest : _outcome[live.baseRound];
+        _openNext(round, live.baseRound, base);
+    }
+
+    function _openNext(uint64 round, uint48 baseRound, bytes32 baseDigest) private {
+        _live = Live({
+            round: uint48(round + 1),
+            openedBlock: uint48(block.number),
+            closedBlock: 0,
+            baseRound: baseRound,
+            participantCount: 0,
+            state: RoundState.OPEN
+        });
+        emit RoundOpened(round + 1, baseRound, baseDigest);
+    }
+
+    function _pastState(uint64 round) private view returns (RoundState) {
+        return _outcome[round] == RESERVED ? RoundState.ABORTED : RoundState.FINALIZED;
+    }
+
+    // ------------------------------------------------------------------ views
+
+    /// @notice The swarm parameters fixed at deployment.
+    function params() external view returns (Params memory) {
+        return
+            Params(
+                _minPeers,
+                _commitWindow,
+                _attestWindow,
+                _epsCapMicro,
+                _deltaE18,
+                _genesisDigest,
+                _allowlistEnabled,
+                _deployer,
+                _deployBlock
+            );
+    }
+
+    /// @notice The round in progress (open or closed).
+    function currentRound() external view returns (uint64) {
+        return _live.round;
+    }
+
+    /// @notice The last finalized round (0 before any) and the model digest to start from.
+    function lastFinalized() external view returns (uint64 round, bytes32 digest) {
+        round = _live.baseRound;
+        digest = round == 0 ? _genesisDigest : _outcome[round];
+    }
+
+    /// @notice State, block numbers, participant count and finalized digest of `round`.
+    function roundInfo(uint64 round) external view returns (RoundInfo memory info) {
+        Live memory live = _live;
+        if (round == 0 || round > live.round) revert WrongRound(round, live.round);
+        if (round == live.round) {
+            return RoundInfo(live.state, live.openedBlock, live.closedBlock, 0, live.participantCount, 0);
+        }
+        RoundRecord memory rec = _records[round];
+        uint48 ended = round + 1 == live.round ? live.openedBlock : _records[round + 1].openedBlock;
+        RoundState state = _pastState(round);
+        bytes32 digest = state == RoundState.FINALIZED ? _outcome[round] : bytes32(0);
+        return RoundInfo(state, rec.openedBlock, rec.closedBlock, ended, rec.participantCount, digest);
+    }
+
+    /// @notice The participants of `round` in commit order (the order inclusion bitmaps use).
+    function participants(uint64 round) external view returns (address[] memory list) {
+        uint256 count = _participantCount(round);
+        list = new address[](count);
+        for (uint256 i = 0; i < count; ++i) list[i] = _participants[round][i].peer;
+    }
+
+    /// @notice The commitment `peer` made in `round`; reverts NotParticipant if none. The digest
+    /// is stored for the peer's latest commitment only (0 otherwise: see the Committed event).
+    /// @dev A view: the linear search costs no transaction gas.
+    function commitmentOf(uint64 round, address peer) external view returns (Commitment memory) {
+        uint256 count = _participantCount(round);
+        for (uint256 i = 0; i < count; ++i) {
+            Participant memory p = _participants[round][i];
+            if (p.peer == peer) {
+                bytes32 digest = _peers[peer].lastCommitRound == round ? _latestDigest[peer] : bytes32(0);
+                return Commitment(peer, uint32(i), digest, p.numSamples, p.epsMicro);
+            }
+        }
+        revert NotParticipant(round, peer);
+    }
+
+    /// @notice The cumulative epsilon `peer` has committed, in millionths.
+    function epsSpent(address peer) external view returns (uint64) {
+        return _peers[peer].epsMicro;
+    }
+
+    /// @notice The libp2p peer id `peer` registered (empty if none).
+    function peerIdOf(address peer) external view returns (bytes memory) {
+        return _peerIds[peer];
+    }
+
+    /// @notice The address that registered `peerId` (zero if none).
+    function addressOfPeerId(bytes calldata peerId) external view returns (address) {
+        return _peerIdOwner[keccak256(peerId)];
+    }
+
+    /// @notice How many addresses have registered.
+    function registeredCount() external view returns (uint256) {
+        return _registeredCount;
+    }
+
+    /// @notice Whether `account` is registered.
+    function isRegistered(address account) external view returns (bool) {
+        return _peers[account].registered;
+    }
+
+    /// @notice Whether `account` may register (always true without an allowlist).
+    function isAllowed(address account) external view returns (bool) {
+        return !_allowlistEnabled || _allowed[account];
+    }
+
+    /// @notice The aggregate digest `round` was finalized with (0 if not finalized).
+    function finalizedDigest(uint64 round) external view returns (bytes32) {
+        bytes32 out = _outcome[round];
+        return out == RESERVED ? bytes32(0) : out;
+    }
+
+    /// @notice Votes so far for (aggregateDigest, included) in `round`.
+    function votesFor(uint64 round, bytes32 aggregateDigest, bytes calldata included) external view returns (uint32) {
+        return _votes[keccak256(abi.encodePacked(round, aggregateDigest, included))];
+    }
+
+    function _participantCount(uint64 round) private view returns (uint256) {
+        Live memory live = _live;
+        if (round == 0 || round > live.round) revert WrongRound(round, live.round);
+        return round == live.round ? live.participantCount : _records[round].participantCount;
+    }
+}

@@ -1,0 +1,180 @@
+"""The interface every mechanism implements, its guarantee object, and input validation.
+
+Perturb paths draw ONE uniform per coordinate into the output buffer and transform it in place
+with whole-tensor ops and at most a few scratch buffers, so a mechanism costs little more than
+its random numbers (see docs/BENCHMARKS.md, section "mechanisms"). The scratch buffers are kept
+per thread and reused across calls: fresh 40 MB allocations cost more page faults than the
+arithmetic (and small chunks cost more in per-op overhead on a loaded 2-core machine).
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import asdict, dataclass
+from typing import Callable, ClassVar
+
+import torch
+
+_WORKSPACE = threading.local()
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """What one call of `perturb` guarantees.
+
+    epsilon, delta: the (eps, delta)-DP bound of one release.
+    protects: "value" (the input value is protected) or "sign" (only the sign of each input is).
+    scope: "coordinate" (each coordinate is one release: a tensor of d coordinates costs d*eps)
+           or "vector" (the whole tensor passed to one `perturb` call is one release).
+    statement: one line a human can read.
+    """
+
+    epsilon: float
+    delta: float
+    protects: str
+    scope: str
+    statement: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check_epsilon(epsilon, name: str = "epsilon") -> float:
+    try:
+        value = float(epsilon)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {epsilon!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {epsilon!r}")
+    return value
+
+
+def check_delta(delta, name: str = "delta") -> float:
+    try:
+        value = float(delta)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {delta!r}") from None
+    if not (0.0 < value < 1.0):
+        raise ValueError(f"{name} must lie in (0, 1), got {delta!r}")
+    return value
+
+
+def check_positive(value, name: str) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(out) or out <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return out
+
+
+def check_finite(value, name: str) -> float:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(out):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return out
+
+
+def check_tensor(x, *, low: float | None = None, high: float | None = None, clip: bool = False,
+                 what: str = "x") -> torch.Tensor:
+    """Validate `x` and return it flat and contiguous.
+
+    Refuses non-float32/64 tensors and NaN/inf. With bounds, values outside [low, high] are refused
+    (ValueError) unless `clip` is set, in which case they are clamped to the bounds.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise ValueError(f"{what} must be float32 or float64, got {x.dtype}")
+    flat = x.detach().reshape(-1).contiguous()
+    if flat.numel() == 0:
+        return flat
+    lo, hi = torch.aminmax(flat)  # one pass; NaN propagates into the result
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"{what} contains NaN or infinite values")
+    if low is not None and (lo < low or hi > high):
+        if not clip:
+            raise ValueError(
+                f"{what} has values in [{lo:.6g}, {hi:.6g}], outside the domain [{low}, {high}] "
+                "this mechanism needs; rescale the input or build the mechanism with clip=True"
+            )
+        flat = flat.clamp(low, high)
+    return flat
+
+
+def half_grid_threshold(q: float, dtype: torch.dtype) -> float:
+    """The threshold that selects the same uniform draws as `u < q` but never equals a draw.
+
+    torch's CPU `uniform_` returns multiples of 2^-24 (float32) or 2^-53 (float64). Moving the
+    threshold to the middle between two grid points keeps P[u < q] as the grid allows and makes
+    `u - q` never zero, so `sign(u - q)` is always +-1 (a zero would output a wrong value).
+    """
+    bits = 24 if dtype == torch.float32 else 53
+    scale = 2.0**bits
+    return (math.ceil(q * scale) - 0.5) / scale
+
+
+def _scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
+    """A per-thread buffer of at least n elements, reused across calls."""
+    cache = getattr(_WORKSPACE, "buffers", None)
+    if cache is None:
+        cache = _WORKSPACE.buffers = {}
+    buf = cache.get((dtype, slot))
+    if buf is None or buf.numel() < n:
+        buf = cache[(dtype, slot)] = torch.empty(n, dtype=dtype)
+    return buf[:n]
+
+
+def map_chunks(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], scratch: int,
+               kernel: Callable[..., None], scratch_dtype: torch.dtype | None = None) -> None:
+    """Call kernel(out, *inputs, *scratch_buffers): whole flat tensors, in place on `out`."""
+    n = out.numel()
+    dtype = scratch_dtype or out.dtype
+    kernel(out, *inputs, *(_scratch(n, dtype, slot) for slot in range(scratch)))
+
+
+class Mechanism:
+    """Base of every mechanism: `perturb`, `variance`, `guarantee`, `params`."""
+
+    name: ClassVar[str]
+
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def guarantee(self) -> Guarantee:
+        raise NotImplementedError
+
+    def params(self) -> dict:
+        raise NotImplementedError
+
+    def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Perturb every element of `x` as its own release (used by the audit).
+
+        For coordinate-scope mechanisms this is `perturb`; vector-scope mechanisms override it
+        with the one-coordinate case of their definition.
+        """
+        return self.perturb(x, generator=generator)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.params().items() if k != "name")
+        return f"{type(self).__name__}({inner})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mechanism) and self.params() == other.params()
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.params().items())))
+
+
+def uniform_like(flat: torch.Tensor, generator: torch.Generator | None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """One uniform draw in [0, 1) per element: the only randomness a local mechanism uses."""
+    return torch.empty(flat.numel(), dtype=dtype or flat.dtype).uniform_(generator=generator)

@@ -1,0 +1,147 @@
+"""The Gaussian mechanism on a whole clipped update (scope "vector").
+
+Calibration: the analytic Gaussian mechanism of Balle & Wang (ICML 2018), Theorem 8: adding
+N(0, sigma^2) to a function of L2 sensitivity D is (eps, delta)-DP iff
+    Phi(D/(2 sigma) - eps sigma/D) - e^eps Phi(-D/(2 sigma) - eps sigma/D) <= delta.
+We solve that exact condition by bisection with math.erfc only. The classic
+sigma = sqrt(2 ln(1.25/delta)) D / eps (Dwork & Roth, Thm A.1) is proven only for eps < 1 and is
+offered for comparison there.
+
+Neighbouring relation: LOCAL. The peer's update is clipped to L2 norm S and any two clipped
+updates are neighbours, so the sensitivity is D = 2S. `noise_multiplier` z follows opacus'
+convention sigma = z * S; the (eps, delta) stated are for D = 2S, i.e. a unit noise z/2.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import Guarantee, Mechanism, check_delta, check_epsilon, check_positive, check_tensor
+
+_SQRT2 = math.sqrt(2.0)
+
+
+def _phi(x: float) -> float:
+    return 0.5 * math.erfc(-x / _SQRT2)
+
+
+def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> float:
+    """The smallest delta for which N(0, sigma^2) noise is (eps, delta)-DP (Balle & Wang, Thm 8)."""
+    s = sigma / sensitivity
+    first = _phi(1.0 / (2.0 * s) - epsilon * s)
+    tail = _phi(-1.0 / (2.0 * s) - epsilon * s)
+    second = math.exp(epsilon + math.log(tail)) if tail > 0.0 else 0.0
+    return max(first - second, 0.0)
+
+
+def _bisect_decreasing(f, target: float, lo: float, hi: float) -> float:
+    """Smallest x in [lo, hi] (to float precision) with f(x) <= target, f decreasing; returns the
+    upper end of the final bracket so the answer is always on the safe side."""
+    while f(hi) > target:
+        lo, hi = hi, hi * 2.0
+        if hi > 1e12:
+            raise ValueError("calibration diverged: parameters out of any useful range")
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if mid <= lo or mid >= hi:
+            break
+        if f(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest sigma making the Gaussian mechanism (eps, delta)-DP, any eps > 0 (Balle & Wang 2018).
+    Reference: eps 1, delta 1e-5 -> 3.731; eps 0.5 -> 7.032 (sensitivity 1)."""
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    sensitivity = check_positive(sensitivity, "sensitivity")
+    unit = _bisect_decreasing(lambda s: analytic_gaussian_delta(s, epsilon), delta, 1e-6, 1.0)
+    return unit * sensitivity
+
+
+def analytic_gaussian_epsilon(sigma: float, delta: float, sensitivity: float = 1.0) -> float:
+    """Smallest eps for which N(0, sigma^2) noise is (eps, delta)-DP (inverse of the above)."""
+    sigma = check_positive(sigma, "sigma")
+    delta = check_delta(delta)
+    sensitivity = check_positive(sensitivity, "sensitivity")
+    if analytic_gaussian_delta(sigma, 1e-12, sensitivity) <= delta:
+        return 1e-12
+    return _bisect_decreasing(lambda e: analytic_gaussian_delta(sigma, e, sensitivity), delta, 1e-12, 1.0)
+
+
+def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:
+    """sigma = sqrt(2 ln(1.25/delta)) * D / eps (Dwork & Roth 2014, Thm A.1): valid only for eps < 1."""
+    epsilon = check_epsilon(epsilon)
+    delta = check_delta(delta)
+    if epsilon >= 1.0:
+        raise ValueError(f"epsilon must be < 1 for the classic Gaussian formula (got {epsilon!r}); "
+                         "use analytic_gaussian_sigma")
+    return math.sqrt(2.0 * math.log(1.25 / delta)) * check_positive(sensitivity, "sensitivity") / epsilon
+
+
+class Gaussian(Mechanism):
+    """Clip the whole tensor to L2 norm S, add N(0, sigma^2) to every coordinate.
+
+    Build with clip_norm and either noise_multiplier z (sigma = z S; `delta`, default 1e-5, is the
+    delta at which the per-release eps is stated) or (epsilon, delta) (sigma from the analytic
+    calibration at sensitivity 2S).
+    """
+
+    name = "gaussian"
+
+    def __init__(self, clip_norm, noise_multiplier=None, epsilon=None, delta=None):
+        self.clip_norm = check_positive(clip_norm, "clip_norm")
+        if (noise_multiplier is None) == (epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier or epsilon (with delta)")
+        if noise_multiplier is not None:
+            self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
+            self.delta = check_delta(1e-5 if delta is None else delta)
+            self._given_epsilon = None
+            self.sigma = self.noise_multiplier * self.clip_norm
+            self.epsilon = analytic_gaussian_epsilon(self.sigma, self.delta, self.sensitivity)
+        else:
+            if delta is None:
+                raise ValueError("delta is required with epsilon")
+            self.epsilon = self._given_epsilon = check_epsilon(epsilon)
+            self.delta = check_delta(delta)
+            self.sigma = analytic_gaussian_sigma(self.epsilon, self.delta, self.sensitivity)
+            self.noise_multiplier = self.sigma / self.clip_norm
+
+    @property
+    def sensitivity(self) -> float:
+        return 2.0 * self.clip_norm
+
+    def perturb(self, x, *, generator=None):
+        flat = check_tensor(x)
+        norm = float(torch.linalg.vector_norm(flat, dtype=torch.float64)) if flat.numel() else 0.0
+        scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
+        out = torch.empty_like(flat).normal_(0.0, self.sigma, generator=generator)
+        out.add_(flat, alpha=scale)
+        return out.view(x.shape)
+
+    def perturb_independent(self, x, *, generator=None):
+        """Each element as a one-coordinate update: clip to [-S, S], add N(0, sigma^2)."""
+        flat = check_tensor(x).clamp(-self.clip_norm, self.clip_norm)
+        out = torch.empty_like(flat).normal_(0.0, self.sigma, generator=generator)
+        return out.add_(flat).view(x.shape)
+
+    def variance(self, x):
+        return torch.full_like(check_tensor(x), self.sigma**2).view(x.shape)
+
+    @property
+    def guarantee(self) -> Guarantee:
+        return Guarantee(self.epsilon, self.delta, "value", "vector",
+                         f"gaussian: the whole tensor, clipped to L2 norm {self.clip_norm:g}, is "
+                         f"({self.epsilon:.6g}, {self.delta:g})-LDP per release (sigma {self.sigma:.6g}, "
+                         "analytic calibration, sensitivity 2*clip_norm)")
+
+    def params(self) -> dict:
+        if self._given_epsilon is not None:
+            return {"name": self.name, "clip_norm": self.clip_norm, "epsilon": self._given_epsilon,
+                    "delta": self.delta}
+        return {"name": self.name, "clip_norm": self.clip_norm, "noise_multiplier": self.noise_multiplier,
+                "delta": self.delta}

@@ -1,0 +1,55 @@
+"""`swarm ledger`: show a ledger's rounds, participants, digests and epsilon per peer."""
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("ledger", help="show a ledger: rounds, participants, digests, eps per peer")
+    p.add_argument("--rpc-url", required=True, help="EVM JSON-RPC URL (http or https)")
+    p.add_argument("--ledger", required=True, metavar="ADDR", help="the SwarmLedger contract address")
+    p.add_argument("--json", action="store_true", help="print everything a verifier needs as JSON")
+    p.set_defaults(func=handler)
+
+
+def render(snap: dict) -> str:
+    """The human-readable report of a `LedgerClient.snapshot()`."""
+    p = snap["params"]
+    out = [
+        f"SwarmLedger {snap['address']} on chain {snap['chain_id']} at block {snap['block']}",
+        f"  quorum {p['min_peers']}, commit window {p['commit_window']} blocks, attestation window "
+        f"{p['attest_window']} blocks, eps cap {p['eps_cap']:g}, delta {p['delta']:g}, "
+        f"{'allowlist' if p['allowlist_enabled'] else 'open admission'}",
+        f"  genesis {p['genesis_digest']}; current round {snap['current_round']}, last finalized "
+        f"round {snap['last_finalized']['round']}",
+        "",
+    ]
+    for r in snap["rounds"]:
+        blocks = f"opened {r['opened_block']}" + (f", closed {r['closed_block']}" if r["closed_block"] else "") + (
+            f", ended {r['ended_block']}" if r["ended_block"] else "")
+        out.append(f"round {r['round']}: {r['state']} ({blocks}), {r['participant_count']} participants"
+                   + (f", aggregate {r['finalized_digest'][:16]}..." if r["finalized_digest"] else ""))
+        for c in r["commitments"]:
+            out.append(f"  #{c['index']} {c['peer']} digest {c['digest'][:16]}... samples {c['num_samples']} "
+                       f"eps {c['eps']:g} via {c['mechanism_name']} (protects: {c['protects']})")
+        for a in r["attestations"]:
+            out.append(f"  attest {a['peer']} aggregate {a['aggregate_digest'][:16]}... included 0x{a['included']} "
+                       f"({a['votes']} votes)")
+    out.append("")
+    out.append("peers (eps is cumulative over all rounds; read it with what each mechanism protects, above):")
+    for peer in snap["peers"]:
+        out.append(f"  {peer['address']} eps spent {peer['eps_spent']:g} peer id {peer['peer_id'][:20]}...")
+    return "\n".join(out)
+
+
+def handler(args: argparse.Namespace) -> int:
+    from node.cli import CLIError
+    from node.ledger import LedgerClient, LedgerError, connect
+
+    try:
+        snap = LedgerClient(connect(args.rpc_url), args.ledger).snapshot()
+    except (ValueError, LedgerError) as exc:
+        raise CLIError(str(exc)) from None
+    print(json.dumps(snap, indent=1) if args.json else render(snap))
+    return 0

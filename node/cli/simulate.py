@@ -1,0 +1,129 @@
+"""`swarm simulate`: many peers in one process, same round and aggregation code as `swarm up`."""
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from node.cli import common
+
+SHORTCUTS = {"peers": "swarm.peers", "rounds": "swarm.rounds", "seed": "swarm.seed", "dataset": "data.dataset",
+             "partition": "data.partition", "epochs": "train.epochs", "batch_size": "train.batch_size",
+             "lr": "train.lr", "lr_decay": "train.lr_decay", "mechanism": "privacy.mechanism",
+             "epsilon": "privacy.epsilon", "share": "privacy.share", "aggregation": "aggregation.rule",
+             "limit": "data.limit", "test_limit": "data.test_limit"}
+
+# --quick: a run that finishes in seconds on one core (8x8 digits, 8 peers, 4 rounds). Explicit
+# flags and --set win over it.
+QUICK = ["data.dataset=digits", "swarm.peers=8", "swarm.rounds=4", "train.epochs=2", "train.batch_size=16",
+         "train.lr=0.1", "privacy.mechanism=none"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate a swarm of many peers in one process (papers, privacy sweeps)")
+    p.add_argument("--peers", type=int, help="number of simulated peers, each with its own shard (default 4)")
+    p.add_argument("--fraction", type=float, default=1.0, help="fraction of the peers sampled each round (default 1)")
+    p.add_argument("--rounds", type=int, help="rounds (default 5)")
+    p.add_argument("--epochs", type=int, help="local epochs per round")
+    p.add_argument("--batch-size", type=int, help="local mini-batch size")
+    p.add_argument("--lr", type=float, help="local learning rate")
+    p.add_argument("--lr-decay", type=float, help="learning rate of round r = lr * lr_decay**r")
+    p.add_argument("--partition", help="iid, dirichlet or shards")
+    p.add_argument("--dataset", help="digits, breast-cancer, fashion-mnist, mnist, cifar10")
+    p.add_argument("--limit", type=int, help="use the first N training samples only")
+    p.add_argument("--test-limit", type=int, help="evaluate on the first N test samples only")
+    p.add_argument("--mechanism", help="pnpm, duchi, pm, hm, ldp-fl, laplace, gaussian, sampled, or none "
+                                       "(non-private baseline, simulate only)")
+    p.add_argument("--epsilon", type=float, help="the mechanism's epsilon (per coordinate for local mechanisms)")
+    p.add_argument("--share", choices=("weights", "update"), help="share weights (PNPM paper) or w - w_global")
+    p.add_argument("--aggregation", help="fedavg, median, trimmed-mean or krum")
+    p.add_argument("--seed", type=int, help="the one seed every random draw derives from")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1; same value = same bits)")
+    p.add_argument("--ledger", action="store_true",
+                   help="record the run on a local Anvil ledger (one account per peer): `swarm verify --run OUT`")
+    p.add_argument("--quick", action="store_true", help="a seconds-long run: digits, 8 peers, 4 rounds, no DP")
+    p.add_argument("--out", type=Path, help="run folder (default runs/sim-<timestamp>)")
+    common.add_config_options(p)
+    p.set_defaults(func=handle)
+
+
+def handle(args) -> int:
+    from node.cli import CLIError
+    from node.simulate import Simulation, SimulationError, summary_line
+
+    if args.quick:
+        args.overrides = QUICK + list(args.overrides)
+    config = common.load(args, SHORTCUTS)
+    out = args.out or Path("runs") / dt.datetime.now().strftime("sim-%Y%m%d-%H%M%S")
+    rounds, peers = config.swarm.rounds, config.swarm.peers
+    try:
+        with _progress(args.json, rounds) as on_progress:
+            sim = Simulation(config, fraction=args.fraction, out=out, ledger=args.ledger, threads=args.threads,
+                             on_progress=on_progress)
+            result = sim.run()
+    except (SimulationError, FileExistsError) as exc:
+        raise CLIError(str(exc)) from exc
+    except ValueError as exc:  # bad combination caught by the data, partition or mechanism code
+        raise CLIError(f"{exc} (peers={peers})") from exc
+    summary = result.summary
+    if args.json:
+        common.emit_json({"summary": summary, "rounds": result.records, "out": str(out)})
+    else:
+        _print(result.records, summary, out)
+    return 0
+
+
+class _progress:
+    """A rich progress bar over peer-rounds on stderr (silent with --json)."""
+
+    def __init__(self, quiet: bool, rounds: int):
+        self.quiet, self.rounds = quiet, rounds
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=Console(stderr=True, quiet=self.quiet), transient=False)
+        self.bar.__enter__()
+        self.task = self.bar.add_task("round 1", total=None)
+        self.last_accuracy = None
+
+        def on_progress(event: dict) -> None:
+            if event.get("finished"):
+                self.last_accuracy = event["accuracy"]
+                return
+            acc = "" if self.last_accuracy is None else f"  accuracy {self.last_accuracy:.3f}"
+            self.bar.update(self.task, description=f"round {event['round']}/{self.rounds}{acc}",
+                            completed=event["done"], total=event["of"])
+
+        return on_progress
+
+    def __exit__(self, *exc):
+        self.bar.__exit__(*exc)
+
+
+def _print(records, summary, out) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from node.simulate import summary_line
+
+    console = Console()
+    t = Table(title=f"simulated swarm: {summary['peers']} peers x {summary['fraction']:g} sampled, "
+                    f"{summary['dataset']}, {summary['mechanism'].get('name')}")
+    for col in ("round", "participants", "accuracy", "test loss", "train loss", "max eps per peer (whole update)"):
+        t.add_column(col)
+    for r in records:
+        fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+        t.add_row(str(r["round"]), str(r["participants"]), fmt(r["accuracy"], ".4f"), fmt(r["loss"], ".4f"),
+                  fmt(r["train_loss"], ".4f"), fmt(r["eps_max"], ".6g") + ("" if r["eps_max"] is None else f" ({r['protects']})"))
+    console.print(t)
+    console.print(summary_line(summary))
+    if summary["diverged"]:
+        console.print(f"[red]{summary['diverged']}[/red]")
+    s = summary["seconds"]
+    console.print(f"{summary['peer_rounds']} peer-rounds in {s['total']:.1f} s "
+                  f"({summary['peer_rounds'] / max(s['total'], 1e-9):.1f} peer-rounds/s; training {s['train']:.1f} s)")
+    console.print(f"metrics: {out / 'metrics.jsonl'}")
+    if summary.get("ledger"):
+        console.print(f"ledger {summary['ledger']['ledger']}: verify with  swarm verify --run {out}")

@@ -1,0 +1,116 @@
+"""Compile contracts/SwarmLedger.sol into the committed artifact contracts/build/SwarmLedger.json.
+
+    python scripts/compile_contracts.py           # write the artifact
+    python scripts/compile_contracts.py --check   # exit 1 if the committed artifact is stale
+
+Compiler: a native `solc` 0.8.28 on PATH or installed by py-solc-x if there is one, else the
+pinned npm solcjs (node_modules/.bin/solcjs) through scripts/solcjs_wrapper.sh, which drops the
+">>> ..." lines solcjs prints before its JSON (see PLATFORM.md). Both produce the same bytecode:
+the version, optimizer settings and EVM version are pinned here.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "contracts" / "SwarmLedger.sol"
+ARTIFACT = ROOT / "contracts" / "build" / "SwarmLedger.json"
+CONTRACT = "SwarmLedger"
+SOLC_VERSION = "0.8.28"
+# Many runs: the contract is deployed once per swarm and called every round by every peer.
+SETTINGS = {
+    "optimizer": {"enabled": True, "runs": 10000},
+    "evmVersion": "cancun",
+    "outputSelection": {"*": {"*": ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]}},
+}
+
+
+def find_compiler() -> tuple[Path, str]:
+    """Return (binary, kind): a native solc of the pinned version if available, else solcjs."""
+    import solcx
+
+    for candidate in [shutil.which("solc"), *(_solcx_installed(solcx))]:
+        if candidate and _version_of(solcx, candidate) == SOLC_VERSION:
+            return Path(candidate), "native"
+    solcjs = ROOT / "node_modules" / ".bin" / "solcjs"
+    if not solcjs.exists():
+        raise RuntimeError(
+            f"no solc {SOLC_VERSION} found: install it (py-solc-x or PATH) or run `npm ci` "
+            f"for the pinned solcjs ({solcjs} is missing)"
+        )
+    return ROOT / "scripts" / "solcjs_wrapper.sh", "solcjs"
+
+
+def _solcx_installed(solcx) -> list[str]:
+    try:
+        return [str(solcx.get_executable(v)) for v in solcx.get_installed_solc_versions()]
+    except Exception:  # py-solc-x keeps no installs: nothing to offer
+        return []
+
+
+def _version_of(solcx, binary: str) -> str | None:
+    try:
+        return str(solcx.wrapper.get_solc_version(binary))
+    except Exception:
+        return None
+
+
+def compile_artifact() -> dict:
+    """Compile the source and return the artifact dict (not written)."""
+    import solcx
+
+    binary, kind = find_compiler()
+    source = SOURCE.read_text()
+    out = solcx.compile_standard(
+        {"language": "Solidity", "sources": {SOURCE.name: {"content": source}}, "settings": SETTINGS},
+        solc_binary=binary,
+    )
+    errors = [e for e in out.get("errors", []) if e.get("severity") == "error"]
+    if errors:
+        raise RuntimeError("\n".join(e.get("formattedMessage", e["message"]) for e in errors))
+    contract = out["contracts"][SOURCE.name][CONTRACT]
+    full_version = str(solcx.wrapper.get_solc_version(binary, with_commit_hash=True))
+    return {
+        "contractName": CONTRACT,
+        "sourcePath": str(SOURCE.relative_to(ROOT)),
+        "sourceSha256": hashlib.sha256(source.encode()).hexdigest(),
+        "compiler": {"version": full_version, "via": kind},
+        "settings": {"optimizer": SETTINGS["optimizer"], "evmVersion": SETTINGS["evmVersion"]},
+        "abi": contract["abi"],
+        "bytecode": "0x" + contract["evm"]["bytecode"]["object"],
+        "deployedBytecode": "0x" + contract["evm"]["deployedBytecode"]["object"],
+    }
+
+
+def same_build(a: dict, b: dict) -> bool:
+    """Artifacts match on everything but how the compiler was reached (native or solcjs)."""
+    strip = lambda d: {k: v for k, v in d.items() if k != "compiler"} | {"version": d["compiler"]["version"]}
+    return strip(a) == strip(b)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed artifact is stale")
+    args = parser.parse_args(argv)
+    fresh = compile_artifact()
+    if args.check:
+        committed = json.loads(ARTIFACT.read_text()) if ARTIFACT.exists() else None
+        if committed is None or not same_build(committed, fresh):
+            print(f"{ARTIFACT.relative_to(ROOT)} is stale: run python scripts/compile_contracts.py", file=sys.stderr)
+            return 1
+        print(f"{ARTIFACT.relative_to(ROOT)} is up to date")
+        return 0
+    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
+    ARTIFACT.write_text(json.dumps(fresh, indent=1) + "\n")
+    print(f"wrote {ARTIFACT.relative_to(ROOT)} (solc {fresh['compiler']['version']} via {fresh['compiler']['via']}, "
+          f"{(len(fresh['deployedBytecode']) - 2) // 2} bytes deployed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

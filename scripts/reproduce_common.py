@@ -1,0 +1,90 @@
+"""Shared plumbing of the reproduction scripts (scripts/reproduce_*.py): run one simulation into
+runs/reproduce/<name> (reused when its summary already exists, so an interrupted sweep resumes),
+run a list of them on a small process pool, and print markdown tables.
+
+Every run is `node.simulate.Simulation` (what `swarm simulate` runs); each line of a table
+names the equivalent command."""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "runs" / "reproduce"
+FIGURES = ROOT / "docs" / "figures"
+
+
+def share_key() -> str:
+    """The config key for weights-vs-update sharing (named privacy.share; privacy.perturb in
+    configs written before the rename)."""
+    from node.config import PrivacyConfig
+
+    return "privacy.share" if "share" in PrivacyConfig.__dataclass_fields__ else "privacy.perturb"
+
+
+def command(overrides: list[str], fraction: float = 1.0, mechanism_params: dict | None = None) -> str:
+    """The `swarm simulate` command line that reproduces a run. Mechanism parameters the config
+    cannot hold (a string such as sampled's base) are named after it: those runs come from
+    `Simulation(config, mechanism_params=...)`, which this script calls."""
+    parts = ["swarm", "simulate"] + [a for o in overrides for a in ("--set", o)]
+    if fraction != 1.0:
+        parts += ["--fraction", f"{fraction:g}"]
+    text = shlex.join(parts)
+    if mechanism_params:
+        text += f"  [mechanism {json.dumps(mechanism_params, sort_keys=True)}]"
+    return text
+
+
+def run_one(job: tuple) -> dict:
+    """Run (or reuse) one simulation; returns its summary plus records and wall time."""
+    import torch
+
+    from node.config import load_config
+    from node.simulate import Simulation
+
+    name, overrides, fraction = job[:3]
+    mechanism_params = job[3] if len(job) > 3 else None
+    out = RUNS / name
+    if (out / "summary.json").exists():
+        summary = json.loads((out / "summary.json").read_text())
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
+        return {"name": name, "summary": summary, "records": records, "reused": True}
+    if out.exists():  # an interrupted run: start it again
+        import shutil
+
+        shutil.rmtree(out)
+    torch.set_num_threads(1)
+    started = time.perf_counter()
+    result = Simulation(load_config(None, overrides), fraction=fraction, out=out, threads=1,
+                        mechanism_params=mechanism_params).run()
+    wall = time.perf_counter() - started
+    return {"name": name, "summary": result.summary, "records": result.records, "reused": False, "wall": wall}
+
+
+def run_all(jobs: list[tuple], workers: int | None = None) -> dict[str, dict]:
+    workers = workers or int(os.environ.get("REPRODUCE_WORKERS", "2"))
+    results = {}
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for res in pool.map(run_one, jobs):
+            s = res["summary"]
+            print(f"{res['name']}: final {s['final_accuracy']}, {s['seconds']['total']:.0f} s"
+                  f"{' (reused)' if res['reused'] else ''}", flush=True)
+            results[res["name"]] = res
+    return results
+
+
+def pct(value) -> str:
+    return "diverged" if value is None else f"{100 * value:.2f}"
+
+
+def eps_text(summary: dict) -> str:
+    p = summary.get("privacy")
+    if p is None:
+        return "none (no privacy)"
+    what = " (sign only)" if p["protects"] == "sign" else ""
+    delta = f", delta {p['delta']:.0e}" if p.get("delta") else ""
+    return f"{p['eps_whole_update_max']:.4g}{delta}{what}"

@@ -1,0 +1,90 @@
+"""Real Anvil chains for the ledger tests.
+
+`chain` is parametrized: "automine" (a block per transaction, blocks advanced with anvil_mine)
+and "testnet" (Anvil started like a testnet: chain id 11155111, a block every second, so every
+receipt is awaited for real). Tests that need many blocks to pass only run on automine; the
+testnet run covers a representative subset to stay within the time budget.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from types import SimpleNamespace
+
+import pytest
+from eth_account import Account
+
+from node.chain import start_anvil
+from node.ledger import LedgerClient, connect
+
+MECHANISM = json.dumps({"name": "pnpm", "eps": 1.0, "c": 3.0, "target": "weights"}, separators=(",", ":")).encode()
+GENESIS = hashlib.sha256(b"genesis model").digest()
+
+
+def digest(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+@pytest.fixture(scope="session")
+def automine_chain():
+    with start_anvil(accounts=8) as anvil:
+        yield anvil
+
+
+@pytest.fixture(scope="session")
+def testnet_chain():
+    with start_anvil(accounts=4, chain_id=11155111, block_time=1) as anvil:
+        yield anvil
+
+
+@pytest.fixture(scope="session", params=["automine", "testnet"])
+def chain(request):
+    return request.getfixturevalue(f"{request.param}_chain")
+
+
+class Swarm:
+    """A freshly deployed ledger and one client per dev account."""
+
+    def __init__(self, anvil, n_accounts: int, **params):
+        self.anvil = anvil
+        self.w3 = connect(anvil.url)
+        self.accounts = [Account.from_key(k) for k in anvil.private_keys[:n_accounts]]
+        defaults = dict(min_peers=2, commit_window=20, attest_window=20, eps_cap_micro=5_000_000, delta=1e-5,
+                        genesis_digest=GENESIS)
+        self.params = defaults | params
+        self.deployer = LedgerClient.deploy(self.w3, self.accounts[0], tx_timeout=30, **self.params)
+        self.address = self.deployer.address
+        self.peers = [self.deployer] + [LedgerClient(self.w3, self.address, a, tx_timeout=30)
+                                        for a in self.accounts[1:]]
+        self.reader = LedgerClient(self.w3, self.address)
+
+    def register(self, n: int) -> None:
+        for i, peer in enumerate(self.peers[:n]):
+            peer.register(b"peer-%d" % i)
+
+    def commit_all(self, round: int, n: int, eps_micro: int = 1_000_000) -> None:
+        for i, peer in enumerate(self.peers[:n]):
+            peer.commit(round, digest(f"r{round}-p{i}"), 100 + i, eps_micro, MECHANISM)
+
+    def pass_commit_window(self, round: int) -> None:
+        """Mine until the commit window of `round` has passed."""
+        info = self.reader.round_info(round)
+        self.mine_to(info.opened_block + self.params["commit_window"] + 1)
+
+    def mine_to(self, block: int) -> None:
+        """Mine until the *next* transaction lands after `block` - 1, i.e. in block >= `block`."""
+        self.anvil.mine(max(0, block - 1 - self.anvil.block_number()))
+
+
+@pytest.fixture
+def make_swarm(automine_chain):
+    def make(n_accounts: int = 4, **params) -> Swarm:
+        return Swarm(automine_chain, n_accounts, **params)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def kit():
+    """The helpers test modules share (conftest cannot be imported in importlib mode)."""
+    return SimpleNamespace(Swarm=Swarm, MECHANISM=MECHANISM, GENESIS=GENESIS, digest=digest)

@@ -1,0 +1,269 @@
+"""Every rule and every custom error of SwarmLedger, on a real Anvil (automine)."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from node import ledger as L
+from node.ledger import RoundState, encode_bitmap
+
+# The same constants as conftest.py (which importlib mode cannot import).
+MECHANISM = json.dumps({"name": "pnpm", "eps": 1.0, "c": 3.0, "target": "weights"}, separators=(",", ":")).encode()
+GENESIS = hashlib.sha256(b"genesis model").digest()
+
+
+def digest(label: str) -> bytes:
+    return hashlib.sha256(label.encode()).digest()
+
+
+AGG = digest("aggregate")
+OTHER = digest("other aggregate")
+
+
+def test_every_custom_error_has_a_python_exception():
+    names = {item["name"] for item in L.load_artifact()["abi"] if item["type"] == "error"}
+    assert names == set(L.REFUSALS), names ^ set(L.REFUSALS)
+    assert all(issubclass(cls, L.LedgerError) for cls in L.REFUSALS.values())
+
+
+def test_constructor_rejects_bad_params(automine_chain, kit):
+    swarm = kit.Swarm(automine_chain, 1)
+    artifact = L.load_artifact()
+    factory = swarm.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
+    sender = L._Sender(swarm.w3, swarm.accounts[0], L._ErrorDecoder(artifact["abi"]), 30)
+    with pytest.raises(L.InvalidParams, match="minPeers"):
+        sender.send(factory.constructor(0, 5, 5, 10, 0, GENESIS, []), "deploy")
+    with pytest.raises(L.InvalidParams, match="genesisDigest"):
+        sender.send(factory.constructor(1, 5, 5, 10, 0, bytes(32), []), "deploy")
+    with pytest.raises(ValueError, match="min_peers"):  # the client checks before sending
+        L.LedgerClient.deploy(swarm.w3, swarm.accounts[0], min_peers=0, commit_window=1, attest_window=1,
+                              eps_cap_micro=1, delta=0.0, genesis_digest=GENESIS)
+
+
+def test_registration_rules(make_swarm):
+    swarm = make_swarm(3)
+    a, b, c = swarm.peers
+    a.register(b"peer-a")
+    assert swarm.reader.peer_id_of(a.account.address) == b"peer-a"
+    assert swarm.reader.address_of_peer_id(b"peer-a") == a.account.address
+    with pytest.raises(L.AlreadyRegistered):
+        a.register(b"peer-a2")
+    with pytest.raises(L.PeerIdTaken) as taken:
+        b.register(b"peer-a")
+    assert taken.value.fields["owner"] == a.account.address
+    with pytest.raises(L.InvalidPeerId):
+        b.register(b"")
+    with pytest.raises(L.InvalidPeerId):
+        b.register(b"x" * 129)
+    b.register(b"x" * 128)
+    assert [p for p, _ in swarm.reader.registered_peers()] == [a.account.address, b.account.address]
+    assert not swarm.reader.is_registered(c.account.address)
+
+
+def test_allowlist(make_swarm):
+    swarm = make_swarm(4, allowlist=None)
+    with pytest.raises(L.InvalidParams, match="allowlist"):  # an open swarm has no list to manage
+        swarm.deployer.allow([swarm.accounts[1].address])
+    accounts = swarm.accounts
+    swarm = make_swarm(4, allowlist=[accounts[0].address, accounts[1].address], min_peers=1)
+    deployer, allowed, late, stranger = swarm.peers
+    with pytest.raises(L.NotAllowed):
+        late.register(b"late")
+    with pytest.raises(L.NotDeployer):
+        allowed.allow([late.account.address])
+    deployer.allow([late.account.address])
+    late.register(b"late")
+    allowed.register(b"allowed")
+    with pytest.raises(L.NotDeployer):
+        stranger.disallow(allowed.account.address)
+    deployer.disallow(late.account.address)
+    with pytest.raises(L.NotAllowed):  # removed from the list: can no longer commit
+        late.commit(1, digest("x"), 10, 1, MECHANISM)
+    allowed.commit(1, digest("y"), 10, 1, MECHANISM)
+
+
+def test_commit_rules(make_swarm):
+    swarm = make_swarm(3, eps_cap_micro=2_000_000)
+    a, b, c = swarm.peers
+    with pytest.raises(L.NotRegistered):
+        a.commit(1, digest("a"), 10, 1, MECHANISM)
+    swarm.register(2)
+    with pytest.raises(L.WrongRound):
+        a.commit(2, digest("a"), 10, 1, MECHANISM)
+    with pytest.raises(L.InvalidDigest):
+        a.commit(1, bytes(32), 10, 1, MECHANISM)
+    with pytest.raises(L.InvalidNumSamples):
+        a.commit(1, digest("a"), 0, 1, MECHANISM)
+    with pytest.raises(L.EpsOverCap) as over:  # the cap
+        a.commit(1, digest("a"), 10, 2_000_001, MECHANISM)
+    assert over.value.fields == {"givenMicro": 2_000_001, "capMicro": 2_000_000}
+    a.commit(1, digest("a"), 10, 2_000_000, MECHANISM)  # exactly the cap is allowed
+    with pytest.raises(L.AlreadyCommitted):
+        a.commit(1, digest("a2"), 10, 2_000_000, MECHANISM)
+    b.commit(1, digest("b"), 20, 1_500_000, MECHANISM)
+    assert swarm.reader.eps_spent(a.account.address) == 2_000_000
+    swarm.pass_commit_window(1)
+    c.register(b"peer-c")
+    with pytest.raises(L.CommitWindowClosed):  # window over and quorum reached, not yet closed
+        c.commit(1, digest("c"), 10, 1, MECHANISM)
+    a.close_round(1)
+    with pytest.raises(L.CommitWindowClosed):
+        c.commit(1, digest("c"), 10, 1, MECHANISM)
+    # Round 2: eps may not decrease, and the cap binds the cumulative value.
+    b.attest(1, AGG, encode_bitmap([True, True]))
+    a.attest(1, AGG, encode_bitmap([True, True]))
+    assert swarm.reader.current_round() == 2
+    with pytest.raises(L.EpsDecreasing) as dec:
+        b.commit(2, digest("b2"), 20, 1_400_000, MECHANISM)
+    assert dec.value.fields == {"previousMicro": 1_500_000, "givenMicro": 1_400_000}
+    with pytest.raises(L.EpsOverCap):
+        a.commit(2, digest("a2"), 10, 2_000_001, MECHANISM)
+    b.commit(2, digest("b2"), 20, 1_500_000, MECHANISM)  # equal is not decreasing
+
+
+def test_quorum_not_met_extends_the_window(make_swarm):
+    swarm = make_swarm(3, min_peers=3, commit_window=5)
+    swarm.register(3)
+    a, b, c = swarm.peers
+    with pytest.raises(L.CommitWindowOpen):
+        a.close_round(1)
+    a.commit(1, digest("a"), 10, 1, MECHANISM)
+    b.commit(1, digest("b"), 10, 1, MECHANISM)
+    swarm.pass_commit_window(1)
+    with pytest.raises(L.QuorumNotMet) as quorum:
+        a.close_round(1)
+    assert quorum.value.fields == {"round": 1, "committed": 2, "minPeers": 3}
+    swarm.anvil.mine(10)
+    c.commit(1, digest("c"), 10, 1, MECHANISM)  # long after the nominal window: it extended
+    c.close_round(1)
+    info = swarm.reader.round_info(1)
+    assert (info.state, info.participant_count) == (RoundState.CLOSED, 3)
+    with pytest.raises(L.RoundNotOpen):
+        a.close_round(1)
+    with pytest.raises(L.WrongRound):
+        a.close_round(2)
+
+
+def _closed_round(make_swarm, n: int, **params):
+    swarm = make_swarm(n, min_peers=n, **params)
+    swarm.register(n)
+    swarm.commit_all(1, n)
+    swarm.pass_commit_window(1)
+    swarm.peers[0].close_round(1)
+    return swarm
+
+
+def test_attestation_rules(make_swarm):
+    swarm = make_swarm(4, min_peers=3)
+    swarm.register(4)
+    a, b, c, outsider = swarm.peers
+    swarm.commit_all(1, 3)
+    with pytest.raises(L.RoundNotClosed):
+        a.attest(1, AGG, encode_bitmap([True] * 3))
+    swarm.pass_commit_window(1)
+    a.close_round(1)
+    with pytest.raises(L.NotParticipant):
+        outsider.attest(1, AGG, encode_bitmap([True] * 3))
+    with pytest.raises(L.WrongRound):
+        a.attest(2, AGG, encode_bitmap([True] * 3))
+    with pytest.raises(L.MalformedBitmap):  # 3 participants: one byte, not two
+        a.attest(1, AGG, b"\x07\x00")
+    with pytest.raises(L.MalformedBitmap):  # bit 3 set: no participant 3
+        a.attest(1, AGG, b"\x0f")
+    with pytest.raises(L.InvalidDigest):
+        a.attest(1, bytes(32), b"\x07")
+    a.attest(1, AGG, b"\x07")
+    with pytest.raises(L.AlreadyAttested):
+        a.attest(1, AGG, b"\x07")
+
+
+def test_minority_does_not_finalize_majority_does_and_bitmaps_do_not_mix(make_swarm):
+    swarm = _closed_round(make_swarm, 5)
+    p = swarm.peers
+    all_in = encode_bitmap([True] * 5)
+    without_last = encode_bitmap([True] * 4 + [False])
+    p[0].attest(1, AGG, all_in)
+    p[1].attest(1, AGG, without_last)  # same digest, other bitmap: a separate vote
+    p[2].attest(1, OTHER, all_in)
+    p[3].attest(1, AGG, without_last)
+    assert swarm.reader.votes_for(1, AGG, all_in) == 1
+    assert swarm.reader.votes_for(1, AGG, without_last) == 2
+    # 3 of 5 attested AGG, but not on one bitmap: no strict majority, still closed.
+    assert swarm.reader.round_info(1).state is RoundState.CLOSED
+    assert swarm.reader.finalized_digest(1) is None
+    p[4].attest(1, AGG, without_last)  # 3 of 5 on (AGG, without_last): majority
+    info = swarm.reader.round_info(1)
+    assert info.state is RoundState.FINALIZED and info.finalized_digest == AGG
+    assert swarm.reader.finalized_digest(1) == AGG
+    assert swarm.reader.last_finalized() == (1, AGG)
+    assert swarm.reader.current_round() == 2
+    assert swarm.reader.round_info(2).opened_block == info.ended_block
+    dissent = [(a.peer, a.aggregate_digest, a.included) for a in swarm.reader.attestations(1)]
+    assert dissent[2] == (p[2].account.address, OTHER, all_in)
+    with pytest.raises(L.RoundNotClosed):  # late attestation of a finalized round
+        p[2].attest(1, OTHER, without_last)
+
+
+def test_even_split_is_not_a_majority(make_swarm):
+    swarm = _closed_round(make_swarm, 4)
+    p = swarm.peers
+    p[0].attest(1, AGG, b"\x0f")
+    p[1].attest(1, AGG, b"\x0f")  # 2 of 4 is not a strict majority
+    assert swarm.reader.round_info(1).state is RoundState.CLOSED
+    p[2].attest(1, AGG, b"\x0f")
+    assert swarm.reader.round_info(1).state is RoundState.FINALIZED
+
+
+def test_abort_after_window_opens_next_round_from_last_finalized(make_swarm):
+    swarm = _closed_round(make_swarm, 3, attest_window=6)
+    p = swarm.peers
+    p[0].attest(1, AGG, b"\x07")  # one of three: participants stop attesting
+    with pytest.raises(L.AbortTooEarly) as early:
+        p[1].abort_round(1)
+    info = swarm.reader.round_info(1)
+    assert early.value.fields["lastBlock"] == info.closed_block + 6
+    swarm.mine_to(info.closed_block + 7)
+    p[1].abort_round(1)
+    info = swarm.reader.round_info(1)
+    assert info.state is RoundState.ABORTED and info.finalized_digest is None
+    assert swarm.reader.current_round() == 2
+    assert swarm.reader.last_finalized() == (0, GENESIS)  # round 2 starts from genesis
+    assert swarm.reader.eps_spent(p[2].account.address) == 1_000_000  # eps stays spent
+    with pytest.raises(L.RoundNotClosed):
+        p[1].abort_round(1)  # already aborted
+    with pytest.raises(L.RoundNotClosed):
+        p[1].abort_round(2)  # open, not closed
+    with pytest.raises(L.WrongRound):
+        p[1].abort_round(3)
+    # Round 2 finalizes; it cannot be aborted afterwards.
+    swarm.commit_all(2, 3, eps_micro=2_000_000)
+    swarm.pass_commit_window(2)
+    p[0].close_round(2)
+    p[0].attest(2, AGG, b"\x07")
+    p[1].attest(2, AGG, b"\x07")
+    with pytest.raises(L.RoundAlreadyFinalized):
+        p[2].abort_round(2)
+    assert swarm.reader.last_finalized() == (2, AGG)
+    assert [c.peer for c in swarm.reader.commitments(1)] == [x.account.address for x in p]
+
+
+def test_read_only_client_cannot_send(make_swarm):
+    swarm = make_swarm(1)
+    with pytest.raises(L.LedgerError, match="read-only"):
+        swarm.reader.register(b"me")
+
+
+def test_round_closes_early_once_every_registered_peer_committed(make_swarm):
+    swarm = make_swarm(3, min_peers=2, commit_window=50)
+    swarm.register(3)
+    a, b, c = swarm.peers
+    assert a.registered_count() == 3
+    a.commit(1, digest("a"), 10, 1, MECHANISM)
+    b.commit(1, digest("b"), 10, 1, MECHANISM)
+    with pytest.raises(L.CommitWindowOpen):  # quorum met, but c may still commit
+        a.close_round(1)
+    c.commit(1, digest("c"), 10, 1, MECHANISM)
+    a.close_round(1)  # nobody left to wait for
+    assert a.round_info(1).state is L.RoundState.CLOSED
