@@ -91,6 +91,11 @@ class LocalSwarm:
         from p2p.store import DiskBlobStore
 
         config, out = self.config, self.out
+        attest_seconds = config.chain.attest_window * config.chain.block_time
+        if config.chain.fetch_timeout * 2 > attest_seconds:
+            raise ValueError(f"chain.fetch_timeout ({config.chain.fetch_timeout} s) must be at most half the "
+                             f"attestation window ({config.chain.attest_window} blocks x {config.chain.block_time} s "
+                             f"= {attest_seconds:g} s), or a round that waits for a missing blob is aborted")
         (out / "chain").mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(config.to_toml())
         self.archive = DiskBlobStore(out / "archive")

@@ -29,7 +29,7 @@ def handle(args) -> int:
     config = common.load(args, SHORTCUTS)
     try:
         report = run_up(config, out=args.out, json_output=args.json)
-    except FileExistsError as exc:
+    except (FileExistsError, ValueError) as exc:
         raise CLIError(str(exc)) from exc
     if args.json:
         common.emit_json(report)

@@ -98,6 +98,12 @@ def small_config(**overrides):
     return load_config(None, [f"{k}={v}" for k, v in sets.items()])
 
 
+def failed_logs(swarm) -> str:
+    return "\n".join(f"--- peer {p.index} exit {p.process.returncode}\n" + "\n".join(
+        line for line in (p.workdir / "peer.log").read_text(errors="replace").splitlines()
+        if "Failed to open TCP" not in line)[-4000:] for p in swarm.peers if p.process.returncode)
+
+
 def wait_until(predicate, timeout: float, what: str):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -120,7 +126,7 @@ def test_sigkilled_peer_round_still_finalizes_and_peer_catches_up(tmp_path):
         assert victim.address in swarm.ledger.participants(2)  # it had committed: quorum 3 of 4 attested
         swarm.start_peer(3)  # the same workdir: same keys, same store
         swarm.wait(400)
-        assert [p.process.returncode for p in swarm.peers] == [0, 0, 0, 0]
+        assert [p.process.returncode for p in swarm.peers] == [0, 0, 0, 0], failed_logs(swarm)
         final = bytes(swarm.ledger.finalized_digest(3)).hex()
         restarted = [m for m in victim.metrics() if m["round"] == 3]
         assert restarted and restarted[-1]["global_digest"] == final
@@ -133,6 +139,7 @@ def test_peer_serving_other_bytes_is_left_out(tmp_path):
     with LocalSwarm(small_config(**{"swarm.rounds": 2}), tmp_path / "run", faults={3: "wrong-bytes"}) as swarm:
         swarm.start()
         swarm.wait(400)
+        assert [p.process.returncode for p in swarm.peers[:3]] == [0, 0, 0], failed_logs(swarm)
         liar = swarm.peers[3].address
         for r in (1, 2):
             assert swarm.ledger.round_info(r).state.name == "FINALIZED"
