@@ -137,12 +137,18 @@ def start_anvil(
     load_state: str | os.PathLike | None = None,
     accounts: int = 10,
     timeout: float = START_TIMEOUT_S,
+    mixed_mining: bool = False,
 ) -> Anvil:
     """Start Anvil on 127.0.0.1 and wait until its RPC answers.
 
     block_time None means automine (a block per transaction); a number mines every block_time
-    seconds, like a testnet, so receipts have to be awaited. load_state reloads a `dump_state` file.
+    seconds, like a testnet, so receipts have to be awaited. mixed_mining (with block_time) does
+    both: every transaction is mined at once and blocks also tick every block_time, so windows
+    measured in blocks pass even when nobody sends a transaction. load_state reloads a
+    `dump_state` file.
     """
+    if mixed_mining and block_time is None:
+        raise ValueError("mixed_mining needs a block_time")
     if accounts < 1:
         raise ValueError(f"accounts must be >= 1, got {accounts}")
     if block_time is not None and block_time <= 0:
@@ -153,6 +159,8 @@ def start_anvil(
            "--accounts", str(accounts), "--mnemonic", ANVIL_MNEMONIC]
     if block_time is not None:
         cmd += ["--block-time", str(block_time)]
+    if mixed_mining:
+        cmd += ["--mixed-mining"]
     if load_state is not None:
         if not Path(load_state).is_file():
             raise ValueError(f"load_state: no such file {load_state}")

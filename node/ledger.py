@@ -673,7 +673,7 @@ class _Sender:
             if remaining <= 0:
                 raise LedgerTimeout(f"{label}: no receipt for 0x{bytes(tx_hash).hex()} within {self.tx_timeout:.0f} s")
             try:
-                return self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=remaining, poll_latency=0.05)
+                return self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=remaining, poll_latency=0.02)
             except TimeExhausted:
                 continue
             except Exception as exc:

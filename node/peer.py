@@ -33,9 +33,11 @@ class Phase(str, enum.Enum):
     COMMITTING = "committing"
     WAITING_CLOSE = "waiting-close"
     FETCHING = "fetching"
+    AGGREGATING = "aggregating"
     ATTESTING = "attesting"
     WAITING_FINAL = "waiting-final"
     FOLLOWING = "following"  # not a participant this round: waits for the result
+    EVALUATING = "evaluating"
     BUDGET_SPENT = "budget-spent"
     DONE = "done"
 
@@ -51,7 +53,7 @@ class PeerSettings:
     momentum: float
     rounds: int  # stop once this round is finalized or aborted
     fetch_timeout: float = 30.0
-    poll_interval: float = 0.25
+    poll_interval: float = 0.1
     chain_timeout: float = 600.0  # longest wait for any one chain state change
     fault: str | None = None  # testing only: "wrong-bytes" or "scale:K" (see docs/NODE.md)
     dp: object | None = None  # node.train.DPSGDConfig for DP-SGD inside local training
@@ -68,8 +70,10 @@ class RoundOutcome:
     eps_cumulative: float | None = None
     train_seconds: float = 0.0
     round_seconds: float = 0.0
-    bytes_fetched: int = 0
+    bytes_received: int = 0  # blob bytes this peer fetched from others during the round
+    bytes_sent: int = 0  # blob bytes this peer served to others during the round
     gas_used: int = 0
+    phase_seconds: dict = field(default_factory=dict)  # wall time per Phase value
     global_digest: str | None = None  # the model this peer holds after the round
 
 
@@ -96,6 +100,8 @@ class Peer:
         self.num_params = self.genesis_vector.numel()
         self.address = ledger.account.address
         self.phase = Phase.STARTING
+        self._phase_since = time.monotonic()
+        self._phase_seconds: dict[str, float] = {}
         self.round = 0
         self._commits = 0  # rounds this peer has committed in: the accountant's T
 
@@ -108,7 +114,9 @@ class Peer:
                         "time": time.time(), **extra})
 
     def _set(self, phase: Phase, **extra):
-        self.phase = phase
+        now = time.monotonic()
+        self._phase_seconds[self.phase.value] = self._phase_seconds.get(self.phase.value, 0.0) + now - self._phase_since
+        self.phase, self._phase_since = phase, now
         self._status(**extra)
 
     async def _wait_for(self, predicate, *, what: str, nudge=None):
@@ -198,6 +206,8 @@ class Peer:
 
         self.round = r
         started = time.monotonic()
+        self._phase_seconds, self._phase_since = {}, started
+        sent0, received0 = self.host.bytes_served, self.host.bytes_fetched
         out = RoundOutcome(round=r, state="open")
         info = await self.chain(self.ledger.round_info, r)
         already = await self.chain(self._committed, r)
@@ -218,7 +228,7 @@ class Peer:
         if info.state.name == "CLOSED" and out.committed:
             participants = await self.chain(self.ledger.participants, r)
             if self.address in participants:
-                new_vector, out.included, out.bytes_fetched, gas = await self._aggregate_and_attest(r, global_vector)
+                out.included, gas = await self._aggregate_and_attest(r, global_vector)
                 out.gas_used += gas
         self._set(Phase.WAITING_FINAL)
         info = await self._wait_for(lambda: self._state_after(r, "OPEN", "CLOSED"), what="finalization",
@@ -230,8 +240,12 @@ class Peer:
             global_vector, _ = wire.read_vector(data, self.num_params, kind="model")
             await self.host.announce_blob(digest.hex())
             out.global_digest = digest.hex()
+            self._set(Phase.EVALUATING)
             out.accuracy, out.loss = await trio.to_thread.run_sync(self._evaluate, global_vector)
+        self._set(Phase.WAITING_FINAL)  # closes the last phase's timer
         out.round_seconds = time.monotonic() - started
+        out.phase_seconds = {k: round(v, 4) for k, v in self._phase_seconds.items() if v > 0}
+        out.bytes_sent, out.bytes_received = self.host.bytes_served - sent0, self.host.bytes_fetched - received0
         return out, global_vector
 
     def _state_after(self, r: int, *states: str):
@@ -292,7 +306,6 @@ class Peer:
         commitments = await self.chain(self.ledger.commitments, r)
         peer_ids = [await self.chain(self.ledger.peer_id_of, c.peer) for c in commitments]
         vectors: list[torch.Tensor | None] = [None] * len(commitments)
-        fetched = [0]
 
         async def fetch_one(i: int, nursery_deadline: float):
             c = commitments[i]
@@ -303,7 +316,6 @@ class Peer:
                     try:
                         data = await self._obtain(digest_hex, providers)
                         vectors[i], _ = wire.read_vector(data, self.num_params, kind="update")
-                        fetched[0] += len(data)
                         return
                     except BlobError as exc:  # right digest, malformed content: nobody can use it
                         log.warning("round %d: blob of %s is malformed: %s", r, c.peer, exc)
@@ -320,6 +332,7 @@ class Peer:
         included = [v is not None for v in vectors]
         if not any(included):
             raise RuntimeError(f"round {r}: no blob could be fetched, not even our own")
+        self._set(Phase.AGGREGATING)
         new_vector = await trio.to_thread.run_sync(
             lambda: wire.next_global(self.s.shared, previous,
                                      [v for v in vectors if v is not None],
@@ -333,8 +346,8 @@ class Peer:
         try:
             receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), wire.bitmap(included))
         except RoundNotClosed:  # a majority finalized (or the round was aborted) before our vote
-            return new_vector, included, fetched[0], 0
-        return new_vector, included, fetched[0], _gas(receipt)
+            return included, 0
+        return included, _gas(receipt)
 
     def _providers(self, digest_hex: str, committer_peer_id: bytes) -> list[str]:
         from p2p import peer_id_from_bytes

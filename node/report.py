@@ -24,7 +24,7 @@ def round_rows(peers) -> list[dict]:
             if m.get("eps_cumulative") is not None:
                 row["eps"][m["peer"]] = m["eps_cumulative"]
             row["gas"] += int(m.get("gas_used") or 0)
-            row["bytes_fetched"] += int(m.get("bytes_fetched") or 0)
+            row["bytes_fetched"] += int(m.get("bytes_received") or 0)
             row["committed"] += bool(m.get("committed"))
             row["train_seconds"].append(m.get("train_seconds") or 0.0)
             row["round_seconds"].append(m.get("round_seconds") or 0.0)

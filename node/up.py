@@ -100,7 +100,8 @@ class LocalSwarm:
         (out / "config.toml").write_text(config.to_toml())
         self.archive = DiskBlobStore(out / "archive")
         n = config.swarm.peers
-        self._anvil_cm = start_anvil(block_time=config.chain.block_time, accounts=n + 1)
+        # Mixed mining: transactions land at once, and blocks still tick so windows pass.
+        self._anvil_cm = start_anvil(block_time=config.chain.block_time, accounts=n + 1, mixed_mining=True)
         self.anvil = self._anvil_cm.__enter__()
         try:
             self.w3 = connect(self.anvil.url)

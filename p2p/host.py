@@ -127,6 +127,8 @@ class SwarmHost:
         self._dialing: set[str] = set()
         self._announce_send, self._announce_recv = trio.open_memory_channel[Announcement](config.announcement_buffer)
         self.dropped_announcements = 0
+        self.bytes_served = 0  # blob bytes sent to other peers (chunk payloads)
+        self.bytes_fetched = 0  # blob bytes received from other peers (chunk payloads)
 
     # ---- identity and addresses -------------------------------------------------------------
     @property
@@ -350,6 +352,7 @@ class SwarmHost:
                     return
                 with trio.fail_after(timeout):
                     await wire.write_frame(stream, wire.DATA + chunk)
+                self.bytes_served += len(chunk)
         except (wire.StreamEnded, trio.TooSlowError) as exc:
             log.debug("blob stream with %s ended: %s", peer, exc)
         except wire.WireError as exc:
@@ -463,6 +466,7 @@ class SwarmHost:
                 if len(body) - 1 != length or offset != len(received):
                     raise _ProviderFailed(f"sent {len(body) - 1} bytes for a {length}-byte chunk")
                 received += memoryview(body)[1:]
+                self.bytes_fetched += length
             return declared
         except trio.TooSlowError:
             raise _ProviderFailed(f"no answer within {timeout}s") from None
