@@ -510,20 +510,30 @@ async def open_host(config: HostConfig, store: BlobStore,
         max_messages_per_topic_per_second=config.max_announcements_per_second,
     )
     pubsub = Pubsub(libp2p_host, gossipsub, strict_signing=True)
-    async with libp2p_host.run(listen_addrs=listen):
-        async with background_trio_service(pubsub), background_trio_service(gossipsub):
-            with trio.fail_after(config.connect_timeout):
-                await pubsub.wait_until_ready()
-            async with trio.open_nursery() as nursery:
-                host = SwarmHost(config, store, allowed, libp2p_host, pubsub, gossipsub, nursery)
-                libp2p_host.set_stream_handler(TProtocol(wire.BLOB_PROTOCOL), host._serve_blob_stream)
-                pubsub.set_topic_validator(config.topic, host._validate_gossip, False)
-                subscription = await pubsub.subscribe(config.topic)
-                nursery.start_soon(host._read_gossip, subscription)
-                nursery.start_soon(host._keep_bootstrap_connected)
-                nursery.start_soon(host._say_hello_periodically)
-                try:
-                    yield host
-                finally:
-                    nursery.cancel_scope.cancel()
-                    host._announce_send.close()
+    body_finished = False
+    try:
+        async with libp2p_host.run(listen_addrs=listen):
+            async with background_trio_service(pubsub), background_trio_service(gossipsub):
+                with trio.fail_after(config.connect_timeout):
+                    await pubsub.wait_until_ready()
+                async with trio.open_nursery() as nursery:
+                    host = SwarmHost(config, store, allowed, libp2p_host, pubsub, gossipsub, nursery)
+                    libp2p_host.set_stream_handler(TProtocol(wire.BLOB_PROTOCOL), host._serve_blob_stream)
+                    pubsub.set_topic_validator(config.topic, host._validate_gossip, False)
+                    subscription = await pubsub.subscribe(config.topic)
+                    nursery.start_soon(host._read_gossip, subscription)
+                    nursery.start_soon(host._keep_bootstrap_connected)
+                    nursery.start_soon(host._say_hello_periodically)
+                    try:
+                        yield host
+                        body_finished = True
+                    finally:
+                        nursery.cancel_scope.cancel()
+                        host._announce_send.close()
+    except Exception as exc:
+        # py-libp2p 0.8.1 races at shutdown: a stream arriving while its services stop spawns a
+        # task into a closed nursery ("Nursery is closed to new arrivals", LifecycleError). Once
+        # the caller's work is done such an error cannot affect it: log it instead of failing.
+        if not body_finished:
+            raise
+        log.warning("libp2p raised while shutting down (ignored, the host's work was done): %r", exc)

@@ -1,0 +1,34 @@
+"""The host's lifecycle: the caller's own errors always propagate out of `open_host` (only
+py-libp2p's shutdown races after a finished body are logged instead, see p2p/host.py), and the
+byte counters the node reports per round count chunk payloads both ways."""
+from __future__ import annotations
+
+import pytest
+
+from p2p.host import open_host
+from p2p.store import MemoryBlobStore
+
+pytestmark = pytest.mark.anyio
+
+
+class BodyError(Exception):
+    pass
+
+
+async def test_an_error_in_the_body_propagates(config):
+    with pytest.raises(ExceptionGroup) as info:  # trio nurseries group what they propagate
+        async with open_host(config(), MemoryBlobStore()):
+            raise BodyError("the caller's own failure")
+    assert info.group_contains(BodyError)
+
+
+async def test_byte_counters_count_both_directions(config):
+    holder_store = MemoryBlobStore()
+    blob = bytes(range(256)) * 4096  # 1 MiB: one full chunk
+    digest = holder_store.put(blob)
+    async with open_host(config(), holder_store) as holder, open_host(config(), MemoryBlobStore()) as fetcher:
+        await fetcher.connect(holder.addrs[0])
+        assert await fetcher.fetch(digest, providers=[holder.peer_id], timeout=20) == blob
+        assert fetcher.bytes_fetched == len(blob)
+        assert holder.bytes_served == len(blob)
+        assert holder.bytes_fetched == 0 and fetcher.bytes_served == 0
