@@ -173,11 +173,34 @@ class Peer:
         for r in range(current - 1, 0, -1):
             info = await self.chain(self.ledger.round_info, r)
             if info.state.name == "FINALIZED":
-                digest = bytes(await self.chain(self.ledger.finalized_digest, r))
-                data = await self._obtain(digest.hex(), providers=None)
-                vector, _ = wire.read_vector(data, self.num_params, kind="model")
-                return vector
+                return await self._fetch_model(r)
         return self.genesis_vector.clone()
+
+    async def _fetch_model(self, r: int) -> torch.Tensor:
+        """The finalized model of round r, checked against its digest on chain. Its holders are
+        the round's participants (each computed it) and whoever announced it since; a peer that
+        just started may not have heard any announcement yet, so ask the participants first and
+        keep trying other holders until the deadline."""
+        from p2p import peer_id_from_bytes
+
+        digest = bytes(await self.chain(self.ledger.finalized_digest, r)).hex()
+        participants = await self.chain(self.ledger.participants, r)
+        holders = [peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, a)) for a in participants
+                   if a != self.address]
+        deadline = trio.current_time() + 3 * self.s.fetch_timeout
+        while True:
+            providers = holders + [p for p in self.host.providers(digest) if p not in holders]
+            try:
+                data = await self._obtain(digest, providers)
+                break
+            except Exception as exc:  # P2PError: holders busy or gone; others may answer
+                if trio.current_time() > deadline:
+                    raise RuntimeError(f"round {r}: the finalized model {digest[:16]} could not be fetched from "
+                                       f"any of {len(providers)} holders: {exc}") from exc
+                await trio.sleep(0.5)
+        vector, _ = wire.read_vector(data, self.num_params, kind="model")
+        await self.host.announce_blob(digest)
+        return vector
 
     async def _obtain(self, digest_hex: str, providers) -> bytes:
         data = self.store.get(digest_hex)
@@ -235,11 +258,8 @@ class Peer:
                                     nudge=lambda: self._try(self.ledger.abort_round, r))
         out.state = info.state.name.lower()
         if info.state.name == "FINALIZED":
-            digest = bytes(await self.chain(self.ledger.finalized_digest, r))
-            data = await self._obtain(digest.hex(), providers=None)
-            global_vector, _ = wire.read_vector(data, self.num_params, kind="model")
-            await self.host.announce_blob(digest.hex())
-            out.global_digest = digest.hex()
+            global_vector = await self._fetch_model(r)
+            out.global_digest = bytes(await self.chain(self.ledger.finalized_digest, r)).hex()
             self._set(Phase.EVALUATING)
             out.accuracy, out.loss = await trio.to_thread.run_sync(self._evaluate, global_vector)
         self._set(Phase.WAITING_FINAL)  # closes the last phase's timer
