@@ -10,14 +10,21 @@ def register(subparsers) -> None:
                               description="Deploy a SwarmLedger. The key comes from SWARM_PRIVATE_KEY or the "
                               "keystore (created on first use, password from SWARM_KEYSTORE_PASSWORD or a prompt).")
     p.add_argument("--rpc-url", required=True, help="EVM JSON-RPC URL (http or https)")
-    p.add_argument("--min-peers", type=int, default=2, help="quorum: commitments needed to close a round")
-    p.add_argument("--commit-window", "--window", type=int, default=10, dest="commit_window",
-                   help="blocks a round takes commitments for (extends until quorum)")
-    p.add_argument("--attest-window", type=int, default=10, help="blocks after closing before a round can be aborted")
-    p.add_argument("--eps-cap", type=float, default=10.0, help="cap on each peer's cumulative epsilon")
-    p.add_argument("--delta", type=float, default=1e-5, help="the swarm's delta")
-    p.add_argument("--genesis-digest", required=True,
-                   help="sha256 (64 hex digits) of the initial model every peer starts from")
+    p.add_argument("--min-peers", type=int, help="quorum: commitments needed to close a round (default: the config's)")
+    p.add_argument("--commit-window", "--window", type=int, dest="commit_window",
+                   help="blocks a round takes commitments for (extends until quorum; default: the config's)")
+    p.add_argument("--attest-window", type=int,
+                   help="blocks after closing before a round can be aborted (default: the config's)")
+    p.add_argument("--eps-cap", type=float,
+                   help="cap on each peer's cumulative epsilon (default: the config's chain.eps_cap; 0 there = "
+                   "what swarm.rounds rounds of the configured mechanism spend)")
+    p.add_argument("--delta", type=float, help="the swarm's delta (default: the config's privacy.delta)")
+    p.add_argument("--genesis-digest",
+                   help="sha256 (64 hex digits) of the initial model; default: computed from the config, which "
+                   "every peer must then run with (`swarm node --config` the same file)")
+    p.add_argument("--config", metavar="TOML", help="the swarm's settings (model, data, aggregation, chain, privacy)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one config value (repeatable)")
     p.add_argument("--allow", action="append", metavar="ADDR", default=[],
                    help="admit only these addresses (repeatable); without it anyone may register")
     p.add_argument("--keystore", default=None, help="keystore file (default ~/.swarm/keystore.json)")
@@ -43,18 +50,33 @@ def handler(args: argparse.Namespace) -> int:
     from node.cli import CLIError
     from node.ledger import EPS_SCALE, LedgerClient, LedgerError, connect
 
-    genesis = _digest(args.genesis_digest)
+    from node.blob import sha256
+    from node.cli import common
+    from node.config import quorum
+    from node.setup import eps_cap_micro, genesis as genesis_blob
+
+    config = common.load(args, {})
+    try:
+        genesis = _digest(args.genesis_digest) if args.genesis_digest else sha256(genesis_blob(config))
+        min_peers = args.min_peers if args.min_peers is not None else quorum(config)
+        commit_window = args.commit_window if args.commit_window is not None else config.chain.commit_window
+        attest_window = args.attest_window if args.attest_window is not None else config.chain.attest_window
+        cap_micro = round(args.eps_cap * EPS_SCALE) if args.eps_cap is not None else eps_cap_micro(config)
+        delta = args.delta if args.delta is not None else config.privacy.delta
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
     try:
         account = keys.load_account(args.keystore, create=True)
         w3 = connect(args.rpc_url)
         client = LedgerClient.deploy(
-            w3, account, min_peers=args.min_peers, commit_window=args.commit_window,
-            attest_window=args.attest_window, eps_cap_micro=round(args.eps_cap * EPS_SCALE), delta=args.delta,
+            w3, account, min_peers=min_peers, commit_window=commit_window,
+            attest_window=attest_window, eps_cap_micro=cap_micro, delta=delta,
             genesis_digest=genesis, allowlist=args.allow or None, tx_timeout=args.tx_timeout,
         )
     except (ValueError, keys.AccountLoadError, LedgerError) as exc:
         raise CLIError(str(exc)) from None
     result = {"address": client.address, "chain_id": w3.eth.chain_id, "deployer": account.address,
-              "gas_used": client.gas_used["deploy"], "block": client.params().deploy_block}
+              "gas_used": client.gas_used["deploy"], "block": client.params().deploy_block,
+              "genesis_digest": genesis.hex(), "eps_cap": cap_micro / EPS_SCALE}
     print(json.dumps(result) if args.json else client.address)
     return 0
