@@ -61,7 +61,7 @@ class RegistryCache:
     def refresh(self) -> None:
         from p2p import peer_id_from_bytes
 
-        self.allowed = {peer_id_from_bytes(bytes(pid)) for pid in self.ledger.registered_peer_ids()}
+        self.allowed = {peer_id_from_bytes(pid) for _, pid in self.ledger.registered_peers()}
 
     async def keep_fresh(self, interval: float = 1.0) -> None:
         while True:  # ends when the owning nursery is cancelled at shutdown

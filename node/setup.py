@@ -61,8 +61,8 @@ def eps_cap_micro(config) -> int:
     configured mechanism spend, so the demo never silently stops a peer."""
     from mechanisms.accounting import cumulative_spend
 
-    if config.privacy.eps_cap > 0:
-        return wire.eps_to_micro(config.privacy.eps_cap)
+    if config.chain.eps_cap > 0:
+        return wire.eps_to_micro(config.chain.eps_cap)
     spend = cumulative_spend(mechanism_params(config), num_params(config), config.swarm.rounds)
     return wire.eps_to_micro(spend.epsilon)
 
