@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import asdict, dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import torch
 
@@ -113,14 +113,18 @@ def half_grid_threshold(q: float, dtype: torch.dtype) -> float:
     torch's CPU `uniform_` returns multiples of 2^-24 (float32) or 2^-53 (float64). Moving the
     threshold to the middle between two grid points keeps P[u < q] as the grid allows and makes
     `u - q` never zero, so `sign(u - q)` is always +-1 (a zero would output a wrong value).
+    Exact in the dtype only for q < 1/2 (above, the half grid needs one more bit): callers
+    with larger q decide with `floor` instead, which needs no such care.
     """
+    if not 0.0 < q < 0.5:
+        raise ValueError(f"half_grid_threshold needs 0 < q < 1/2, got {q!r}")
     bits = 24 if dtype == torch.float32 else 53
     scale = 2.0**bits
     return (math.ceil(q * scale) - 0.5) / scale
 
 
-def _scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
-    """A per-thread buffer of at least n elements, reused across calls."""
+def scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
+    """A per-thread buffer of n elements, reused across calls (slot tells a caller's buffers apart)."""
     cache = getattr(_WORKSPACE, "buffers", None)
     if cache is None:
         cache = _WORKSPACE.buffers = {}
@@ -130,12 +134,21 @@ def _scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
     return buf[:n]
 
 
-def map_chunks(out: torch.Tensor, inputs: tuple[torch.Tensor, ...], scratch: int,
-               kernel: Callable[..., None], scratch_dtype: torch.dtype | None = None) -> None:
-    """Call kernel(out, *inputs, *scratch_buffers): whole flat tensors, in place on `out`."""
-    n = out.numel()
-    dtype = scratch_dtype or out.dtype
-    kernel(out, *inputs, *(_scratch(n, dtype, slot) for slot in range(scratch)))
+def uniform_draw(out: torch.Tensor, low: float, high: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Fill `out` with one uniform draw per element on [low, high): the only randomness a local
+    mechanism uses.
+
+    torch computes low + (high - low) * x for x on the 2^-24 (float32) or 2^-53 (float64) grid
+    inside the generator's own pass, so an affine map of the uniform costs nothing. With
+    high - low == 1 and low a float of the dtype the result is exactly x + low rounded once,
+    whose sign is exactly the sign of x + low.
+    """
+    return out.uniform_(low, high, generator=generator)
+
+
+def affine_(u: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
+    """u <- shift + scale * u in ONE pass (a 0-dim tensor as `input` broadcasts for free)."""
+    return torch.add(torch.tensor(shift, dtype=u.dtype), u, alpha=scale, out=u)
 
 
 class Mechanism:
@@ -174,7 +187,3 @@ class Mechanism:
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.params().items())))
 
-
-def uniform_like(flat: torch.Tensor, generator: torch.Generator | None, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """One uniform draw in [0, 1) per element: the only randomness a local mechanism uses."""
-    return torch.empty(flat.numel(), dtype=dtype or flat.dtype).uniform_(generator=generator)

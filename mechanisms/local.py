@@ -1,8 +1,11 @@
 """Per-coordinate local mechanisms (scope "coordinate": a tensor of d values costs d*eps).
 
-Each perturb path draws one uniform u per coordinate into the output buffer and maps it in place
-through the inverse CDF of the mechanism's output law (written branch-free: sign/copysign/clamp
-instead of boolean masks, which are slow on CPU). Formulas cite the papers in docs/MECHANISMS.md.
+Each perturb path draws one uniform u per coordinate into the output buffer (the affine part of
+the first step folded into the draw: `uniform_(low, high)` costs the same as `uniform_()`) and maps
+it in place through the inverse CDF of the mechanism's output law, in as few whole-tensor passes
+as possible. Decisions "u < p" are read off as floor(u - p) in {-1, 0} (exact: the rounded
+difference keeps its sign, and 0 falls on the "not below" side), so no boolean masks (slow on
+CPU) and no torch.where. Formulas cite the papers in docs/MECHANISMS.md.
 """
 from __future__ import annotations
 
@@ -10,8 +13,8 @@ import math
 
 import torch
 
-from .base import (Guarantee, Mechanism, check_epsilon, check_finite, check_positive, check_tensor,
-                   half_grid_threshold, map_chunks, uniform_like)
+from .base import (Guarantee, Mechanism, affine_, check_epsilon, check_finite, check_positive,
+                   check_tensor, half_grid_threshold, scratch, uniform_draw)
 
 # exp(eps) overflows a double near 709; no useful local mechanism runs there.
 MAX_EPSILON = 700.0
@@ -24,8 +27,8 @@ def _epsilon(epsilon) -> float:
     return eps
 
 
-def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(value, dtype=like.dtype)
+def _output(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(like.numel(), dtype=like.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,14 +99,17 @@ class _PureLocal(Mechanism):
                          f"{self.domain}; a tensor of d coordinates costs d*eps")
 
 
-def _duchi_kernel(k: float, bound: torch.Tensor):
-    """+B iff u < 1/2 + k t, else -B. copysign (not sign) so that u - 1/2 - k t == 0 maps to -B."""
+def _duchi_slope(epsilon: float) -> float:
+    """k in P[+B] = 1/2 + k t."""
+    e = math.exp(epsilon)
+    return (e - 1.0) / (2.0 * (e + 1.0))
 
-    def kernel(u, t):
-        u.sub_(t, alpha=k).sub_(0.5)
-        torch.copysign(bound, u, out=u).neg_()
 
-    return kernel
+def _duchi_(y: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """In place: y = u - 1/2 - k t in (-1, 1) (so floor(y) is -1 iff u < 1/2 + k t) -> `high`
+    if y < 0 else `low` (y == 0 is "not below": `low`, as the definition's strict <)."""
+    y.floor_()
+    return affine_(y, low - high, low)
 
 
 class Duchi(_PureLocal):
@@ -113,10 +119,10 @@ class Duchi(_PureLocal):
 
     def perturb(self, x, *, generator=None):
         t = self._input(x)
-        u = uniform_like(t, generator)
-        e = math.exp(self.epsilon)
-        map_chunks(u, (t,), 0, _duchi_kernel((e - 1.0) / (2.0 * (e + 1.0)), _scalar(duchi_bound(self.epsilon), t)))
-        return u.view(x.shape)
+        y = uniform_draw(_output(t), -0.5, 0.5, generator)  # u - 1/2, exact
+        y.sub_(t, alpha=_duchi_slope(self.epsilon))
+        bound = duchi_bound(self.epsilon)
+        return _duchi_(y, -bound, bound).view(x.shape)
 
     def variance(self, x):
         return duchi_variance(self._input(x), self.epsilon).view(x.shape)
@@ -135,6 +141,32 @@ def _piecewise_constants(epsilon: float):
     return c, 1.0 / p_low, 1.0 / p_high - 1.0 / p_low, 1.0 / (2.0 * (z + 1.0)), z / (z + 1.0)
 
 
+def _piecewise_(v: torch.Tensor, t: torch.Tensor, epsilon: float, s: torch.Tensor) -> torch.Tensor:
+    """In place: v = k1 u - C + delta (u uniform on [0, 1), delta below) -> F^-1(u), the PM output.
+
+    F^-1(u) = -C + k1 u + k2 clamp(u - a(t), 0, m) with a(t) = alpha (1 + t). In units of v,
+    k1 clamp(u - a(t), 0, m) = clamp(v - k1 alpha t, -d + delta, k1 m - d + delta) + d - delta
+    with d = C - k1 alpha, and with r = k2 / k1 the output is
+    v - delta + r (clamp(...) + d - delta): choosing delta = r d / (1 + r) makes the constant
+    vanish, so F^-1(u) = v + r clamp(v - k1 alpha t, delta - d, k1 m - d + delta): three passes.
+    The caller clamps the result to [-C, C] (rounding can step an ulp outside).
+    """
+    c, k1, k2, alpha, m = _piecewise_constants(epsilon)
+    r, d = k2 / k1, c - k1 * alpha
+    delta = r * d / (1.0 + r)
+    torch.sub(v, t, alpha=k1 * alpha, out=s)
+    s.clamp_(delta - d, k1 * m - d + delta)
+    return v.add_(s, alpha=r)
+
+
+def _piecewise_draw_range(epsilon: float) -> tuple[float, float]:
+    """[low, high) of v = k1 u - C + delta for u uniform on [0, 1) (see _piecewise_)."""
+    c, k1, k2, alpha, _ = _piecewise_constants(epsilon)
+    r, d = k2 / k1, c - k1 * alpha
+    delta = r * d / (1.0 + r)
+    return -c + delta, -c + k1 + delta
+
+
 class Piecewise(_PureLocal):
     """Wang et al. (ICDE 2019) Piecewise Mechanism: output in [-C, C], unbiased."""
 
@@ -142,16 +174,10 @@ class Piecewise(_PureLocal):
 
     def perturb(self, x, *, generator=None):
         t = self._input(x)
-        u = uniform_like(t, generator)
-        c, k1, k2, alpha, m = _piecewise_constants(self.epsilon)
-
-        def kernel(u, t, s):
-            torch.sub(u, t, alpha=alpha, out=s)
-            s.sub_(alpha).clamp_(0.0, m)
-            u.mul_(k1).sub_(c).add_(s, alpha=k2).clamp_(-c, c)
-
-        map_chunks(u, (t,), 1, kernel)
-        return u.view(x.shape)
+        low, high = _piecewise_draw_range(self.epsilon)
+        v = uniform_draw(_output(t), low, high, generator)
+        c = piecewise_bound(self.epsilon)
+        return _piecewise_(v, t, self.epsilon, scratch(t.numel(), t.dtype, 0)).clamp_(-c, c).view(x.shape)
 
     def variance(self, x):
         return piecewise_variance(self._input(x), self.epsilon).view(x.shape)
@@ -160,38 +186,34 @@ class Piecewise(_PureLocal):
 class Hybrid(_PureLocal):
     """Wang et al. (ICDE 2019) Hybrid Mechanism: PM w.p. 1 - e^(-eps/2) if eps > 0.61, else Duchi.
 
-    One uniform selects the branch (u < beta) and, rescaled, drives the chosen branch.
+    One uniform u decides and drives both branches: [0, p) gives +B, [p, p + beta) runs PM on
+    v = (u - p) / beta, [p + beta, 1) gives -B, where p = (1 - beta)(1/2 + k t) is the Duchi
+    probability of +B scaled to the Duchi branch.
     """
 
     name = "hm"
 
     def perturb(self, x, *, generator=None):
         t = self._input(x)
-        u = uniform_like(t, generator)
-        e = math.exp(self.epsilon)
-        k = (e - 1.0) / (2.0 * (e + 1.0))
-        bound = _scalar(duchi_bound(self.epsilon), t)
+        bound = duchi_bound(self.epsilon)
+        k = _duchi_slope(self.epsilon)
         beta = hybrid_pm_probability(self.epsilon)
         if beta == 0.0:
-            map_chunks(u, (t,), 0, _duchi_kernel(k, bound))
-            return u.view(x.shape)
-        cut = half_grid_threshold(beta, t.dtype)
-        c, k1, k2, alpha, m = _piecewise_constants(self.epsilon)
-
-        def kernel(u, t, pm_branch, duchi, s):
-            torch.neg(u, out=pm_branch).add_(cut).sign_().add_(1.0).mul_(0.5)  # 1 iff u < beta
-            # Duchi on (u - beta) / (1 - beta): +B iff u < beta + (1 - beta)(1/2 + k t)
-            torch.sub(u, t, alpha=(1.0 - beta) * k, out=duchi).sub_(beta + (1.0 - beta) * 0.5)
-            torch.copysign(bound, duchi, out=duchi).neg_()
-            # PM on u / beta (clamped to 1 where the Duchi branch is taken; masked out below)
-            u.mul_(1.0 / cut).clamp_(max=1.0)
-            torch.sub(u, t, alpha=alpha, out=s)
-            s.sub_(alpha).clamp_(0.0, m)
-            u.mul_(k1).sub_(c).add_(s, alpha=k2)
-            u.sub_(duchi).mul_(pm_branch).add_(duchi).clamp_(-c, c)
-
-        map_chunks(u, (t,), 3, kernel)
-        return u.view(x.shape)
+            y = uniform_draw(_output(t), -0.5, 0.5, generator)
+            return _duchi_(y.sub_(t, alpha=k), -bound, bound).view(x.shape)
+        c, k1, k2, alpha, _ = _piecewise_constants(self.epsilon)
+        n = t.numel()
+        # z = (u - p) / beta; below 0 is +B, in [0, 1) is PM at v = z, 1 and above is -B
+        offset = -(1.0 - beta) / (2.0 * beta)
+        z = uniform_draw(_output(t), offset, offset + 1.0 / beta, generator)
+        z.sub_(t, alpha=(1.0 - beta) * k / beta).clamp_(-1.0, 1.0)
+        branch = torch.floor(z, out=scratch(n, t.dtype, 1))  # -1: +B, 0: PM, 1: -B
+        z.clamp_(min=0.0)  # v for PM (0 or 1 outside it: PM(0) = -C, PM(1) = C)
+        low, _ = _piecewise_draw_range(self.epsilon)
+        affine_(z, k1, low)
+        _piecewise_(z, t, self.epsilon, scratch(n, t.dtype, 0))
+        # -C - (B + C)(-1) = B and C - (B + C) = -B
+        return z.add_(branch, alpha=-(bound + c)).clamp_(-c, c).view(x.shape)
 
     def variance(self, x):
         t = self._input(x)
@@ -220,21 +242,18 @@ class LDPFL(Mechanism):
 
     def perturb(self, x, *, generator=None):
         w = check_tensor(x)
-        u = uniform_like(w, generator)
-        e = math.exp(self.epsilon)
-        k = (e - 1.0) / (2.0 * (e + 1.0))
         c, r = self.center, self.radius
-        bound = _scalar(r * duchi_bound(self.epsilon), w)
-        duchi = _duchi_kernel(k, bound)
-
-        def kernel(u, w, t):
-            torch.clamp(w, c - r, c + r, out=t)  # the paper's clamp: without it eps does not hold
-            t.sub_(c).mul_(1.0 / r)
-            duchi(u, t)
-            u.add_(c)
-
-        map_chunks(u, (w,), 1, kernel)
-        return u.view(x.shape)
+        shifted = scratch(w.numel(), w.dtype, 0)
+        # the paper's clamp (without it eps does not hold), on w - c so that the Duchi threshold
+        # below keeps the precision of the uniform even when |c| >> r
+        if c == 0.0:
+            torch.clamp(w, -r, r, out=shifted)
+        else:
+            torch.sub(w, c, out=shifted).clamp_(-r, r)
+        y = uniform_draw(_output(w), -0.5, 0.5, generator)
+        y.sub_(shifted, alpha=_duchi_slope(self.epsilon) / r)  # u - 1/2 - k (w - c) / r
+        bound = r * duchi_bound(self.epsilon)
+        return _duchi_(y, c - bound, c + bound).view(x.shape)
 
     def variance(self, x):
         w = self._clamped(x)
@@ -268,25 +287,21 @@ class PNPM(Mechanism):
 
     def perturb(self, x, *, generator=None):
         w = check_tensor(x)
-        u = uniform_like(w, generator)
         e = math.exp(self.epsilon)
         c = pnpm_bound(self.epsilon)
-        q = half_grid_threshold(1.0 / (e + 1.0), w.dtype)  # P[sign flip] = 1/(e+1)
+        q = half_grid_threshold(1.0 / (e + 1.0), w.dtype)  # P[sign flip] = 1/(e+1); q < 1/2
         k_flip, k_keep = (c - 1.0) / q, (c - 1.0) / (1.0 - q)
         # s = u - q < 0 (probability q) flips the sign: t* = -1 + k_flip s on [-C, -1); else
         # t* = 1 + k_keep s on (1, C]. With L = leaky_relu(s, k_flip/k_keep) that is
-        # t* = k_keep L + sign(L), and since t*(-1) = -t*(+1) for the same u,
-        # out = |w| t*(sign w) = w t*(+1) = k_keep (w L) + |w| sign(w L).
-
-        def kernel(u, w, jump):
-            u.sub_(q)
-            torch.nn.functional.leaky_relu_(u, k_flip / k_keep)
-            u.mul_(w)
-            torch.copysign(w, u, out=jump)
-            torch.add(jump, u, alpha=k_keep, out=u)
-
-        map_chunks(u, (w,), 1, kernel)
-        return u.view(x.shape)
+        # t* = k_keep L + sign(s), and since t*(-1) = -t*(+1) for the same u,
+        # out = |w| t*(sign w) = w t*(+1) = w (k_keep L + sign(s)).
+        # s is drawn directly: low = -q and high = 1 - q are floats with high - low == 1 in the
+        # dtype, so s = u - q rounded once, never 0 (q is between grid points), sign exact.
+        s = uniform_draw(_output(w), -q, 1.0 - q, generator)
+        jump = torch.sign(s, out=scratch(w.numel(), w.dtype, 0))
+        torch.nn.functional.leaky_relu_(s, k_flip / k_keep)
+        torch.add(jump, s, alpha=k_keep, out=s)
+        return s.mul_(w).view(x.shape)
 
     def variance(self, x):
         w = check_tensor(x)
@@ -315,19 +330,14 @@ class Laplace(_PureLocal):
 
     def perturb(self, x, *, generator=None):
         t = self._input(x)
-        u = uniform_like(t, generator, torch.float64)
-        out = torch.empty_like(t)
-        scale = 2.0 / self.epsilon
-        below_one = 1.0 - 2.0**-53  # u = 0 would give log(0)
-
-        def kernel(o, t, u, m):
-            u.mul_(2.0).sub_(1.0)  # y in [-1, 1): sign and magnitude of the noise
-            torch.abs(u, out=m).clamp_(max=below_one).neg_().log1p_().mul_(-scale)
-            torch.copysign(m, u, out=m).add_(t)
-            o.copy_(m)
-
-        map_chunks(out, (t, u), 1, kernel, scratch_dtype=torch.float64)
-        return out.view(x.shape)
+        n = t.numel()
+        # y = 2u - 1 + 2^-53 exactly (high - low rounds to 2): the odd multiples of 2^-53 in
+        # (-1, 1), symmetric, never 0 and |y| <= 1 - 2^-53, so log1p(-|y|) is finite
+        y = uniform_draw(scratch(n, torch.float64, 0), -(1.0 - 2.0**-53), 1.0, generator)
+        g = torch.abs(y, out=scratch(n, torch.float64, 1)).neg_().log1p_()  # -(noise magnitude)/b
+        g.copysign_(y)  # noise / b: g <= 0, so copysign gives sign(y) |g|
+        # the sum in float64, rounded once into the float32 output
+        return torch.add(t, g, alpha=2.0 / self.epsilon, out=_output(t)).view(x.shape)
 
     def variance(self, x):
         t = self._input(x)
@@ -344,23 +354,21 @@ class Exponential(_PureLocal):
 
     def perturb(self, x, *, generator=None):
         t = self._input(x)
-        u = uniform_like(t, generator, torch.float64)
-        out = torch.empty_like(t)
+        n = t.numel()
+        u = uniform_draw(scratch(n, torch.float64, 0), 0.0, 1.0, generator)
         b = 4.0 / self.epsilon
-
-        def kernel(o, t, u, left, z):
-            # mass left of t: b (1 - exp(-(1 + t)/b)); right of t: b (1 - exp(-(1 - t)/b))
-            torch.add(t, 1.0, out=left)
-            left.mul_(-1.0 / b).expm1_().mul_(-b)
-            z.copy_(t)
-            z.neg_().add_(1.0).mul_(-1.0 / b).expm1_().mul_(-b).add_(left)  # normaliser
-            u.mul_(z).sub_(left)  # signed mass from t: < 0 goes left
-            torch.abs(u, out=z).mul_(-1.0 / b).log1p_().mul_(-b)  # distance from t
-            torch.copysign(z, u, out=z).add_(t).clamp_(-1.0, 1.0)
-            o.copy_(z)
-
-        map_chunks(out, (t, u), 2, kernel, scratch_dtype=torch.float64)
-        return out.view(x.shape)
+        # mass left of t: b (1 - exp(-(1 + t)/b)) = b (1 - c h), right of t: b (1 - c / h), with
+        # c = exp(-1/b) and h = exp(-t/b): ONE exp per coordinate (float64: the masses must
+        # resolve the 53-bit uniform)
+        c = math.exp(-1.0 / b)
+        h = torch.mul(t, -1.0 / b, out=scratch(n, torch.float64, 1)).exp_()
+        left = torch.mul(h, -b * c, out=scratch(n, torch.float64, 2)).add_(b)
+        h.reciprocal_().mul_(-b * c).add_(b).add_(left)  # the normaliser z
+        u.mul_(h).sub_(left)  # signed mass from t: < 0 goes left
+        distance = torch.abs(u, out=h).mul_(-1.0 / b).log1p_()  # -(distance from t) / b <= 0
+        distance.copysign_(u)  # signed distance / b
+        out = torch.add(t, distance, alpha=b, out=_output(t))
+        return out.clamp_(-1.0, 1.0).view(x.shape)
 
     def variance(self, x):
         t = self._input(x).to(torch.float64)
@@ -398,21 +406,22 @@ class RandomizedResponse(Mechanism):
 
     def perturb(self, x, *, generator=None):
         v = check_tensor(x, low=0.0, high=float(self.k - 1))
-        u = uniform_like(v, generator)
-        e = math.exp(self.epsilon)
-        keep, other = e / (e + self.k - 1), 1.0 / (e + self.k - 1)
         k = self.k
-
-        def kernel(u, v, frac):
-            torch.frac(v, out=frac)
-            if bool(frac.any()):
-                raise ValueError(f"x must hold integer categories 0..{k - 1}")
-            # shift = 0 if u < keep, else 1 + floor((u - keep)/other) in 1..k-1
-            u.sub_(keep).mul_(1.0 / other).floor_().add_(1.0).clamp_(0.0, k - 1.0)
-            u.add_(v).remainder_(k)
-
-        map_chunks(u, (v,), 1, kernel)
-        return u.view(x.shape)
+        frac = torch.frac(v, out=scratch(v.numel(), v.dtype, 0))
+        if bool(frac.any()):
+            raise ValueError(f"x must hold integer categories 0..{k - 1}")
+        e = math.exp(self.epsilon)
+        # shift = 0 if u < keep, else 1 + floor((u - keep)/other) in 1..k-1; keep/other = e, so
+        # 1 + (u - keep)/other = u/other + 1 - e is drawn directly
+        other = 1.0 / (e + k - 1)
+        shift = uniform_draw(_output(v), 1.0 - e, 1.0 - e + 1.0 / other, generator)
+        shift.floor_().clamp_(0.0, k - 1.0)
+        if k == 2:  # (v + shift) mod 2 = |v - shift| for v, shift in {0, 1}
+            return shift.sub_(v).abs_().view(x.shape)
+        # (v + shift) mod k = y - k floor(y / k) for y = v + shift in [0, 2k - 2]
+        shift.add_(v)
+        wraps = torch.div(shift, k, out=frac).floor_()
+        return shift.add_(wraps, alpha=-k).view(x.shape)
 
     def variance(self, x):
         v = check_tensor(x, low=0.0, high=float(self.k - 1)).to(torch.float64)
