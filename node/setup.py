@@ -16,8 +16,16 @@ def mechanism_params(config) -> dict:
     if name == "none":
         raise ValueError("privacy.mechanism = none is for `swarm simulate` baselines only: a swarm peer "
                          "always perturbs what it shares")
-    if name in ("duchi", "pm", "hm", "laplace") and "clip" not in extra:
+    if name in ("duchi", "pm", "hm", "laplace", "sampled") and "clip" not in extra:
         extra["clip"] = True  # model weights are not confined to [-1, 1]: clamp, inside the mechanism
+    if name == "sampled":
+        extra.setdefault("base", "pm")
+    if name == "gaussian":
+        if config.privacy.perturb != "update":
+            raise ValueError("privacy.mechanism = gaussian clips the whole shared vector to clip_norm: use it with "
+                             "privacy.perturb = update (the weights themselves would be shrunk)")
+        extra.setdefault("clip_norm", 1.0)
+        extra.setdefault("delta", config.privacy.delta)
     mechanism = mechanisms.get(name, epsilon=config.privacy.epsilon, **extra)
     return mechanism.params()
 

@@ -42,9 +42,12 @@ def handle(args) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = common.load(args, {"data_dir": "data.data_dir"})
+    from node.setup import mechanism_params
+
     try:
         partition = parse_partition_spec(args.partition) if args.partition else None
         fault = check_fault(args.fault)
+        mechanism_params(config)  # a bad mechanism setting fails here, before any network work
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
     options = NodeOptions(rpc_url=args.rpc_url, ledger=args.ledger, workdir=args.workdir,
