@@ -96,7 +96,6 @@ class P2PConfig:
 @dataclass
 class OutputConfig:
     plot: bool
-    archive: bool
     dir: str | None = None
 
 

@@ -119,18 +119,20 @@ class Peer:
         self.phase, self._phase_since = phase, now
         self._status(**extra)
 
-    async def _wait_for(self, predicate, *, what: str, nudge=None):
-        """Poll the chain until predicate() is truthy; `nudge` may send a transaction that
-        moves the round along (close or abort). Fails after `chain_timeout`."""
-        with trio.fail_after(self.s.chain_timeout):
+    async def _wait_for(self, predicate, *, what: str, nudge=None, nudge_every: float = 1.0):
+        """Poll the chain until predicate() is truthy; `nudge` (at most every `nudge_every`
+        seconds) may send a transaction that moves the round along (close or abort)."""
+        next_nudge = trio.current_time()
+        with trio.move_on_after(self.s.chain_timeout):
             while True:
                 value = await self.chain(predicate)
                 if value:
                     return value
-                if nudge is not None:
+                if nudge is not None and trio.current_time() >= next_nudge:
                     await nudge()
+                    next_nudge = trio.current_time() + nudge_every
                 await trio.sleep(self.s.poll_interval)
-        raise AssertionError(f"unreachable: {what}")  # fail_after raises TooSlowError
+        raise TimeoutError(f"round {self.round}: no {what} on chain within {self.s.chain_timeout:.0f} s")
 
     # ------------------------------------------------------------ bootstrap
     async def start(self) -> torch.Tensor:
@@ -169,12 +171,8 @@ class Peer:
     async def _latest_global(self) -> torch.Tensor:
         """The model of the last finalized round (genesis if none): from our store, else from
         any peer, checked against the finalized digest on chain."""
-        current = await self.chain(self.ledger.current_round)
-        for r in range(current - 1, 0, -1):
-            info = await self.chain(self.ledger.round_info, r)
-            if info.state.name == "FINALIZED":
-                return await self._fetch_model(r)
-        return self.genesis_vector.clone()
+        last, _ = await self.chain(self.ledger.last_finalized)
+        return await self._fetch_model(last) if last > 0 else self.genesis_vector.clone()
 
     async def _fetch_model(self, r: int) -> torch.Tensor:
         """The finalized model of round r, checked against its digest on chain. Its holders are

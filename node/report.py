@@ -66,7 +66,7 @@ def write_report(out: Path, peers, ledger, run_info: dict, interrupted: bool) ->
     with MetricsWriter(out / "metrics.jsonl") as metrics:
         for row in rows:
             metrics.write(row)
-    if rows:
+    if rows and run_info["config"]["output"]["plot"]:
         plot(rows, out / "progress.png")
     mechanism = run_info["config"]["privacy"]["mechanism"]
     protects = "the SIGN of each weight only (no finite eps for the values)" if mechanism == "pnpm" else "the values"

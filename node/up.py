@@ -199,7 +199,8 @@ class LocalSwarm:
 def run_up(config, *, out: Path | None, json_output: bool) -> dict:
     """Run a local swarm to the end (or Ctrl-C) and return the report as a dict."""
     say = (lambda *a: None) if json_output else (lambda msg: print(msg, flush=True))
-    with LocalSwarm(config, out or default_out_dir(), say=say) as swarm:
+    out = out or (Path(config.output.dir) / default_out_dir().name if config.output.dir else default_out_dir())
+    with LocalSwarm(config, out, say=say) as swarm:
         swarm.start()
         interrupted = False
         try:
