@@ -4,10 +4,11 @@ per peer-round to the same local training alone (target: overhead under 20%, rat
 
 Each peer holds 100 training images (1 local epoch, batch 32), so every peer-round does the same
 work whatever the swarm size. Each size runs in a fresh process (its peak RSS is that size's
-alone), on one torch thread. The baseline, measured in the same process right after, is
-`node.train.train_local` on the same shards from the same genesis model, nothing else: the ratio
-then charges the simulator for the model loads, perturbation, aggregation and the per-round test
-evaluation (1,000 images).
+alone), on one torch thread. The ratio divides each round's wall time by the time
+`node.train.train_local` (the local training alone) took inside that round, timed call by call:
+the simulator is charged for model loads, perturbation, aggregation and the per-round test
+evaluation (1,000 images), and load from other jobs on the machine hits both sides alike. As a
+cross-check, the same training is also timed alone before and after the simulation.
 
     python scripts/bench_simulate.py [--sizes 10,100,500] [--rounds 2]
 """
@@ -32,11 +33,8 @@ def child(peers: int, rounds: int) -> dict:
 
     import torch
 
-    from node.blob import unflatten
     from node.config import load_config
-    from node.local import round_seed
-    from node.simulate import Simulation, peer_name
-    from node.train import round_lr, train_local
+    from node.simulate import Simulation
 
     torch.set_num_threads(1)
     config = load_config(None, ["data.dataset=fashion-mnist", f"data.limit={SAMPLES_PER_PEER * peers}",
@@ -44,29 +42,74 @@ def child(peers: int, rounds: int) -> dict:
                                 "train.epochs=1", "train.batch_size=32", "train.lr=0.05", "privacy.mechanism=pnpm",
                                 "privacy.epsilon=1.0", "swarm.seed=0"])
     _warm_up()
-    with tempfile.TemporaryDirectory() as tmp:
-        sim = Simulation(config, out=Path(tmp) / "run", threads=1)
-        result = sim.run()
-    s = result.summary
-    per_peer_round = s["seconds"]["total"] / s["peer_rounds"]
+    trained = _time_train_local()
+    per_round: list[float] = []
 
-    # Baseline: the same local training alone, same shards, same seeds, from the genesis model.
-    s_ = sim.settings
-    timed = min(peers, BASELINE_PEERS)
-    started = time.perf_counter()
-    for i in range(timed):
-        sim.model.load_state_dict(unflatten(sim.genesis_vector, sim.spec))
-        train_local(sim.model, sim.peers[i].x, sim.peers[i].y, epochs=s_.epochs, batch_size=s_.batch_size,
-                    lr=round_lr(s_.lr, s_.lr_decay, 0), momentum=s_.momentum,
-                    seed=round_seed(config.swarm.seed, peer_name(i), 1), dp=s_.dp)
-    baseline = (time.perf_counter() - started) / timed
+    def on_progress(event: dict) -> None:  # a round ended: its share of train_local time
+        if event.get("finished"):
+            per_round.append(sum(trained) - sum(per_round))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sim = Simulation(config, out=Path(tmp) / "run", threads=1, on_progress=on_progress)
+        sim.prepare()  # data and shards, so the baseline can run before the simulation too
+        before = _baseline(sim, config, range(max(1, min(peers, BASELINE_PEERS) // 2)))
+        result = sim.run()
+        half, timed = min(peers, BASELINE_PEERS) // 2, min(peers, BASELINE_PEERS)
+        after = _baseline(sim, config, range(half, timed) if timed > half else range(1))
+    s = result.summary
+    rounds, evaluations = s["seconds"]["rounds"], s["seconds"]["evaluations"]
+    # Headline ratio: each round's wall time over the train_local time inside that same round,
+    # measured interleaved, so load from other jobs on this shared machine cancels out.
+    ratios = sorted(r / t for r, t in zip(rounds, per_round))
+    ratios_no_eval = sorted((r - e) / t for r, e, t in zip(rounds, evaluations, per_round))
+    baseline = min(before, after)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"peers": peers, "rounds": rounds, "peer_rounds": s["peer_rounds"], "seconds": s["seconds"]["total"],
-            "train_seconds": s["seconds"]["train"], "evaluate_seconds": s["seconds"]["evaluate"],
-            "aggregate_seconds": s["seconds"]["aggregate"], "per_peer_round": per_peer_round,
-            "baseline_per_peer": baseline, "ratio": per_peer_round / baseline, "peak_mib": peak_mib,
-            "ratio_without_eval": (s["seconds"]["total"] - s["seconds"]["evaluate"]) / s["peer_rounds"] / baseline,
-            "num_params": s["num_params"]}
+    return {"peers": peers, "rounds": len(rounds), "peer_rounds": s["peer_rounds"],
+            "per_peer_round": min(rounds) / peers, "train_per_peer": min(per_round) / peers,
+            "ratio": ratios[len(ratios) // 2], "ratio_without_eval": ratios_no_eval[len(ratios_no_eval) // 2],
+            "baseline_before": before, "baseline_after": after,
+            "ratio_to_separate_baseline": (min(rounds) / peers) / baseline,
+            "peak_mib": peak_mib, "num_params": s["num_params"]}
+
+
+def _time_train_local() -> list[float]:
+    """Record the duration of every node.train.train_local call (node.local.contribute looks it
+    up at call time): the benchmark's stopwatch, the function itself runs unchanged."""
+    import node.train
+
+    durations: list[float] = []
+    real = node.train.train_local
+
+    def timed(*args, **kwargs):  # noqa: D401
+        started = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            durations.append(time.perf_counter() - started)
+
+    timed.__wrapped__ = real
+    node.train.train_local = timed
+    return durations
+
+
+def _baseline(sim, config, indices) -> float:
+    """Mean seconds of `train_local` alone for these peers: same shard, seed and settings as
+    their first round in the simulation, from the genesis model."""
+    from node.blob import unflatten
+    from node.local import round_seed
+    from node.simulate import peer_name
+    from node.train import round_lr, train_local
+
+    st = sim.settings
+    train_local = getattr(train_local, "__wrapped__", train_local)
+    indices = list(indices)
+    started = time.perf_counter()
+    for i in indices:
+        sim.model.load_state_dict(unflatten(sim.genesis_vector, sim.spec))
+        train_local(sim.model, sim.peers[i].x, sim.peers[i].y, epochs=st.epochs, batch_size=st.batch_size,
+                    lr=round_lr(st.lr, st.lr_decay, 0), momentum=st.momentum,
+                    seed=round_seed(config.swarm.seed, peer_name(i), 1), dp=st.dp)
+    return (time.perf_counter() - started) / len(indices)
 
 
 def _warm_up() -> None:
@@ -75,17 +118,18 @@ def _warm_up() -> None:
     import torch
 
     from node.models import init_model
-    from node.train import train_local
+    from node.train import evaluate, train_local
 
     model = init_model("pnpm-fmnist", input_shape=(1, 28, 28), num_classes=10, seed=0)
     x = torch.rand(64, 1, 28, 28, generator=torch.Generator().manual_seed(0))
     train_local(model, x, torch.arange(64) % 10, epochs=2, batch_size=32, lr=0.01, seed=0)
+    evaluate(model, x, torch.arange(64) % 10)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10,100,500")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per size; the fastest one is reported")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -104,15 +148,18 @@ def main() -> None:
           f"(pnpm-fmnist, {rows[0]['num_params']:,} parameters) on Fashion-MNIST, {SAMPLES_PER_PEER} images per "
           "peer, 1 local epoch (batch 32), PNPM eps 1, FedAvg, every peer in every round, 1 torch thread, "
           "test evaluation (1,000 images) after every round.", "",
-          table(["peers", "peer-rounds", "peer-rounds/s", "peak RSS (MiB)", "s per peer-round",
-                 "local training alone (s)", "ratio (target < 1.2)", "ratio without evaluation"],
-                [[r["peers"], r["peer_rounds"], f"{r['peer_rounds'] / r['seconds']:.1f}", f"{r['peak_mib']:.0f}",
-                  f"{r['per_peer_round']:.4f}", f"{r['baseline_per_peer']:.4f}", f"{r['ratio']:.3f}",
-                  f"{r['ratio_without_eval']:.3f}"] for r in rows]),
-          "", "The ratio is simulated time per peer-round over the same `train_local` call alone, measured in the "
-          "same process; what it charges beyond training is model loading, PNPM perturbation, exact fixed-point "
-          "aggregation and the per-round evaluation, which is spread over fewer peer-rounds for small swarms (the last column leaves it out). Timings are "
-          "wall-clock on a machine shared with other jobs: read the ratios, not the seconds."]
+          table(["peers", "rounds", "peer-rounds/s (fastest round)", "peak RSS (MiB)",
+                 "train_local per peer (s)", "ratio: round / its train_local time (target < 1.2)",
+                 "same without the test evaluation", "separate baseline before / after (s)"],
+                [[r["peers"], r["rounds"], f"{1 / r['per_peer_round']:.1f}", f"{r['peak_mib']:.0f}",
+                  f"{r['train_per_peer']:.4f}", f"{r['ratio']:.3f}", f"{r['ratio_without_eval']:.3f}",
+                  f"{r['baseline_before']:.4f} / {r['baseline_after']:.4f}"] for r in rows]),
+          "", "The ratio divides each round's wall time by the time `node.train.train_local` took inside that "
+          "round (median over rounds): what the simulator adds to the training itself (loading the global "
+          "model, PNPM on all coordinates, exact fixed-point aggregation, the per-round test evaluation), "
+          "measured interleaved so that other jobs on this shared machine cancel out. The last column times "
+          "the same `train_local` calls alone, before and after the simulation, as a cross-check: on a "
+          "loaded machine it drifts by 2x or more between the two, which is why it is not the headline."]
     write_section("simulate", "\n".join(md))
     print("\n".join(md))
 

@@ -18,14 +18,6 @@ RUNS = ROOT / "runs" / "reproduce"
 FIGURES = ROOT / "docs" / "figures"
 
 
-def share_key() -> str:
-    """The config key for weights-vs-update sharing (named privacy.share; privacy.perturb in
-    configs written before the rename)."""
-    from node.config import PrivacyConfig
-
-    return "privacy.share" if "share" in PrivacyConfig.__dataclass_fields__ else "privacy.perturb"
-
-
 def command(overrides: list[str], fraction: float = 1.0, mechanism_params: dict | None = None) -> str:
     """The `swarm simulate` command line that reproduces a run. Mechanism parameters the config
     cannot hold (a string such as sampled's base) are named after it: those runs come from

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reproduce_common import FIGURES, command, eps_text, pct, run_all, share_key  # noqa: E402
+from reproduce_common import FIGURES, command, eps_text, pct, run_all  # noqa: E402
 
 BASE = ["data.dataset=fashion-mnist", "data.limit=10000", "data.test_limit=2000", "swarm.rounds=10",
         "train.epochs=1", "train.batch_size=10", "train.lr=0.1", "aggregation.rule=fedavg", "swarm.seed=1"]
@@ -28,7 +28,7 @@ LDP_FL = {"center": 0.0, "radius": 0.5}  # trained weights of this CNN lie withi
 
 
 def jobs() -> list[tuple]:
-    base = BASE + [f"{share_key()}=weights"]
+    base = BASE + ["privacy.perturb=weights"]
     out = []
 
     def add(mech: str, eps: float, users: int, params: dict | None = None):
@@ -94,8 +94,8 @@ def plot(results, todo) -> None:
     ax.scatter([70, 100], [85.92, 81.20], marker="x", s=80, color="red", label="paper, PNPM")
     ax.set_xscale("log")
     ax.set_xlabel("users (all take part every round)")
-    ax.set_ylabel("test accuracy after 10 rounds (%)")
-    ax.set_title("Fashion-MNIST, reduced grid (10k training images); diverged runs at 0")
+    ax.set_ylabel("test accuracy, final round (%)")
+    ax.set_title("Fashion-MNIST, reduced grid (10k training images); diverged: last round before")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(FIGURES / "pnpm_users.png", dpi=110)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reproduce_common import FIGURES, command, eps_text, pct, run_all, share_key  # noqa: E402
+from reproduce_common import FIGURES, command, eps_text, pct, run_all  # noqa: E402
 
 ROUNDS = 40
 EPS_GRID = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -28,7 +28,7 @@ MECHANISMS = ("pnpm", "duchi", "pm", "hm", "laplace", "ldp-fl", "sampled", "gaus
 def base(share: str) -> list[str]:
     return ["data.dataset=breast-cancer", "model.name=logreg", "swarm.peers=5", f"swarm.rounds={ROUNDS}",
             "data.partition=dirichlet", "data.alpha=1.0", "train.epochs=5", "train.batch_size=16", "train.lr=0.01",
-            "train.lr_decay=0.95", "aggregation.rule=fedavg", "swarm.seed=3", f"{share_key()}={share}",
+            "train.lr_decay=0.95", "aggregation.rule=fedavg", "swarm.seed=3", f"privacy.perturb={share}",
             "privacy.delta=1e-5"]
 
 

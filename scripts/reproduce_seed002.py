@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reproduce_common import command, eps_text, pct, run_all, share_key  # noqa: E402
+from reproduce_common import command, eps_text, pct, run_all  # noqa: E402
 
 PEERS, SAMPLES, ROUNDS, BATCH = 10, 10_000, 10, 32
 BASE = ["data.dataset=fashion-mnist", f"data.limit={SAMPLES}", "data.test_limit=2000", "train.batch_size=32",
@@ -46,14 +46,13 @@ def dp_sgd_noise(target_eps: float = 1.0, delta: float = 1e-5) -> tuple[float, f
 
 def main() -> None:
     sigma, eps = dp_sgd_noise()
-    share = share_key()
     jobs = [
         ("s002-centralized", BASE + ["swarm.peers=1", f"swarm.rounds={ROUNDS}", "privacy.mechanism=none"], 1.0, None),
         ("s002-federated", BASE + [f"swarm.peers={PEERS}", f"swarm.rounds={ROUNDS}", "privacy.mechanism=none"], 1.0, None),
         ("s002-federated-dpsgd", BASE + [f"swarm.peers={PEERS}", f"swarm.rounds={ROUNDS}", "privacy.mechanism=none",
                                          "train.dp_sgd=true", f"train.dp_noise_multiplier={sigma:.6f}",
                                          "train.dp_max_grad_norm=1.0", "train.dp_delta=1e-5"], 1.0, None),
-        ("s002-federated-gaussian-ldp", BASE + [f"swarm.peers={PEERS}", f"swarm.rounds={ROUNDS}", f"{share}=update",
+        ("s002-federated-gaussian-ldp", BASE + [f"swarm.peers={PEERS}", f"swarm.rounds={ROUNDS}", "privacy.perturb=update",
                                                 "privacy.mechanism=gaussian", "privacy.epsilon=1.0",
                                                 "privacy.params.clip_norm=1.0", "privacy.params.delta=1e-5"],
          1.0, {"name": "gaussian", "clip_norm": 1.0, "epsilon": 1.0, "delta": 1e-5}),

@@ -9,7 +9,7 @@ from node.cli import common
 SHORTCUTS = {"peers": "swarm.peers", "rounds": "swarm.rounds", "seed": "swarm.seed", "dataset": "data.dataset",
              "partition": "data.partition", "epochs": "train.epochs", "batch_size": "train.batch_size",
              "lr": "train.lr", "lr_decay": "train.lr_decay", "mechanism": "privacy.mechanism",
-             "epsilon": "privacy.epsilon", "share": "privacy.share", "aggregation": "aggregation.rule",
+             "epsilon": "privacy.epsilon", "share": "privacy.perturb", "aggregation": "aggregation.rule",
              "limit": "data.limit", "test_limit": "data.test_limit"}
 
 # --quick: a run that finishes in seconds on one core (8x8 digits, 8 peers, 4 rounds). Explicit
@@ -48,7 +48,7 @@ def register(sub) -> None:
 
 def handle(args) -> int:
     from node.cli import CLIError
-    from node.simulate import Simulation, SimulationError, summary_line
+    from node.simulate import Simulation, SimulationError
 
     if args.quick:
         args.overrides = QUICK + list(args.overrides)
