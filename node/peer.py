@@ -320,45 +320,91 @@ class Peer:
 
     # -------------------------------------------------------------- aggregate
     async def _aggregate_and_attest(self, r: int, previous: torch.Tensor):
+        """Fetch the round's blobs, agree on which go in, aggregate, attest.
+
+        Agreement: when peers cannot all fetch the same blobs by their deadlines, their bitmaps
+        differ and no (digest, bitmap) reaches a majority. So a peer adopts as its focal set the
+        bitmap of the first attestation on chain that includes its own blob (nobody can leave a
+        peer out without its consent), fetches what of it is missing from the peers that attested
+        it (they hold those blobs), and votes the same bitmap. Without a usable focal set it
+        attests what it could fetch itself.
+        """
+        from p2p import peer_id_from_bytes
+
         self._set(Phase.FETCHING)
         commitments = await self.chain(self.ledger.commitments, r)
-        peer_ids = [await self.chain(self.ledger.peer_id_of, c.peer) for c in commitments]
-        vectors: list[torch.Tensor | None] = [None] * len(commitments)
+        n = len(commitments)
+        index = {c.peer: i for i, c in enumerate(commitments)}
+        mine = index[self.address]
+        peer_ids = [peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, c.peer)) for c in commitments]
+        vectors: list[torch.Tensor | None] = [None] * n
+        malformed = [False] * n
+        holders: list[list[str]] = [[] for _ in range(n)]  # attesters who included blob i hold it
+        focal: list[bool] | None = None
 
-        async def fetch_one(i: int, nursery_deadline: float):
-            c = commitments[i]
-            digest_hex = bytes(c.digest).hex()
-            providers = self._providers(digest_hex, peer_ids[i])
-            with trio.move_on_at(nursery_deadline):
-                while True:
-                    try:
-                        data = await self._obtain(digest_hex, providers)
-                        vectors[i], _ = wire.read_vector(data, self.num_params, kind="update")
-                        return
-                    except BlobError as exc:  # right digest, malformed content: nobody can use it
-                        log.warning("round %d: blob of %s is malformed: %s", r, c.peer, exc)
-                        return
-                    except Exception as exc:  # P2P errors: try again (other holders) until the deadline
-                        log.info("round %d: fetch of %s from %s failed: %s", r, digest_hex[:12], c.peer, exc)
-                        await trio.sleep(0.5)
-                        providers = self._providers(digest_hex, peer_ids[i])
+        def settled(wanted: list[bool]) -> bool:
+            return all(vectors[i] is not None or malformed[i] for i in range(n) if wanted[i])
 
-        deadline = trio.current_time() + self.s.fetch_timeout
-        async with trio.open_nursery() as nursery:
-            for i in range(len(commitments)):
-                nursery.start_soon(fetch_one, i, deadline)
-        included = [v is not None for v in vectors]
+        def done() -> bool:
+            return settled([True] * n) or (focal is not None and settled(focal))
+
+        async def fetch_one(i: int, scope: trio.CancelScope) -> None:
+            digest_hex = bytes(commitments[i].digest).hex()
+            while vectors[i] is None and not malformed[i]:  # or until cancelled
+                providers = [peer_ids[i], *holders[i]]
+                providers += [p for p in self.host.providers(digest_hex) if p not in providers]
+                try:
+                    data = await self._obtain(digest_hex, providers)
+                    vectors[i], _ = wire.read_vector(data, self.num_params, kind="update")
+                except BlobError as exc:  # right digest, malformed content: nobody can use it
+                    log.warning("round %d: blob of %s is malformed: %s", r, commitments[i].peer, exc)
+                    malformed[i] = True
+                except Exception as exc:  # P2P errors: try again (other holders) until cancelled
+                    log.info("round %d: fetch of %s failed: %s", r, digest_hex[:12], exc)
+                    await trio.sleep(0.5)
+            if done():
+                scope.cancel()
+
+        async def watch(scope: trio.CancelScope) -> None:
+            nonlocal focal
+            while True:  # ends by cancelling its own nursery, or with it
+                for a in await self.chain(self.ledger.attestations, r):
+                    bits_a = wire.bits(a.included, n)
+                    for i in range(n):
+                        if bits_a[i] and peer_ids[index[a.peer]] not in holders[i]:
+                            holders[i].append(peer_ids[index[a.peer]])
+                    if focal is None and bits_a[mine]:
+                        focal = bits_a
+                if done():
+                    scope.cancel()
+                    return
+                await trio.sleep(0.5)
+
+        async def fetch_until(deadline: float, wanted: list[bool]) -> None:
+            with trio.move_on_at(deadline):
+                async with trio.open_nursery() as nursery:
+                    for i in range(n):
+                        if wanted[i] and vectors[i] is None and not malformed[i]:
+                            nursery.start_soon(fetch_one, i, nursery.cancel_scope)
+                    nursery.start_soon(watch, nursery.cancel_scope)
+
+        await fetch_until(trio.current_time() + self.s.fetch_timeout, [True] * n)
+        if focal is not None and not settled(focal):  # fetch the focal set's rest from its holders
+            await fetch_until(trio.current_time() + self.s.fetch_timeout, focal)
+        have = [v is not None for v in vectors]
+        use_focal = focal is not None and all(have[i] for i in range(n) if focal[i])
+        included = list(focal) if use_focal else have
         if not any(included):
             raise RuntimeError(f"round {r}: no blob could be fetched, not even our own")
         self._set(Phase.AGGREGATING)
         new_vector = await trio.to_thread.run_sync(
             lambda: wire.next_global(self.s.shared, previous,
-                                     [v for v in vectors if v is not None],
-                                     [int(c.num_samples) for c, v in zip(commitments, vectors) if v is not None]))
+                                     [v for v, inc in zip(vectors, included) if inc],
+                                     [int(c.num_samples) for c, inc in zip(commitments, included) if inc]))
         data = wire.model_blob(new_vector, r)
         digest = self.store.put(data)
         await self.host.announce_blob(digest)
-        self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
+        self._set(Phase.ATTESTING, included=sum(included), participants=n)
         from node.ledger import RoundNotClosed
 
         try:
@@ -366,13 +412,6 @@ class Peer:
         except RoundNotClosed:  # a majority finalized (or the round was aborted) before our vote
             return included, 0
         return included, _gas(receipt)
-
-    def _providers(self, digest_hex: str, committer_peer_id: bytes) -> list[str]:
-        from p2p import peer_id_from_bytes
-
-        providers = list(self.host.providers(digest_hex))
-        committer = peer_id_from_bytes(bytes(committer_peer_id))
-        return [committer] + [p for p in providers if p != committer]
 
     def _evaluate(self, vector: torch.Tensor) -> tuple[float, float]:
         from node.blob import unflatten

@@ -67,12 +67,14 @@ class LocalSwarm:
     """Anvil, the deployed ledger and N peer processes in one run folder. `swarm up` and the
     end-to-end tests drive swarms through this one class."""
 
-    def __init__(self, config, out: Path, *, faults: dict[int, str] | None = None, say=None):
+    def __init__(self, config, out: Path, *, faults: dict[int, str] | None = None,
+                 peer_overrides: dict[int, list[str]] | None = None, say=None):
         out = Path(out)
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"--out {out} exists and is not empty: choose a new folder")
         self.config, self.out = config, out
         self.faults = faults or {}
+        self.peer_overrides = peer_overrides or {}  # per-peer --set (local choices such as epsilon)
         self.say = say or (lambda msg: None)
         self.peers: list[PeerProcess] = []
         self._password = secrets.token_hex(16)
@@ -148,6 +150,8 @@ class LocalSwarm:
                 cmd += ["--bootstrap", q.multiaddr]
         if i in self.faults:
             cmd += ["--fault", self.faults[i]]
+        for override in self.peer_overrides.get(i, []):
+            cmd += ["--set", override]
         with open(p.workdir / "peer.log", "ab") as log:
             # A session of its own: Ctrl-C reaches only us, and we stop the peers in order.
             p.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,

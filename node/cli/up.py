@@ -36,5 +36,6 @@ def handle(args) -> int:
     else:
         print((Path(report["run"]) / "report.md").read_text())
         print(f"run folder: {report['run']}\nverify it:  {report['verify_command']}")
-    ok = not report["interrupted"] and all(rc == 0 for rc in report["peer_exit_codes"])
-    return 0 if ok else 1
+    if report["interrupted"]:
+        return 130  # the shell's convention for Ctrl-C
+    return 0 if all(rc == 0 for rc in report["peer_exit_codes"]) else 1
