@@ -3,7 +3,7 @@
 `chain` is parametrized: "automine" (a block per transaction, blocks advanced with anvil_mine)
 and "testnet" (Anvil started like a testnet: chain id 11155111, a block every second, so every
 receipt is awaited for real). Tests that need many blocks to pass only run on automine; the
-testnet run covers a representative subset to stay within the time budget.
+testnet run covers the same rule tests (make_swarm is parametrized over both chains).
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def automine_chain():
 
 @pytest.fixture(scope="session")
 def testnet_chain():
-    with start_anvil(accounts=4, chain_id=11155111, block_time=1) as anvil:
+    with start_anvil(accounts=8, chain_id=11155111, block_time=1) as anvil:
         yield anvil
 
 
@@ -76,10 +76,14 @@ class Swarm:
         self.anvil.mine(max(0, block - 1 - self.anvil.block_number()))
 
 
-@pytest.fixture
-def make_swarm(automine_chain):
+@pytest.fixture(params=["automine", "testnet"])
+def make_swarm(request):
+    """Every rule test runs twice: on automine Anvil, and on Anvil started like a testnet (a block
+    every second), where every receipt is awaited for real."""
+    anvil = request.getfixturevalue(f"{request.param}_chain")
+
     def make(n_accounts: int = 4, **params) -> Swarm:
-        return Swarm(automine_chain, n_accounts, **params)
+        return Swarm(anvil, n_accounts, **params)
 
     return make
 
