@@ -9,10 +9,7 @@ bits.
 from __future__ import annotations
 
 import enum
-import json
 import logging
-import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -282,7 +279,6 @@ class Peer:
 
     # ------------------------------------------------------------ contribute
     async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, float]:
-        import mechanisms
         from mechanisms.accounting import cumulative_spend
 
         spend = cumulative_spend(self.s.mechanism, self.num_params, self._commits + 1)
@@ -329,6 +325,7 @@ class Peer:
         it (they hold those blobs), and votes the same bitmap. Without a usable focal set it
         attests what it could fetch itself.
         """
+        from node.ledger import decode_bitmap
         from p2p import peer_id_from_bytes
 
         self._set(Phase.FETCHING)
@@ -369,7 +366,7 @@ class Peer:
             nonlocal focal
             while True:  # ends by cancelling its own nursery, or with it
                 for a in await self.chain(self.ledger.attestations, r):
-                    bits_a = wire.bits(a.included, n)
+                    bits_a = decode_bitmap(a.included, n)
                     for i in range(n):
                         if bits_a[i] and peer_ids[index[a.peer]] not in holders[i]:
                             holders[i].append(peer_ids[index[a.peer]])
@@ -405,10 +402,10 @@ class Peer:
         digest = self.store.put(data)
         await self.host.announce_blob(digest)
         self._set(Phase.ATTESTING, included=sum(included), participants=n)
-        from node.ledger import RoundNotClosed
+        from node.ledger import RoundNotClosed, encode_bitmap
 
         try:
-            receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), wire.bitmap(included))
+            receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), encode_bitmap(included))
         except RoundNotClosed:  # a majority finalized (or the round was aborted) before our vote
             return included, 0
         return included, _gas(receipt)

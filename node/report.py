@@ -2,7 +2,6 @@
 ledger and the command that verifies the run. PNPM's eps is labelled sign-only everywhere."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 

@@ -32,6 +32,7 @@ import torch
 
 from node import wire
 from node.blob import sha256
+from node.ledger import encode_bitmap
 
 NO_MECHANISM = "none"  # the non-private baseline: simulate only, never on a ledger
 DIVERGENCE_BOUND = 1e6  # a global model with a weight beyond this has exploded (the PNPM paper's "gradient explosion")
@@ -474,7 +475,7 @@ class ChainRecorder:
         self._add_gas("close", self.ledger.close_round(r))
         model = wire.model_blob(global_vector, r)
         digest = self.archive.put(model)
-        included = wire.bitmap([True] * len(chosen))
+        included = encode_bitmap([True] * len(chosen))
         for i in chosen:
             if self.ledger.round_info(r).state.name == "FINALIZED":
                 break  # a strict majority already attested: the rest would be refused

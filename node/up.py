@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from node import wire
 from node.blob import sha256
 from node.runner import P2P_PASSWORD_ENV, write_json_atomic
 

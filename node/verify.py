@@ -15,6 +15,7 @@ import torch
 
 from node import wire
 from node.blob import BlobError, sha256
+from node.ledger import decode_bitmap
 
 
 @dataclass
@@ -123,7 +124,7 @@ def verify(ledger, archive) -> VerifyReport:
             report.failures.append(Failure(r, "-", "attestation", "no majority attestation found for the finalized digest"))
             check.aggregate_ok = False
             continue
-        included = wire.bits(bitmap, len(commitments))
+        included = decode_bitmap(bitmap, len(commitments))
         check.included = sum(included)
         unusable = [c.peer for c, inc, v in zip(commitments, included, vectors) if inc and v is None]
         for peer in unusable:

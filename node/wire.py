@@ -1,6 +1,6 @@
 """What peers put on the wire and on chain, defined once so that peers and `swarm verify`
-agree byte for byte: the genesis, update and model blobs, the inclusion bitmap, the eps
-fixed point and the gossip topic."""
+agree byte for byte: the genesis, update and model blobs, the eps fixed point and the
+gossip topic. (The inclusion bitmap is the contract's layout: node.ledger.encode_bitmap.)"""
 from __future__ import annotations
 
 import json
@@ -60,19 +60,6 @@ def read_vector(data: bytes, num_params: int, *, kind: str | None = None) -> tup
 
 def max_blob_size(num_params: int) -> int:
     return 4 * num_params + 64 * 1024  # the vector plus generous room for header and metadata
-
-
-def bitmap(included: list[bool]) -> bytes:
-    """Bit i = participant i, lowest bit of byte 0 first (the contract's layout)."""
-    out = bytearray((len(included) + 7) // 8)
-    for i, flag in enumerate(included):
-        if flag:
-            out[i // 8] |= 1 << (i % 8)
-    return bytes(out)
-
-
-def bits(bitmap_bytes: bytes, count: int) -> list[bool]:
-    return [bool(bitmap_bytes[i // 8] >> (i % 8) & 1) if i // 8 < len(bitmap_bytes) else False for i in range(count)]
 
 
 @dataclass(frozen=True)

@@ -148,9 +148,9 @@ def test_peer_serving_other_bytes_is_left_out(tmp_path):
             final = bytes(swarm.ledger.finalized_digest(r))
             winning = [a for a in atts if a.aggregate_digest == final]
             assert len(winning) >= 3
-            from node.wire import bits
+            from node.ledger import decode_bitmap
 
-            included = bits(bytes(winning[0].included), len(participants))
+            included = decode_bitmap(winning[0].included, len(participants))
             assert included[participants.index(liar)] is False
             assert sum(included) == 3
         swarm.finish(interrupted=False)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mechanisms as M
-from mechanisms.local import duchi_variance, piecewise_variance, pnpm_t_variance
+from mechanisms.local import pnpm_t_variance
 
 N = 120_000
 Z = 5.0
