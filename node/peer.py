@@ -12,7 +12,6 @@ import enum
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -77,7 +76,7 @@ class RoundOutcome:
 class Peer:
     """A swarm participant: drives rounds until `settings.rounds` is reached."""
 
-    def __init__(self, settings: PeerSettings, *, ledger, host, store, train_xy, test_xy, workdir: Path,
+    def __init__(self, settings: PeerSettings, *, ledger, host, store, train_xy, test_xy,
                  on_status: Callable[[dict], None] | None = None):
         from node.models import init_model
 
@@ -87,7 +86,6 @@ class Peer:
         self.store = store
         self.train_x, self.train_y = train_xy
         self.test_x, self.test_y = test_xy
-        self.workdir = Path(workdir)
         self.on_status = on_status or (lambda status: None)
         sh = settings.shared
         self.model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)

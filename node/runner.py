@@ -121,7 +121,7 @@ async def run_node(config, options: NodeOptions) -> int:
                 log.info("round %d %s acc=%s", outcome.round, outcome.state, outcome.accuracy)
 
             peer = Peer(settings, ledger=ledger, host=host, store=store, train_xy=train_xy, test_xy=test_xy,
-                        workdir=workdir, on_status=on_status)
+                        on_status=on_status)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(registry.keep_fresh)
                 await peer.run(on_round=on_round)

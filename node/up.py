@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,13 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from node.blob import sha256
+from node.chain import free_port
 from node.runner import P2P_PASSWORD_ENV, write_json_atomic
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

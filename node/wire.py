@@ -3,7 +3,6 @@ agree byte for byte: the genesis, update and model blobs, the eps fixed point an
 gossip topic. (The inclusion bitmap is the contract's layout: node.ledger.encode_bitmap.)"""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
@@ -16,8 +15,10 @@ EPS_SCALE = 1_000_000  # the ledger stores eps in micro-epsilon
 
 
 def canonical(obj) -> str:
-    """Canonical JSON text: sorted keys, no spaces; what every peer hashes the same way."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    """Canonical JSON text (mechanisms.canonical_json): what every peer hashes the same way."""
+    from mechanisms import canonical_json
+
+    return canonical_json(obj).decode("utf-8")
 
 
 def eps_to_micro(epsilon: float) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from node.blob import sha256
-from node.chain import start_anvil
+from node.chain import free_port, start_anvil
 from node.config import load_config
 from node.ledger import LedgerClient, connect
 from node.setup import genesis
@@ -23,12 +22,6 @@ pytestmark = pytest.mark.slow
 
 SETS = ["swarm.rounds=2", "swarm.peers=3", "chain.min_peers=3", "chain.commit_window=400",
         "chain.attest_window=400", "data.limit=600"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cli(*args, env=None, timeout=120):
