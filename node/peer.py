@@ -35,6 +35,7 @@ class Phase(str, enum.Enum):
     FOLLOWING = "following"  # not a participant this round: waits for the result
     EVALUATING = "evaluating"
     BUDGET_SPENT = "budget-spent"
+    SERVING = "serving"  # the last round is over; still serving blobs to peers that lag behind
     DONE = "done"
 
 
@@ -51,6 +52,7 @@ class PeerSettings:
     fetch_timeout: float = 30.0
     poll_interval: float = 0.1
     chain_timeout: float = 600.0  # longest wait for any one chain state change
+    linger: float = 5.0  # seconds to keep serving after the last round, for peers still fetching its model
     fault: str | None = None  # testing only: "wrong-bytes" or "scale:K" (see docs/NODE.md)
     dp: object | None = None  # node.train.DPSGDConfig for DP-SGD inside local training
 
@@ -214,6 +216,9 @@ class Peer:
             outcomes.append(outcome)
             if on_round:
                 on_round(outcome)
+        # Followers of the last round fetch its model from us after it finalized: do not vanish.
+        self._set(Phase.SERVING)
+        await trio.sleep(self.s.linger)
         self._set(Phase.DONE)
         return outcomes
 
