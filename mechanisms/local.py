@@ -31,6 +31,19 @@ def _output(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(like.numel(), dtype=like.dtype)
 
 
+# Laplace and the exponential mechanism work in float64 on blocks of this many coordinates:
+# their 5-9 passes then run on 2 MB buffers that stay in cache instead of streaming 80 MB
+# tensors through memory (2x faster at 10^7 coordinates). The blocks draw the uniforms in the
+# same order as one whole-tensor draw, so the output does not depend on the block size.
+_BLOCK = 1 << 18
+_MINUS_ONE = torch.tensor(-1.0, dtype=torch.float64)
+
+
+def _blocks(n: int):
+    """(start, stop) of consecutive blocks covering range(n)."""
+    return ((lo, min(n, lo + _BLOCK)) for lo in range(0, n, _BLOCK))
+
+
 # ---------------------------------------------------------------------------------------------
 # Pure formulas (also used by tests and the audit)
 
@@ -330,14 +343,17 @@ class Laplace(_PureLocal):
 
     def perturb(self, x, *, generator=None):
         t = self._input(x)
-        n = t.numel()
-        # y = 2u - 1 + 2^-53 exactly (high - low rounds to 2): the odd multiples of 2^-53 in
-        # (-1, 1), symmetric, never 0 and |y| <= 1 - 2^-53, so log1p(-|y|) is finite
-        y = uniform_draw(scratch(n, torch.float64, 0), -(1.0 - 2.0**-53), 1.0, generator)
-        g = torch.abs(y, out=scratch(n, torch.float64, 1)).neg_().log1p_()  # -(noise magnitude)/b
-        g.copysign_(y)  # noise / b: g <= 0, so copysign gives sign(y) |g|
-        # the sum in float64, rounded once into the float32 output
-        return torch.add(t, g, alpha=2.0 / self.epsilon, out=_output(t)).view(x.shape)
+        out = _output(t)
+        for lo, hi in _blocks(t.numel()):
+            # y = 2u - 1 + 2^-53 exactly (high - low rounds to 2): the odd multiples of 2^-53 in
+            # (-1, 1), symmetric, never 0 and |y| <= 1 - 2^-53, so 1 - |y| is exact and > 0
+            y = uniform_draw(scratch(hi - lo, torch.float64, 0), -(1.0 - 2.0**-53), 1.0, generator)
+            g = torch.abs(y, out=scratch(hi - lo, torch.float64, 1))
+            affine_(g, -1.0, 1.0).log_().copysign_(y)  # noise / b = sign(y) |log(1 - |y|)|
+            tb = scratch(hi - lo, torch.float64, 2).copy_(t[lo:hi])  # mixed-dtype ops are slow
+            torch.add(tb, g, alpha=2.0 / self.epsilon, out=g)
+            out[lo:hi].copy_(g)  # the sum in float64, rounded once into the output
+        return out.view(x.shape)
 
     def variance(self, x):
         t = self._input(x)
@@ -354,21 +370,25 @@ class Exponential(_PureLocal):
 
     def perturb(self, x, *, generator=None):
         t = self._input(x)
-        n = t.numel()
-        u = uniform_draw(scratch(n, torch.float64, 0), 0.0, 1.0, generator)
         b = 4.0 / self.epsilon
-        # mass left of t: b (1 - exp(-(1 + t)/b)) = b (1 - c h), right of t: b (1 - c / h), with
-        # c = exp(-1/b) and h = exp(-t/b): ONE exp per coordinate (float64: the masses must
-        # resolve the 53-bit uniform)
         c = math.exp(-1.0 / b)
-        h = torch.mul(t, -1.0 / b, out=scratch(n, torch.float64, 1)).exp_()
-        left = torch.mul(h, -b * c, out=scratch(n, torch.float64, 2)).add_(b)
-        h.reciprocal_().mul_(-b * c).add_(b).add_(left)  # the normaliser z
-        u.mul_(h).sub_(left)  # signed mass from t: < 0 goes left
-        distance = torch.abs(u, out=h).mul_(-1.0 / b).log1p_()  # -(distance from t) / b <= 0
-        distance.copysign_(u)  # signed distance / b
-        out = torch.add(t, distance, alpha=b, out=_output(t))
-        return out.clamp_(-1.0, 1.0).view(x.shape)
+        out = _output(t)
+        for lo, hi in _blocks(t.numel()):
+            n = hi - lo
+            u = uniform_draw(scratch(n, torch.float64, 0), 0.0, 1.0, generator)
+            tb = scratch(n, torch.float64, 1).copy_(t[lo:hi])
+            # masses over b: left of t 1 - c h, right of t 1 - c / h, with c = exp(-1/b) and
+            # h = exp(-t/b): ONE exp per coordinate, float64 so the masses resolve the uniform
+            h = torch.mul(tb, -1.0 / b, out=scratch(n, torch.float64, 2)).exp_()
+            neg_left = torch.add(_MINUS_ONE, h, alpha=c, out=scratch(n, torch.float64, 3))
+            total = affine_(h.reciprocal_(), -c, 1.0).sub_(neg_left)
+            s = torch.addcmul(neg_left, u, total, out=u)  # signed mass from t over b: < 0 goes left
+            # |s| < 1 in exact arithmetic; the clamp keeps a rounding at huge eps from a NaN
+            distance = affine_(torch.abs(s, out=total), -1.0, 1.0).clamp_(min=0.0).log_()
+            distance.copysign_(s)  # signed distance from t over b: sign(s) |log(1 - |s|)|
+            torch.add(tb, distance, alpha=b, out=distance).clamp_(-1.0, 1.0)
+            out[lo:hi].copy_(distance)
+        return out.view(x.shape)
 
     def variance(self, x):
         t = self._input(x).to(torch.float64)
