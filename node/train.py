@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -85,20 +86,41 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: i
     return _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, generator, dp, accountant)
 
 
+@contextmanager
+def channels_last(model: nn.Module, x: torch.Tensor):
+    """Run a conv net on image batches in channels-last layout, then give the parameters back
+    in the standard layout (so state dicts and blobs never see the difference).
+
+    oneDNN's convolutions and max-pooling are vectorised over channels in this layout: with the
+    pool-before-ReLU blocks of node.models it trains the PNPM CNN about 2x faster on CPU
+    (docs/SIMULATE.md). Values are the same up to float rounding order inside the convolutions.
+    Inputs that are not image batches (N, C, H, W) pass through unchanged."""
+    if x.dim() != 4:
+        yield x
+        return
+    model.to(memory_format=torch.channels_last)
+    try:
+        yield x.contiguous(memory_format=torch.channels_last)
+    finally:
+        model.to(memory_format=torch.contiguous_format)
+
+
 def _train_sgd(model, x, y, epochs, batch_size, lr, momentum, generator) -> TrainResult:
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     n = int(y.shape[0])
     losses: list[float] = []
-    for _ in range(epochs):
-        losses = []
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n, batch_size):
-            batch = order[start:start + batch_size]
-            optimizer.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(model(x[batch]), y[batch])
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
+    with channels_last(model, x) as x:
+        # after the layout change: the optimizer's buffers take the parameters' layout
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        for _ in range(epochs):
+            losses = []
+            order = torch.randperm(n, generator=generator)
+            for start in range(0, n, batch_size):
+                batch = order[start:start + batch_size]
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x[batch]), y[batch])
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
     return TrainResult(n, sum(losses) / len(losses), None)
 
 
@@ -146,18 +168,22 @@ def _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, generator, dp: D
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> tuple[float, float]:
-    """(accuracy in [0, 1], mean cross-entropy loss) of `model` on (x, y)."""
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> tuple[float, float]:
+    """(accuracy in [0, 1], mean cross-entropy loss) of `model` on (x, y).
+
+    Batches of 256 keep the activations in cache: on the PNPM CNN they evaluate twice as fast
+    as batches of 1,024 (docs/SIMULATE.md)."""
     n = int(y.shape[0])
     if n < 1:
         raise ValueError("cannot evaluate on an empty set")
     was_training = model.training
     model.eval()
     correct, total_loss = 0, 0.0
-    for start in range(0, n, batch_size):
-        logits = model(x[start:start + batch_size])
-        target = y[start:start + batch_size]
-        total_loss += F.cross_entropy(logits, target, reduction="sum").item()
-        correct += int((logits.argmax(dim=1) == target).sum())
+    with channels_last(model, x) as x:
+        for start in range(0, n, batch_size):
+            logits = model(x[start:start + batch_size])
+            target = y[start:start + batch_size]
+            total_loss += F.cross_entropy(logits, target, reduction="sum").item()
+            correct += int((logits.argmax(dim=1) == target).sum())
     model.train(was_training)
     return correct / n, total_loss / n

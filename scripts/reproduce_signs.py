@@ -20,9 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TRAIN_LIMIT = 20_000
-TEST_LIMIT = 2_000
-EPOCHS = 5
+TRAIN_LIMIT = None  # all 60,000 training images
+TEST_LIMIT = None  # all 10,000 test images
+EPOCHS = 10
 DRAWS = 20
 SEED = 1
 
@@ -39,7 +39,8 @@ def main() -> None:
     train = load_dataset("fashion-mnist", split="train", limit=TRAIN_LIMIT)
     test = load_dataset("fashion-mnist", split="test", limit=TEST_LIMIT)
     model = init_model("pnpm-fmnist", input_shape=train.input_shape, num_classes=10, seed=SEED)
-    cache = ROOT / "runs" / "reproduce" / "signs-model.safetensors"  # safetensors: never pickle
+    # safetensors: never pickle; the name carries the setup so a changed setup retrains
+    cache = ROOT / "runs" / "reproduce" / f"signs-model-{TRAIN_LIMIT or 'all'}-e{EPOCHS}.safetensors"
     if cache.exists():
         from safetensors.torch import load_file
 

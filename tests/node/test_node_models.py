@@ -42,3 +42,22 @@ def test_defaults_and_errors():
         init_model("resnet", input_shape=(1, 8, 8), num_classes=10, seed=0)
     with pytest.raises(ValueError, match="too small"):
         init_model("pnpm-mnist", input_shape=(1, 8, 8), num_classes=10, seed=0)
+
+
+def test_pool_before_relu_is_the_usual_relu_then_pool():
+    """ConvNet pools before its ReLU (faster); values and gradients equal the usual order's."""
+    model = init_model("pnpm-fmnist", input_shape=(1, 28, 28), num_classes=10, seed=3)
+    usual = init_model("pnpm-fmnist", input_shape=(1, 28, 28), num_classes=10, seed=3)
+    layers = usual.features
+    for i in (1, 4, 7):
+        layers[i], layers[i + 1] = layers[i + 1], layers[i]
+    assert isinstance(layers[1], torch.nn.ReLU) and isinstance(model.features[1], torch.nn.MaxPool2d)
+    assert list(model.state_dict()) == list(usual.state_dict())
+    x = torch.randn(16, 1, 28, 28, generator=torch.Generator().manual_seed(4))
+    target = torch.arange(16) % 10
+    out, out_usual = model(x), usual(x)
+    assert torch.equal(out, out_usual)
+    torch.nn.functional.cross_entropy(out, target).backward()
+    torch.nn.functional.cross_entropy(out_usual, target).backward()
+    for p, q in zip(model.parameters(), usual.parameters()):
+        assert torch.equal(p.grad, q.grad)

@@ -89,3 +89,32 @@ def test_round_lr_and_errors():
         train_local(fresh(), TRAIN.x, TRAIN.y, epochs=0, batch_size=8, lr=0.1, seed=0)
     with pytest.raises(ValueError, match="noise_multiplier"):
         DPSGDConfig(noise_multiplier=0, max_grad_norm=1)
+
+
+def test_channels_last_training_matches_standard_layout_and_leaves_it_standard():
+    """Training runs in channels-last layout for speed; the result must be the standard-layout
+    result up to float rounding, and the parameters come back contiguous (blobs need that)."""
+    from node.train import channels_last
+
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    y = torch.arange(64) % 10
+    fast = init_model("pnpm-cifar10", input_shape=(3, 32, 32), num_classes=10, seed=6)
+    train_local(fast, x, y, epochs=2, batch_size=16, lr=0.05, momentum=0.5, seed=7)
+    assert all(p.is_contiguous() for p in fast.parameters())
+    # the reference: the same steps written out in the standard layout
+    ref = init_model("pnpm-cifar10", input_shape=(3, 32, 32), num_classes=10, seed=6)
+    optimizer = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.5)
+    generator = torch.Generator().manual_seed(7)
+    for _ in range(2):
+        order = torch.randperm(64, generator=generator)
+        for start in range(0, 64, 16):
+            batch = order[start:start + 16]
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(ref(x[batch]), y[batch]).backward()
+            optimizer.step()
+    for p, q in zip(fast.parameters(), ref.parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=1e-5)
+    with channels_last(ref, x) as x_cl:
+        assert x_cl.is_contiguous(memory_format=torch.channels_last)
+        assert ref.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert ref.features[0].weight.is_contiguous()
