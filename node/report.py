@@ -68,7 +68,7 @@ def write_report(out: Path, peers, ledger, run_info: dict, interrupted: bool) ->
     if rows and run_info["config"]["output"]["plot"]:
         plot(rows, out / "progress.png")
     mechanism = run_info["config"]["privacy"]["mechanism"]
-    protects = "the SIGN of each weight only (no finite eps for the values)" if mechanism == "pnpm" else "the values"
+    protects = run_info["protects"]  # from the mechanism's guarantee (node.up)
     eps_spent = {}
     for p in peers:
         try:

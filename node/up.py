@@ -29,6 +29,17 @@ from node.chain import free_port
 from node.runner import P2P_PASSWORD_ENV, write_json_atomic
 
 
+
+def _protects(config) -> str:
+    """What the run's eps protects, in words, from the mechanism's own guarantee ("sign" for
+    PNPM, "value" for the others), never from its name."""
+    import mechanisms
+    from node.ledger import PROTECTS_WORDS
+    from node.setup import mechanism_params
+
+    kind = mechanisms.from_params(mechanism_params(config)).guarantee.protects
+    return PROTECTS_WORDS.get(kind, kind)
+
 @dataclass
 class PeerProcess:
     index: int
@@ -121,7 +132,8 @@ class LocalSwarm:
             self.run_info = {"ledger": self.ledger.address, "chain_id": self.w3.eth.chain_id, "rpc_url": self.anvil.url,
                              "peers": [{"index": p.index, "address": p.address, "peer_id": p.peer_id}
                                        for p in self.peers],
-                             "started": time.time(), "config": config.to_dict()}
+                             "started": time.time(), "config": config.to_dict(),
+                             "protects": _protects(config)}
             write_json_atomic(out / "run.json", self.run_info)
         except BaseException:
             self._anvil_cm.__exit__(None, None, None)

@@ -34,7 +34,7 @@ USERS = (10, 70, 100, 200, 500)
 EPSILONS = (0.5, 1.0, 2.0)
 LR_AT_100 = 0.05  # the paper: 0.01 at 100 users, 0.05 at 500; see the module docstring
 LR_CAP = 0.1
-BASE = ["data.dataset=fashion-mnist", "data.limit=0", "data.test_limit=0", "swarm.rounds=10",
+BASE = ["data.dataset=fashion-mnist", "swarm.rounds=10",  # no data.limit: all 60,000 + 10,000
         "train.epochs=1", "train.batch_size=32", "train.momentum=0.9", "aggregation.rule=fedavg",
         "swarm.seed=1", "privacy.perturb=weights"]
 LDP_FL = {"center": 0.0, "radius": 0.5}  # trained weights of this CNN lie within +-0.5
@@ -125,7 +125,9 @@ def plot(results, todo) -> None:
     import matplotlib.pyplot as plt
 
     FIGURES.mkdir(parents=True, exist_ok=True)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), sharey=True)
+    colors = {"non-private": "black", "pnpm": "tab:red", "duchi": "tab:blue", "pm": "tab:purple",
+              "hm": "tab:orange", "ldp-fl": "tab:green", "sampled": "tab:pink"}
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4.4), sharey=True)
     for ax, eps in zip(axes, EPSILONS):
         series: dict[str, list[tuple[int, float]]] = {}
         for name, *_ in todo:
@@ -134,22 +136,25 @@ def plot(results, todo) -> None:
             if mech["name"] != "none" and mech.get("epsilon") != eps:
                 continue
             label = "non-private" if mech["name"] == "none" else mech["name"]
-            # a diverged run counts as chance (10%): its model is unusable
+            # a diverged run is plotted at its last finished round's accuracy (None: chance, 10%)
             series.setdefault(label, []).append((s["peers"], 100 * (s["final_accuracy"] or 0.1)))
-        for label, points in sorted(series.items()):
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-        paper = [(u, v) for (u, m, e), v in PAPER.items() if m == "none" or e == eps]
-        if paper:
-            ax.scatter([u for u, _ in paper], [v for _, v in paper], marker="*", s=90, color="black",
-                       label="paper (text)", zorder=5)
+        for label in colors:
+            points = sorted(series.get(label, []))
+            if points:
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colors[label],
+                        label=label)
+        for (users, mech, e), value in PAPER.items():
+            if mech == "none" or e == eps:
+                ax.scatter([users], [value], marker="*", s=110, color=colors["non-private" if mech == "none" else mech],
+                           edgecolors="white", zorder=5)
         ax.set_xscale("log")
         ax.set_xlabel("users (all take part every round)")
         ax.set_title(f"eps {eps:g} per coordinate")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("test accuracy after 10 rounds (%); diverged = 10")
-    axes[1].legend(fontsize=7, ncol=2)
-    fig.suptitle("Fashion-MNIST (60,000 images), PNPM paper setup: mechanisms on the weights")
+        ax.legend(fontsize=7, loc="upper right")
+    axes[0].set_ylabel("test accuracy after 10 rounds (%)")
+    fig.suptitle("Fashion-MNIST (60,000 images), PNPM paper setup, mechanisms on the weights; "
+                 "stars: the paper's numbers (same colour = same mechanism)")
     fig.tight_layout()
     fig.savefig(FIGURES / "pnpm_users.png", dpi=110)
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reproduce_common import command, eps_text, pct, run_all  # noqa: E402
 
 PEERS, SAMPLES, ROUNDS, BATCH = 10, 60_000, 10, 32  # the whole Fashion-MNIST training set
-BASE = ["data.dataset=fashion-mnist", f"data.limit={SAMPLES}", "data.test_limit=0", "train.batch_size=32",
+BASE = ["data.dataset=fashion-mnist", f"data.limit={SAMPLES}", "train.batch_size=32",  # every test image
         "train.lr=0.05", "train.epochs=1", "privacy.delta=1e-5", "swarm.seed=2"]
 
 
