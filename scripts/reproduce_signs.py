@@ -87,6 +87,39 @@ def main() -> None:
         print(f"| {label} | {100 * results[which + '_half']:.2f} | {100 * results[which + '_random_best']:.2f} "
               f"({100 * results[which + '_random_mean']:.2f}) | {100 * results[which + '_layer_mean']:.2f} | "
               f"{100 * original:.2f} |")
+    plot(results)
+
+
+def plot(results: dict) -> None:
+    """Bars: the paper's Table 2 beside ours."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["|w| = 0.5", "random |w|,\nbest of 20", "|w| = tensor's\nmean |w|", "trained\nmodel"]
+    series = {
+        "paper, Table 2": [75.26, 72.83, None, 89.89],
+        "ours, conv kernels only": [100 * results[k] for k in ("conv_half", "conv_random_best",
+                                                                "conv_layer_mean", "original")],
+        "ours, every weight and bias": [100 * results[k] for k in ("all_half", "all_random_best",
+                                                                    "all_layer_mean", "original")],
+    }
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.27
+    for k, (label, values) in enumerate(series.items()):
+        xs = [i + (k - 1) * width for i in range(len(labels))]
+        ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None],
+               width=width, label=label)
+    ax.axhline(10, color="gray", linestyle=":", label="chance")
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Fashion-MNIST model rebuilt from the signs of its weights")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    figures = ROOT / "docs" / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    fig.savefig(figures / "signs.png", dpi=110)
 
 
 if __name__ == "__main__":
