@@ -29,7 +29,6 @@ from node.chain import free_port
 from node.runner import P2P_PASSWORD_ENV, write_json_atomic
 
 
-
 def _protects(config) -> str:
     """What the run's eps protects, in words, from the mechanism's own guarantee ("sign" for
     PNPM, "value" for the others), never from its name."""
