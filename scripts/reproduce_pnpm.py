@@ -93,7 +93,7 @@ def main() -> None:
         print("| " + " | ".join(str(c) for c in (
             s["peers"], f"{s['lr']:g}", mech["name"], "-" if eps is None else f"{eps:g}",
             "" if paper is None else f"{paper:.2f}", pct(s["final_accuracy"]), pct(s["best_accuracy"]),
-            eps_text(s), f"{s['seconds']['total']:.0f}", _note(s))) + " |")
+            eps_text(s), f"{s['seconds']['total']:.0f}", s.get("diverged") or "")) + " |")
     total = sum(results[n]["summary"]["seconds"]["total"] for n, *_ in todo)
     print(f"\n{len(todo)} runs, {total:.0f} s of simulated time in all; sweep wall time {wall:.0f} s"
           f"{'' if fresh else ' (some runs reused: see runs/reproduce/pnpm-sweep.json for the fresh sweep)'}")
@@ -110,12 +110,6 @@ def _order(job) -> tuple:
     mech = next(m for m in sorted(names, key=len, reverse=True) if name.startswith(f"full-{m}-"))
     eps = name.split("-eps", 1)[1].split("-n", 1)[0] if "-eps" in name else "0"
     return users, names.index(mech), float(eps)
-
-
-def _note(summary: dict) -> str:
-    if summary.get("diverged"):
-        return summary["diverged"]
-    return ""
 
 
 def plot(results, todo) -> None:
