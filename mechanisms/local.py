@@ -5,7 +5,9 @@ the first step folded into the draw: `uniform_(low, high)` costs the same as `un
 it in place through the inverse CDF of the mechanism's output law, in as few whole-tensor passes
 as possible. Decisions "u < p" are read off as floor(u - p) in {-1, 0} (exact: the rounded
 difference keeps its sign, and 0 falls on the "not below" side), so no boolean masks (slow on
-CPU) and no torch.where. Formulas cite the papers in docs/MECHANISMS.md.
+CPU) and no torch.where. Laplace and the exponential mechanism draw 53-bit uniforms into float64
+blocks instead and write each finished block into the output (see `_BLOCK`). Formulas cite the
+papers in docs/MECHANISMS.md.
 """
 from __future__ import annotations
 
