@@ -15,8 +15,18 @@ import math
 
 import torch
 
-from .base import (Guarantee, Mechanism, affine_, check_epsilon, check_finite, check_positive,
-                   check_tensor, half_grid_threshold, scratch, uniform_draw)
+from .base import (
+    Guarantee,
+    Mechanism,
+    affine_,
+    check_epsilon,
+    check_finite,
+    check_positive,
+    check_tensor,
+    half_grid_threshold,
+    scratch,
+    uniform_draw,
+)
 
 # exp(eps) overflows a double near 709; no useful local mechanism runs there.
 MAX_EPSILON = 700.0

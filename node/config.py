@@ -14,6 +14,14 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import tomli_w
+
+import mechanisms
+from node.learning.data import DATASETS
+from node.learning.models import MODELS, default_model_for
+from node.learning.partition import SCHEMES
+from node.protocol.aggregate import RULES
+
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
 
 
@@ -116,7 +124,6 @@ class Config:
 
     def to_toml(self) -> str:
         """TOML text that `load_config` reads back to an equal Config (None values are left out)."""
-        import tomli_w
 
         def drop_none(d):
             return {k: drop_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
@@ -128,7 +135,6 @@ class Config:
         """The model to build: `model.name`, or the dataset's default when it is "auto"."""
         if self.model.name != "auto":
             return self.model.name
-        from node.models import default_model_for
 
         return default_model_for(self.data.dataset)
 
@@ -266,11 +272,6 @@ def _apply_override(config: Config, override: str) -> None:
 
 
 def _check_ranges(c: Config) -> None:
-    from node.aggregate import RULES
-    from node.data import DATASETS
-    from node.models import MODELS
-    from node.partition import SCHEMES
-
     checks = [
         (c.swarm.peers >= 1, "swarm.peers", "must be >= 1"),
         (c.swarm.rounds >= 1, "swarm.rounds", "must be >= 1"),
@@ -314,8 +315,6 @@ def _check_ranges(c: Config) -> None:
 
 
 def _MECHANISM_NAMES() -> tuple[str, ...]:
-    import mechanisms
-
     return ("none", *sorted(getattr(mechanisms, "MECHANISMS", {})))
 
 

@@ -13,9 +13,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from node import wire
-from node.blob import BlobError, sha256
-from node.ledger import decode_bitmap
+from mechanisms.accounting import cumulative_spend
+from node.protocol import wire
+from node.protocol.blob import BlobError, decode_blob, sha256
+from node.protocol.settings import SharedSettings
+from node.protocol.wire import decode_bitmap, eps_from_micro
 
 
 @dataclass
@@ -55,7 +57,6 @@ class VerifyReport:
 
 def verify(ledger, archive) -> VerifyReport:
     """`ledger`: a read-only LedgerClient; `archive`: a blob store holding the run's blobs."""
-    from mechanisms.accounting import cumulative_spend
 
     report = VerifyReport(ledger=ledger.address)
     params = ledger.params()
@@ -65,10 +66,9 @@ def verify(ledger, archive) -> VerifyReport:
         report.failures.append(Failure(0, "-", "genesis", f"genesis blob {genesis_digest.hex()} missing from the "
                                        "archive or not matching the ledger's digest"))
         return report
-    from node.blob import decode_blob
 
     tensors, meta = decode_blob(genesis, max_size=1 << 31, expected=None)
-    shared = wire.SharedSettings.from_dict(json.loads(meta["swarm"]))
+    shared = SharedSettings.from_dict(json.loads(meta["swarm"]))
     num_params = tensors[wire.VECTOR].numel()
     global_vector = tensors[wire.VECTOR].to(torch.float32)
     commits_by_peer: dict[str, int] = {}
@@ -108,8 +108,8 @@ def verify(ledger, archive) -> VerifyReport:
                 expected = wire.eps_to_micro(spend.epsilon)
                 # one micro-eps of slack: the last float digit of a spend may differ across math libraries
                 if abs(expected - int(c.eps_micro)) > 1:
-                    report.failures.append(Failure(r, peer, "eps", f"ledger records {int(c.eps_micro) / 1e6:.6f}, the "
-                                                   f"committed mechanism {mech} gives {expected / 1e6:.6f}"))
+                    report.failures.append(Failure(r, peer, "eps", f"ledger records {eps_from_micro(int(c.eps_micro)):.6f}, the "
+                                                   f"committed mechanism {mech} gives {eps_from_micro(expected):.6f}"))
                 else:
                     check.eps_ok += 1
                 report.peers.setdefault(peer, {})["protects"] = spend.protects
@@ -146,7 +146,7 @@ def verify(ledger, archive) -> VerifyReport:
     for peer, eps_micro in last_eps.items():
         on_chain = int(ledger.eps_spent(peer))
         entry = report.peers.setdefault(peer, {})
-        entry.update(eps_spent=on_chain / wire.EPS_SCALE, commits=commits_by_peer[peer])
+        entry.update(eps_spent=eps_from_micro(on_chain), commits=commits_by_peer[peer])
         if on_chain != eps_micro:
             report.failures.append(Failure(0, peer, "eps", f"epsSpent {on_chain} differs from the last commitment {eps_micro}"))
     return report

@@ -33,7 +33,8 @@ def digest(label: str) -> bytes:
 def run_swarm(anvil, n: int) -> dict:
     from eth_account import Account
 
-    from node.ledger import LedgerClient, connect, encode_bitmap
+    from node.chain.client import LedgerClient, connect
+    from node.protocol.wire import encode_bitmap
 
     w3 = connect(anvil.url)
     accounts = [Account.from_key(k) for k in anvil.private_keys[:n]]
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print only, do not touch docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
 
-    from node.chain import start_anvil
+    from node.chain.anvil import start_anvil
 
     results = []
     for n in args.peers:

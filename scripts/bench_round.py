@@ -40,7 +40,7 @@ def round_gas(ledger, w3, r: int) -> int:
 
 def run_swarm(peers: int, rounds: int) -> dict:
     from node.config import load_config
-    from node.up import LocalSwarm
+    from node.runs.local import LocalSwarm
 
     config = load_config(ROOT / "examples" / "demo.toml", [f"swarm.peers={peers}", f"swarm.rounds={rounds}",
                                                             "chain.run_timeout=1800"])

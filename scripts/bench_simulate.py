@@ -5,7 +5,7 @@ per peer-round to the same local training alone (target: overhead under 20%, rat
 Each peer holds 100 training images (1 local epoch, batch 32), so every peer-round does the same
 work whatever the swarm size. Each size runs in a fresh process (its peak RSS is that size's
 alone), on one torch thread. The ratio divides each round's wall time by the time
-`node.train.train_local` (the local training alone) took inside that round, timed call by call:
+`node.learning.train.train_local` (the local training alone) took inside that round, timed call by call:
 the simulator is charged for model loads, perturbation, aggregation and the per-round test
 evaluation (1,000 images), and load from other jobs on the machine hits both sides alike. The
 target is judged without the test evaluation (a measurement the run asks for, reported in its own
@@ -35,7 +35,7 @@ def child(peers: int, rounds: int) -> dict:
     import torch
 
     from node.config import load_config
-    from node.simulate import Simulation
+    from node.runs.simulate import Simulation
 
     torch.set_num_threads(1)
     config = load_config(None, ["data.dataset=fashion-mnist", f"data.limit={SAMPLES_PER_PEER * peers}",
@@ -74,12 +74,12 @@ def child(peers: int, rounds: int) -> dict:
 
 
 def _time_train_local() -> list[float]:
-    """Record the duration of every node.train.train_local call (node.local.contribute looks it
+    """Record the duration of every node.learning.train.train_local call (node.learning.contribute.contribute looks it
     up at call time): the benchmark's stopwatch, the function itself runs unchanged."""
-    import node.train
+    import node.learning.train
 
     durations: list[float] = []
-    real = node.train.train_local
+    real = node.learning.train.train_local
 
     def timed(*args, **kwargs):  # noqa: D401
         started = time.perf_counter()
@@ -89,17 +89,17 @@ def _time_train_local() -> list[float]:
             durations.append(time.perf_counter() - started)
 
     timed.__wrapped__ = real
-    node.train.train_local = timed
+    node.learning.train.train_local = timed
     return durations
 
 
 def _baseline(sim, config, indices) -> float:
     """Mean seconds of `train_local` alone for these peers: same shard, seed and settings as
     their first round in the simulation, from the genesis model."""
-    from node.blob import unflatten
-    from node.local import round_seed
-    from node.simulate import peer_name
-    from node.train import round_lr, train_local
+    from node.learning.contribute import round_seed
+    from node.learning.train import round_lr, train_local
+    from node.protocol.blob import unflatten
+    from node.runs.simulate import peer_name
 
     st = sim.settings
     train_local = getattr(train_local, "__wrapped__", train_local)
@@ -118,8 +118,8 @@ def _warm_up() -> None:
     pay it before timing anything, so neither side of the ratio carries it."""
     import torch
 
-    from node.models import init_model
-    from node.train import evaluate, train_local
+    from node.learning.models import init_model
+    from node.learning.train import evaluate, train_local
 
     model = init_model("pnpm-fmnist", input_shape=(1, 28, 28), num_classes=10, seed=0)
     x = torch.rand(64, 1, 28, 28, generator=torch.Generator().manual_seed(0))
@@ -157,7 +157,7 @@ def main() -> None:
                   f"{r['train_per_peer']:.4f}", f"{r['ratio']:.3f}", f"{r['ratio_without_eval']:.3f}",
                   "yes" if r["ratio_without_eval"] < 1.2 else "**no**",
                   f"{r['baseline_before']:.4f} / {r['baseline_after']:.4f}"] for r in rows]),
-          "", "The ratio divides each round's wall time by the time `node.train.train_local` took inside that "
+          "", "The ratio divides each round's wall time by the time `node.learning.train.train_local` took inside that "
           "round (median over rounds): what the simulator adds to the training itself (loading the global "
           "model, PNPM on all coordinates, exact fixed-point aggregation, the per-round test evaluation), "
           "measured interleaved so that other jobs on this shared machine cancel out. The target is judged "

@@ -1,4 +1,5 @@
-"""Compile contracts/SwarmLedger.sol into the committed artifact contracts/build/SwarmLedger.json.
+"""Compile contracts/SwarmLedger.sol into the committed artifact
+node/chain/artifacts/SwarmLedger.json (package data, so an installed wheel deploys without the source tree).
 
     python scripts/compile_contracts.py           # write the artifact
     python scripts/compile_contracts.py --check   # exit 1 if the committed artifact is stale
@@ -19,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "contracts" / "SwarmLedger.sol"
-ARTIFACT = ROOT / "contracts" / "build" / "SwarmLedger.json"
+ARTIFACT = ROOT / "node" / "chain" / "artifacts" / "SwarmLedger.json"  # package data of node.chain
 CONTRACT = "SwarmLedger"
 SOLC_VERSION = "0.8.28"
 # Many runs: the contract is deployed once per swarm and called every round by every peer.

@@ -2,7 +2,7 @@
 runs/reproduce/<name> (reused when its summary already exists, so an interrupted sweep resumes),
 run a list of them on a small process pool, and print markdown tables.
 
-Every run is `node.simulate.Simulation` (what `swarm simulate` runs); each line of a table
+Every run is `node.runs.simulate.Simulation` (what `swarm simulate` runs); each line of a table
 names the equivalent command."""
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def run_one(job: tuple) -> dict:
     import torch
 
     from node.config import load_config
-    from node.simulate import Simulation
+    from node.runs.simulate import Simulation
 
     name, overrides, fraction = job[:3]
     mechanism_params = job[3] if len(job) > 3 else None

@@ -34,7 +34,7 @@ def dp_sgd_noise(target_eps: float = 1.0, delta: float = 1e-5) -> tuple[float, f
 
     n = SAMPLES // PEERS
     rate = BATCH / n
-    steps = math.ceil(1 / rate) * ROUNDS  # node.train: ceil(1/q) Poisson steps per epoch, 1 epoch per round
+    steps = math.ceil(1 / rate) * ROUNDS  # node.learning.train: ceil(1/q) Poisson steps per epoch, 1 epoch per round
     sigma = get_noise_multiplier(target_epsilon=target_eps, target_delta=delta, sample_rate=rate, steps=steps,
                                  accountant="rdp")
     from opacus.accountants import RDPAccountant

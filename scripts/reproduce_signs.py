@@ -1,7 +1,7 @@
 """Reproduce Table 2 of the PNPM paper (seed 004): how much accuracy an attacker recovers from the
 SIGNS of a trained model's weights alone, on Fashion-MNIST.
 
-A pnpm-fmnist CNN is trained centrally (node.train.train_local), then rebuilt from its signs:
+A pnpm-fmnist CNN is trained centrally (node.learning.train.train_local), then rebuilt from its signs:
 (a) every weight set to +-0.5, (b) every weight given a random magnitude in (0, 1) with its sign
 kept (the best of 20 draws, as the paper reports), and (c), not in the paper, every weight set to
 +- the mean |w| of its tensor (an attacker who knows one typical magnitude per layer). Both variants are applied to the conv kernels
@@ -30,9 +30,9 @@ SEED = 1
 def main() -> None:
     import torch
 
-    from node.data import load_dataset
-    from node.models import init_model
-    from node.train import evaluate, train_local
+    from node.learning.data import load_dataset
+    from node.learning.models import init_model
+    from node.learning.train import evaluate, train_local
 
     torch.set_num_threads(1)
     started = time.perf_counter()

@@ -46,14 +46,15 @@ def _digest(text: str) -> bytes:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from node import keys
-    from node.cli import CLIError
-    from node.ledger import EPS_SCALE, LedgerClient, LedgerError, connect
-
-    from node.blob import sha256
-    from node.cli import common
+    from node.chain import keys
+    from node.chain.client import LedgerClient, connect
+    from node.chain.errors import LedgerError
+    from node.cli import CLIError, common
     from node.config import quorum
-    from node.setup import eps_cap_micro, genesis as genesis_blob
+    from node.derive import eps_cap_micro
+    from node.derive import genesis as genesis_blob
+    from node.protocol.blob import sha256
+    from node.protocol.wire import eps_from_micro, eps_to_micro
 
     config = common.load(args, {})
     try:
@@ -61,7 +62,7 @@ def handler(args: argparse.Namespace) -> int:
         min_peers = args.min_peers if args.min_peers is not None else quorum(config)
         commit_window = args.commit_window if args.commit_window is not None else config.chain.commit_window
         attest_window = args.attest_window if args.attest_window is not None else config.chain.attest_window
-        cap_micro = round(args.eps_cap * EPS_SCALE) if args.eps_cap is not None else eps_cap_micro(config)
+        cap_micro = eps_to_micro(args.eps_cap) if args.eps_cap is not None else eps_cap_micro(config)
         delta = args.delta if args.delta is not None else config.privacy.delta
     except ValueError as exc:
         raise CLIError(str(exc)) from None
@@ -77,6 +78,6 @@ def handler(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     result = {"address": client.address, "chain_id": w3.eth.chain_id, "deployer": account.address,
               "gas_used": client.gas_used["deploy"], "block": client.params().deploy_block,
-              "genesis_digest": genesis.hex(), "eps_cap": cap_micro / EPS_SCALE}
+              "genesis_digest": genesis.hex(), "eps_cap": eps_from_micro(cap_micro)}
     print(json.dumps(result) if args.json else client.address)
     return 0

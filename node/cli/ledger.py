@@ -44,8 +44,9 @@ def render(snap: dict) -> str:
 
 
 def handler(args: argparse.Namespace) -> int:
+    from node.chain.client import LedgerClient, connect
+    from node.chain.errors import LedgerError
     from node.cli import CLIError
-    from node.ledger import LedgerClient, LedgerError, connect
 
     try:
         snap = LedgerClient(connect(args.rpc_url), args.ledger).snapshot()

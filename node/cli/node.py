@@ -36,14 +36,14 @@ def handle(args) -> int:
     import trio
 
     from node.cli import CLIError
-    from node.faults import check_fault
-    from node.partition import parse_partition_spec
-    from node.runner import NodeOptions, run_node
+    from node.learning.partition import parse_partition_spec
+    from node.peer.faults import check_fault
+    from node.peer.runner import NodeOptions, run_node
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = common.load(args, {"data_dir": "data.data_dir"})
-    from node.setup import mechanism_params
+    from node.derive import mechanism_params
 
     try:
         partition = parse_partition_spec(args.partition) if args.partition else None

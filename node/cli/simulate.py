@@ -48,7 +48,7 @@ def register(sub) -> None:
 
 def handle(args) -> int:
     from node.cli import CLIError
-    from node.simulate import Simulation, SimulationError
+    from node.runs.simulate import Simulation, SimulationError
 
     if args.quick:
         args.overrides = QUICK + list(args.overrides)
@@ -106,7 +106,7 @@ def _print(records, summary, out) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from node.simulate import summary_line
+    from node.runs.simulate import summary_line
 
     console = Console()
     t = Table(title=f"simulated swarm: {summary['peers']} peers x {summary['fraction']:g} sampled, "

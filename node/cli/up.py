@@ -24,7 +24,7 @@ def register(sub) -> None:
 
 def handle(args) -> int:
     from node.cli import CLIError
-    from node.up import run_up
+    from node.runs.local import run_up
 
     config = common.load(args, SHORTCUTS)
     try:

@@ -26,16 +26,16 @@ def handle(args) -> int:
         return _verify_run(args.run, args.archive, args.json)
     if not (args.rpc_url and args.ledger and args.archive):
         raise CLIError("give --rpc-url, --ledger and --archive, or --run DIR for a local run")
-    from node.ledger import LedgerClient, connect
+    from node.chain.client import LedgerClient, connect
 
     ledger = LedgerClient(connect(args.rpc_url), args.ledger)
     return _verify(ledger, args.archive, args.json)
 
 
 def _verify_run(run: Path, archive: Path | None, as_json: bool) -> int:
-    from node.chain import start_anvil
+    from node.chain.anvil import start_anvil
+    from node.chain.client import LedgerClient, connect
     from node.cli import CLIError
-    from node.ledger import LedgerClient, connect
 
     try:
         info = json.loads((run / "run.json").read_text())

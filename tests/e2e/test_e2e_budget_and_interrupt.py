@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from node.config import load_config
-from node.setup import num_params
-from node.up import LocalSwarm
+from node.derive import num_params
+from node.runs.local import LocalSwarm
 
 pytestmark = pytest.mark.slow
 

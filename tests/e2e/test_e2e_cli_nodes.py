@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from node.blob import sha256
-from node.chain import free_port, start_anvil
+from node.chain.anvil import free_port, start_anvil
+from node.chain.client import LedgerClient, connect
 from node.config import load_config
-from node.ledger import LedgerClient, connect
-from node.setup import genesis
+from node.derive import genesis
+from node.protocol.blob import sha256
 
 pytestmark = pytest.mark.slow
 

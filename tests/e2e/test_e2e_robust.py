@@ -1,18 +1,18 @@
 """Robust aggregation against one of five peers sending a scaled update, through the same
-round code the peers run (node.local.contribute + node.wire.next_global), without the network."""
+round code the peers run (node.learning.contribute.contribute + node.protocol.wire.next_global), without the network."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from node import wire
-from node.blob import flatten
-from node.data import load_dataset
-from node.local import contribute, round_seed
-from node.models import init_model
-from node.partition import partition
-from node.peer import PeerSettings
-from node.train import evaluate
+from node.learning.contribute import contribute, round_seed
+from node.learning.data import load_dataset
+from node.learning.models import init_model
+from node.learning.partition import partition
+from node.learning.train import evaluate
+from node.protocol import wire
+from node.protocol.blob import flatten
+from node.protocol.settings import PeerSettings, SharedSettings
 
 # Stated margin (docs/NODE.md): under attack a robust rule stays within 5 points of clean FedAvg.
 MARGIN = 0.05
@@ -22,7 +22,7 @@ PEERS, ROUNDS, ATTACKER, SCALE = 5, 4, 4, -20.0
 def run(rule: str, attack: bool) -> float:
     torch.manual_seed(0)
     train, test = load_dataset("digits", split="train"), load_dataset("digits", split="test")
-    shared = wire.SharedSettings(model="logreg", dataset="digits", input_shape=tuple(train.input_shape),
+    shared = SharedSettings(model="logreg", dataset="digits", input_shape=tuple(train.input_shape),
                                  num_classes=train.num_classes, share="update", aggregation=rule,
                                  trim_ratio=0.2, krum_f=1, seed=7)
     settings = PeerSettings(shared=shared, mechanism={}, epochs=2, batch_size=32, lr=0.1, lr_decay=1.0,
@@ -40,7 +40,7 @@ def run(rule: str, attack: bool) -> float:
             vectors.append(c.vector)
             weights.append(c.num_samples)
         global_vector = wire.next_global(shared, global_vector, vectors, weights)
-    from node.blob import unflatten
+    from node.protocol.blob import unflatten
 
     model.load_state_dict(unflatten(global_vector, spec))
     return evaluate(model, test.x, test.y)[0]

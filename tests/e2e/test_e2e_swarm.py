@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from node.config import load_config
-from node.up import LocalSwarm
+from node.runs.local import LocalSwarm
 
 # The README promises this accuracy for `./run demo` (4 peers, 5 rounds, digits, PNPM eps 1).
 DEMO_MIN_ACCURACY = 0.80
@@ -73,9 +73,8 @@ def test_verify_names_an_altered_blob(demo_run, tmp_path):
     assert commitments["ok"]
     # alter one update blob of round 2 in the archive
     info = json.loads((run / "run.json").read_text())
-    from node.chain import start_anvil
-    from node.ledger import LedgerClient, connect
-
+    from node.chain.anvil import start_anvil
+    from node.chain.client import LedgerClient, connect
     with start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"]) as anvil:
         c = LedgerClient(connect(anvil.url), info["ledger"]).commitments(2)[1]
     digest = bytes(c.digest).hex()
@@ -148,8 +147,7 @@ def test_peer_serving_other_bytes_is_left_out(tmp_path):
             final = bytes(swarm.ledger.finalized_digest(r))
             winning = [a for a in atts if a.aggregate_digest == final]
             assert len(winning) >= 3
-            from node.ledger import decode_bitmap
-
+            from node.protocol.wire import decode_bitmap
             included = decode_bitmap(winning[0].included, len(participants))
             assert included[participants.index(liar)] is False
             assert sum(included) == 3

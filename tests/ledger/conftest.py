@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 from eth_account import Account
 
-from node.chain import start_anvil
-from node.ledger import LedgerClient, connect
+from node.chain.anvil import start_anvil
+from node.chain.client import LedgerClient, connect
 
 MECHANISM = json.dumps({"name": "pnpm", "eps": 1.0, "c": 3.0, "target": "weights"}, separators=(",", ":")).encode()
 GENESIS = hashlib.sha256(b"genesis model").digest()

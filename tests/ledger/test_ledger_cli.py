@@ -14,8 +14,8 @@ def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
     deployed = json.loads(capsys.readouterr().out)
     assert deployed["chain_id"] == automine_chain.chain_id and deployed["gas_used"] > 0
     from eth_account import Account
-    from node.ledger import LedgerClient, connect
 
+    from node.chain.client import LedgerClient, connect
     peer = LedgerClient(connect(automine_chain.url), deployed["address"], Account.from_key(automine_chain.private_keys[6]))
     peer.register(b"cli-peer")
     peer.commit(1, kit.digest("cli"), 9, 1_500_000, kit.MECHANISM)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from node.ledger import LedgerClient, RoundState, describe_mechanism, encode_bitmap
+from node.chain.client import LedgerClient
+from node.chain.records import RoundState, describe_mechanism
+from node.protocol.wire import encode_bitmap
 
 
 def test_full_round_three_accounts(chain, kit):

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from node import ledger as L
-from node.ledger import RoundState, encode_bitmap
+from node.chain import client, decoder, errors, records, sender
+from node.chain.records import RoundState
+from node.protocol.wire import encode_bitmap
 
 # The same constants as conftest.py (which importlib mode cannot import).
 MECHANISM = json.dumps({"name": "pnpm", "eps": 1.0, "c": 3.0, "target": "weights"}, separators=(",", ":")).encode()
@@ -23,22 +24,22 @@ OTHER = digest("other aggregate")
 
 
 def test_every_custom_error_has_a_python_exception():
-    names = {item["name"] for item in L.load_artifact()["abi"] if item["type"] == "error"}
-    assert names == set(L.REFUSALS), names ^ set(L.REFUSALS)
-    assert all(issubclass(cls, L.LedgerError) for cls in L.REFUSALS.values())
+    names = {item["name"] for item in client.load_artifact()["abi"] if item["type"] == "error"}
+    assert names == set(errors.REFUSALS), names ^ set(errors.REFUSALS)
+    assert all(issubclass(cls, errors.LedgerError) for cls in errors.REFUSALS.values())
 
 
 def test_constructor_rejects_bad_params(automine_chain, kit):
     swarm = kit.Swarm(automine_chain, 1)
-    artifact = L.load_artifact()
+    artifact = client.load_artifact()
     factory = swarm.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-    sender = L._Sender(swarm.w3, swarm.accounts[0], L._ErrorDecoder(artifact["abi"]), 30)
-    with pytest.raises(L.InvalidParams, match="minPeers"):
-        sender.send(factory.constructor(0, 5, 5, 10, 0, GENESIS, []), "deploy")
-    with pytest.raises(L.InvalidParams, match="genesisDigest"):
-        sender.send(factory.constructor(1, 5, 5, 10, 0, bytes(32), []), "deploy")
+    tx = sender.TransactionSender(swarm.w3, swarm.accounts[0], decoder.RevertDecoder(artifact["abi"]), 30)
+    with pytest.raises(errors.InvalidParams, match="minPeers"):
+        tx.send(factory.constructor(0, 5, 5, 10, 0, GENESIS, []), "deploy")
+    with pytest.raises(errors.InvalidParams, match="genesisDigest"):
+        tx.send(factory.constructor(1, 5, 5, 10, 0, bytes(32), []), "deploy")
     with pytest.raises(ValueError, match="min_peers"):  # the client checks before sending
-        L.LedgerClient.deploy(swarm.w3, swarm.accounts[0], min_peers=0, commit_window=1, attest_window=1,
+        client.LedgerClient.deploy(swarm.w3, swarm.accounts[0], min_peers=0, commit_window=1, attest_window=1,
                               eps_cap_micro=1, delta=0.0, genesis_digest=GENESIS)
 
 
@@ -48,14 +49,14 @@ def test_registration_rules(make_swarm):
     a.register(b"peer-a")
     assert swarm.reader.peer_id_of(a.account.address) == b"peer-a"
     assert swarm.reader.address_of_peer_id(b"peer-a") == a.account.address
-    with pytest.raises(L.AlreadyRegistered):
+    with pytest.raises(errors.AlreadyRegistered):
         a.register(b"peer-a2")
-    with pytest.raises(L.PeerIdTaken) as taken:
+    with pytest.raises(errors.PeerIdTaken) as taken:
         b.register(b"peer-a")
     assert taken.value.fields["owner"] == a.account.address
-    with pytest.raises(L.InvalidPeerId):
+    with pytest.raises(errors.InvalidPeerId):
         b.register(b"")
-    with pytest.raises(L.InvalidPeerId):
+    with pytest.raises(errors.InvalidPeerId):
         b.register(b"x" * 129)
     b.register(b"x" * 128)
     assert [p for p, _ in swarm.reader.registered_peers()] == [a.account.address, b.account.address]
@@ -64,22 +65,22 @@ def test_registration_rules(make_swarm):
 
 def test_allowlist(make_swarm):
     swarm = make_swarm(4, allowlist=None)
-    with pytest.raises(L.InvalidParams, match="allowlist"):  # an open swarm has no list to manage
+    with pytest.raises(errors.InvalidParams, match="allowlist"):  # an open swarm has no list to manage
         swarm.deployer.allow([swarm.accounts[1].address])
     accounts = swarm.accounts
     swarm = make_swarm(4, allowlist=[accounts[0].address, accounts[1].address], min_peers=1)
     deployer, allowed, late, stranger = swarm.peers
-    with pytest.raises(L.NotAllowed):
+    with pytest.raises(errors.NotAllowed):
         late.register(b"late")
-    with pytest.raises(L.NotDeployer):
+    with pytest.raises(errors.NotDeployer):
         allowed.allow([late.account.address])
     deployer.allow([late.account.address])
     late.register(b"late")
     allowed.register(b"allowed")
-    with pytest.raises(L.NotDeployer):
+    with pytest.raises(errors.NotDeployer):
         stranger.disallow(allowed.account.address)
     deployer.disallow(late.account.address)
-    with pytest.raises(L.NotAllowed):  # removed from the list: can no longer commit
+    with pytest.raises(errors.NotAllowed):  # removed from the list: can no longer commit
         late.commit(1, digest("x"), 10, 1, MECHANISM)
     allowed.commit(1, digest("y"), 10, 1, MECHANISM)
 
@@ -87,38 +88,38 @@ def test_allowlist(make_swarm):
 def test_commit_rules(make_swarm):
     swarm = make_swarm(3, eps_cap_micro=2_000_000)
     a, b, c = swarm.peers
-    with pytest.raises(L.NotRegistered):
+    with pytest.raises(errors.NotRegistered):
         a.commit(1, digest("a"), 10, 1, MECHANISM)
     swarm.register(2)
-    with pytest.raises(L.WrongRound):
+    with pytest.raises(errors.WrongRound):
         a.commit(2, digest("a"), 10, 1, MECHANISM)
-    with pytest.raises(L.InvalidDigest):
+    with pytest.raises(errors.InvalidDigest):
         a.commit(1, bytes(32), 10, 1, MECHANISM)
-    with pytest.raises(L.InvalidNumSamples):
+    with pytest.raises(errors.InvalidNumSamples):
         a.commit(1, digest("a"), 0, 1, MECHANISM)
-    with pytest.raises(L.EpsOverCap) as over:  # the cap
+    with pytest.raises(errors.EpsOverCap) as over:  # the cap
         a.commit(1, digest("a"), 10, 2_000_001, MECHANISM)
     assert over.value.fields == {"givenMicro": 2_000_001, "capMicro": 2_000_000}
     a.commit(1, digest("a"), 10, 2_000_000, MECHANISM)  # exactly the cap is allowed
-    with pytest.raises(L.AlreadyCommitted):
+    with pytest.raises(errors.AlreadyCommitted):
         a.commit(1, digest("a2"), 10, 2_000_000, MECHANISM)
     b.commit(1, digest("b"), 20, 1_500_000, MECHANISM)
     assert swarm.reader.eps_spent(a.account.address) == 2_000_000
     swarm.pass_commit_window(1)
     c.register(b"peer-c")
-    with pytest.raises(L.CommitWindowClosed):  # window over and quorum reached, not yet closed
+    with pytest.raises(errors.CommitWindowClosed):  # window over and quorum reached, not yet closed
         c.commit(1, digest("c"), 10, 1, MECHANISM)
     a.close_round(1)
-    with pytest.raises(L.CommitWindowClosed):
+    with pytest.raises(errors.CommitWindowClosed):
         c.commit(1, digest("c"), 10, 1, MECHANISM)
     # Round 2: eps may not decrease, and the cap binds the cumulative value.
     b.attest(1, AGG, encode_bitmap([True, True]))
     a.attest(1, AGG, encode_bitmap([True, True]))
     assert swarm.reader.current_round() == 2
-    with pytest.raises(L.EpsDecreasing) as dec:
+    with pytest.raises(errors.EpsDecreasing) as dec:
         b.commit(2, digest("b2"), 20, 1_400_000, MECHANISM)
     assert dec.value.fields == {"previousMicro": 1_500_000, "givenMicro": 1_400_000}
-    with pytest.raises(L.EpsOverCap):
+    with pytest.raises(errors.EpsOverCap):
         a.commit(2, digest("a2"), 10, 2_000_001, MECHANISM)
     b.commit(2, digest("b2"), 20, 1_500_000, MECHANISM)  # equal is not decreasing
 
@@ -127,12 +128,12 @@ def test_quorum_not_met_extends_the_window(make_swarm):
     swarm = make_swarm(3, min_peers=3, commit_window=5)
     swarm.register(3)
     a, b, c = swarm.peers
-    with pytest.raises(L.CommitWindowOpen):
+    with pytest.raises(errors.CommitWindowOpen):
         a.close_round(1)
     a.commit(1, digest("a"), 10, 1, MECHANISM)
     b.commit(1, digest("b"), 10, 1, MECHANISM)
     swarm.pass_commit_window(1)
-    with pytest.raises(L.QuorumNotMet) as quorum:
+    with pytest.raises(errors.QuorumNotMet) as quorum:
         a.close_round(1)
     assert quorum.value.fields == {"round": 1, "committed": 2, "minPeers": 3}
     swarm.anvil.mine(10)
@@ -140,9 +141,9 @@ def test_quorum_not_met_extends_the_window(make_swarm):
     c.close_round(1)
     info = swarm.reader.round_info(1)
     assert (info.state, info.participant_count) == (RoundState.CLOSED, 3)
-    with pytest.raises(L.RoundNotOpen):
+    with pytest.raises(errors.RoundNotOpen):
         a.close_round(1)
-    with pytest.raises(L.WrongRound):
+    with pytest.raises(errors.WrongRound):
         a.close_round(2)
 
 
@@ -160,22 +161,22 @@ def test_attestation_rules(make_swarm):
     swarm.register(4)
     a, b, c, outsider = swarm.peers
     swarm.commit_all(1, 3)
-    with pytest.raises(L.RoundNotClosed):
+    with pytest.raises(errors.RoundNotClosed):
         a.attest(1, AGG, encode_bitmap([True] * 3))
     swarm.pass_commit_window(1)
     a.close_round(1)
-    with pytest.raises(L.NotParticipant):
+    with pytest.raises(errors.NotParticipant):
         outsider.attest(1, AGG, encode_bitmap([True] * 3))
-    with pytest.raises(L.WrongRound):
+    with pytest.raises(errors.WrongRound):
         a.attest(2, AGG, encode_bitmap([True] * 3))
-    with pytest.raises(L.MalformedBitmap):  # 3 participants: one byte, not two
+    with pytest.raises(errors.MalformedBitmap):  # 3 participants: one byte, not two
         a.attest(1, AGG, b"\x07\x00")
-    with pytest.raises(L.MalformedBitmap):  # bit 3 set: no participant 3
+    with pytest.raises(errors.MalformedBitmap):  # bit 3 set: no participant 3
         a.attest(1, AGG, b"\x0f")
-    with pytest.raises(L.InvalidDigest):
+    with pytest.raises(errors.InvalidDigest):
         a.attest(1, bytes(32), b"\x07")
     a.attest(1, AGG, b"\x07")
-    with pytest.raises(L.AlreadyAttested):
+    with pytest.raises(errors.AlreadyAttested):
         a.attest(1, AGG, b"\x07")
 
 
@@ -202,7 +203,7 @@ def test_minority_does_not_finalize_majority_does_and_bitmaps_do_not_mix(make_sw
     assert swarm.reader.round_info(2).opened_block == info.ended_block
     dissent = [(a.peer, a.aggregate_digest, a.included) for a in swarm.reader.attestations(1)]
     assert dissent[2] == (p[2].account.address, OTHER, all_in)
-    with pytest.raises(L.RoundNotClosed):  # late attestation of a finalized round
+    with pytest.raises(errors.RoundNotClosed):  # late attestation of a finalized round
         p[2].attest(1, OTHER, without_last)
 
 
@@ -220,7 +221,7 @@ def test_abort_after_window_opens_next_round_from_last_finalized(make_swarm):
     swarm = _closed_round(make_swarm, 3, attest_window=6)
     p = swarm.peers
     p[0].attest(1, AGG, b"\x07")  # one of three: participants stop attesting
-    with pytest.raises(L.AbortTooEarly) as early:
+    with pytest.raises(errors.AbortTooEarly) as early:
         p[1].abort_round(1)
     info = swarm.reader.round_info(1)
     assert early.value.fields["lastBlock"] == info.closed_block + 6
@@ -231,11 +232,11 @@ def test_abort_after_window_opens_next_round_from_last_finalized(make_swarm):
     assert swarm.reader.current_round() == 2
     assert swarm.reader.last_finalized() == (0, GENESIS)  # round 2 starts from genesis
     assert swarm.reader.eps_spent(p[2].account.address) == 1_000_000  # eps stays spent
-    with pytest.raises(L.RoundNotClosed):
+    with pytest.raises(errors.RoundNotClosed):
         p[1].abort_round(1)  # already aborted
-    with pytest.raises(L.RoundNotClosed):
+    with pytest.raises(errors.RoundNotClosed):
         p[1].abort_round(2)  # open, not closed
-    with pytest.raises(L.WrongRound):
+    with pytest.raises(errors.WrongRound):
         p[1].abort_round(3)
     # Round 2 finalizes; it cannot be aborted afterwards.
     swarm.commit_all(2, 3, eps_micro=2_000_000)
@@ -243,7 +244,7 @@ def test_abort_after_window_opens_next_round_from_last_finalized(make_swarm):
     p[0].close_round(2)
     p[0].attest(2, AGG, b"\x07")
     p[1].attest(2, AGG, b"\x07")
-    with pytest.raises(L.RoundAlreadyFinalized):
+    with pytest.raises(errors.RoundAlreadyFinalized):
         p[2].abort_round(2)
     assert swarm.reader.last_finalized() == (2, AGG)
     assert [c.peer for c in swarm.reader.commitments(1)] == [x.account.address for x in p]
@@ -251,7 +252,7 @@ def test_abort_after_window_opens_next_round_from_last_finalized(make_swarm):
 
 def test_read_only_client_cannot_send(make_swarm):
     swarm = make_swarm(1)
-    with pytest.raises(L.LedgerError, match="read-only"):
+    with pytest.raises(errors.LedgerError, match="read-only"):
         swarm.reader.register(b"me")
 
 
@@ -262,8 +263,8 @@ def test_round_closes_early_once_every_registered_peer_committed(make_swarm):
     assert a.registered_count() == 3
     a.commit(1, digest("a"), 10, 1, MECHANISM)
     b.commit(1, digest("b"), 10, 1, MECHANISM)
-    with pytest.raises(L.CommitWindowOpen):  # quorum met, but c may still commit
+    with pytest.raises(errors.CommitWindowOpen):  # quorum met, but c may still commit
         a.close_round(1)
     c.commit(1, digest("c"), 10, 1, MECHANISM)
     a.close_round(1)  # nobody left to wait for
-    assert a.round_info(1).state is L.RoundState.CLOSED
+    assert a.round_info(1).state is records.RoundState.CLOSED

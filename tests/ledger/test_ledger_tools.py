@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from node import keys, ledger as L
-from node.chain import start_anvil
+from node.chain import client, errors, keys, records
+from node.chain.anvil import start_anvil
+from node.protocol import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,31 +43,31 @@ def test_in_process_provider_smoke():
     for account in keys_:
         w3.eth.send_transaction({"from": w3.eth.accounts[0], "to": account.address, "value": 10**20})
     genesis = bytes.fromhex("ab" * 32)
-    deployer = L.LedgerClient.deploy(w3, keys_[0], min_peers=2, commit_window=10, attest_window=2,
+    deployer = client.LedgerClient.deploy(w3, keys_[0], min_peers=2, commit_window=10, attest_window=2,
                                      eps_cap_micro=10, delta=1e-5, genesis_digest=genesis)
-    peers = [deployer, L.LedgerClient(w3, deployer.address, keys_[1])]
+    peers = [deployer, client.LedgerClient(w3, deployer.address, keys_[1])]
     for i, peer in enumerate(peers):
         peer.register(b"p%d" % i)
     peers[0].commit(1, bytes([2]) * 32, 7, 3, b'{"name":"gaussian"}')
-    with pytest.raises(L.CommitWindowOpen):
+    with pytest.raises(errors.CommitWindowOpen):
         deployer.close_round(1)
     peers[1].commit(1, bytes([3]) * 32, 7, 3, b'{"name":"gaussian"}')
     deployer.close_round(1)  # every registered peer committed: no need to wait for the window
     for peer in peers:
         peer.attest(1, b"\x09" * 32, b"\x03")
-    assert deployer.round_info(1).state is L.RoundState.FINALIZED
+    assert deployer.round_info(1).state is records.RoundState.FINALIZED
     assert deployer.params().delta == pytest.approx(1e-5)
-    assert deployer.snapshot()["rounds"][0]["commitments"][0]["protects"] == L.UNKNOWN_PROTECTS
+    assert deployer.snapshot()["rounds"][0]["commitments"][0]["protects"] == records.UNKNOWN_PROTECTS
 
 
 def test_describe_mechanism_is_tolerant():
-    assert L.describe_mechanism(b'{"name":"pnpm","eps":1}')["protects"].startswith("sign only")
-    assert L.describe_mechanism(b'{"name":"x","protects":"whole update"}')["protects"] == "whole update"
-    assert L.describe_mechanism(b'{"name":"brand-new"}')["protects"] == L.UNKNOWN_PROTECTS
-    assert L.describe_mechanism(b'{"name":"y","protects":"sign"}')["protects"].startswith("sign only")
-    assert L.describe_mechanism(b"\xff not json")["name"] == "unparsed"
-    assert L.describe_mechanism(b"[1, 2]")["name"] == "unparsed"
-    assert L.decode_bitmap(L.encode_bitmap([True, False, True] * 3), 9) == [True, False, True] * 3
+    assert records.describe_mechanism(b'{"name":"pnpm","eps":1}')["protects"].startswith("sign only")
+    assert records.describe_mechanism(b'{"name":"x","protects":"whole update"}')["protects"] == "whole update"
+    assert records.describe_mechanism(b'{"name":"brand-new"}')["protects"] == records.UNKNOWN_PROTECTS
+    assert records.describe_mechanism(b'{"name":"y","protects":"sign"}')["protects"].startswith("sign only")
+    assert records.describe_mechanism(b"\xff not json")["name"] == "unparsed"
+    assert records.describe_mechanism(b"[1, 2]")["name"] == "unparsed"
+    assert wire.decode_bitmap(wire.encode_bitmap([True, False, True] * 3), 9) == [True, False, True] * 3
 
 
 def test_anvil_dump_and_reload(tmp_path):

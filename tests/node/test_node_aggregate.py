@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from node.aggregate import RULES, aggregate, aggregate_digest
+from node.protocol.aggregate import RULES, aggregate, aggregate_digest
 
 D = 2_000
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load as st_load
 
-from node.blob import BlobError, decode_blob, encode_blob, flatten, model_digest, sha256, unflatten
-from node.models import init_model
+from node.learning.models import init_model
+from node.protocol.blob import BlobError, decode_blob, encode_blob, flatten, model_digest, sha256, unflatten
 
 MAX = 1 << 20
 

@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from node.data import (CIFAR_RECORD, IDX_IMAGES_MAGIC, IDX_LABELS_MAGIC, DatasetError, load_dataset,
-                       read_cifar_batch, read_idx)
+from node.learning.data import (
+    CIFAR_RECORD,
+    IDX_IMAGES_MAGIC,
+    IDX_LABELS_MAGIC,
+    DatasetError,
+    load_dataset,
+    read_cifar_batch,
+    read_idx,
+)
 
 
 def idx_bytes(array: np.ndarray, magic: int) -> bytes:

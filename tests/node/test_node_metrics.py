@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from node.metrics import MetricsWriter, read_metrics
+from node.runfiles import MetricsWriter, read_metrics
 
 
 def test_round_trip_and_append(tmp_path):

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from node.blob import flatten
-from node.models import MODELS, count_parameters, count_weights, default_model_for, init_model
+from node.learning.models import MODELS, count_parameters, count_weights, default_model_for, init_model
+from node.protocol.blob import flatten
 
 
 @pytest.mark.parametrize("name,shape,weights,total", [

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from node.partition import parse_partition_spec, partition
+from node.learning.partition import parse_partition_spec, partition
 
 LABELS = np.repeat(np.arange(10), 100)  # 1,000 samples, 100 per class
 

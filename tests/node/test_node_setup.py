@@ -8,9 +8,9 @@ import pytest
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
-from node import wire
 from node.config import load_config, quorum
-from node.setup import eps_cap_micro, genesis, mechanism_params, num_params
+from node.derive import eps_cap_micro, genesis, mechanism_params, num_params
+from node.protocol import wire
 
 
 @pytest.mark.parametrize("name", sorted(mechanisms.MECHANISMS))

@@ -9,7 +9,7 @@ import pytest
 
 from node.cli import main
 from node.config import load_config
-from node.simulate import Simulation, SimulationError, sample_peers
+from node.runs.simulate import Simulation, SimulationError, sample_peers
 
 # Small and fast: 6 peers on 8x8 digits (1,347 training images), 2 rounds, PNPM at eps 1.
 SMALL = ["data.dataset=digits", "swarm.peers=6", "swarm.rounds=2", "train.epochs=1", "train.batch_size=16",

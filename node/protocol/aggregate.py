@@ -52,7 +52,7 @@ def aggregate(rule: str, vectors: list[torch.Tensor], weights: list[int], *,
 
 def aggregate_digest(vector: torch.Tensor) -> bytes:
     """sha256 of the vector's float32 little-endian bytes: a quick equality check across peers
-    (the ledger's model digest is the sha256 of the model blob, see node.wire)."""
+    (the ledger's model digest is the sha256 of the model blob, see node.protocol.wire)."""
     return hashlib.sha256(_le_bytes(vector)).digest()
 
 

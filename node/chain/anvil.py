@@ -1,7 +1,7 @@
 """Start a local Anvil chain as a child process (for `swarm up`, tests and benchmarks).
 
     with start_anvil() as anvil:          # automine: one block per transaction
-        w3 = node.ledger.connect(anvil.url)
+        w3 = node.chain.client.connect(anvil.url)
         ...
 
 Anvil listens on 127.0.0.1 only. Its dev accounts come from Anvil's public test mnemonic: their
@@ -21,7 +21,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from eth_account import Account
+
+ANVIL_ENV = "SWARM_ANVIL"  # path of an anvil binary, first choice when set
 # Anvil's default mnemonic (public, as in Hardhat and Foundry): dev keys for local chains only.
 ANVIL_MNEMONIC = "test test test test test test test test test test test junk"
 START_TIMEOUT_S = 20.0
@@ -31,15 +33,34 @@ class AnvilError(RuntimeError):
     """Anvil could not be found, started, or answered badly."""
 
 
+def _checkouts() -> list[Path]:
+    """Folders that may hold a project checkout's node_modules: the current directory and its
+    parents, then the folder above this package (an editable install lives in the checkout)."""
+    here = Path.cwd().resolve()
+    package_root = Path(__file__).resolve().parents[2]
+    found = [here, *here.parents]
+    return found + ([package_root] if package_root not in found else [])
+
+
 def find_anvil() -> str:
-    """node_modules/.bin/anvil from the repository root, else `anvil` on PATH."""
-    local = ROOT / "node_modules" / ".bin" / "anvil"
-    if local.exists():
-        return str(local)
+    """The anvil binary: $SWARM_ANVIL, else `anvil` on PATH, else a checkout's node_modules/.bin/anvil."""
+    chosen = os.environ.get(ANVIL_ENV)
+    if chosen:
+        if not (Path(chosen).is_file() and os.access(chosen, os.X_OK)):
+            raise AnvilError(f"{ANVIL_ENV}={chosen} is not an executable file")
+        return chosen
     found = shutil.which("anvil")
     if found:
         return found
-    raise AnvilError(f"anvil not found: run `npm ci` in {ROOT} (it installs node_modules/.bin/anvil) or put anvil on PATH")
+    for folder in _checkouts():
+        local = folder / "node_modules" / ".bin" / "anvil"
+        if local.exists():
+            return str(local)
+    raise AnvilError(
+        "anvil (Foundry's local chain) not found. Install it with `npm install @foundry-rs/anvil` (then run from "
+        f"that folder, or set {ANVIL_ENV}=/path/to/node_modules/.bin/anvil), or Foundry's `foundryup`, which puts "
+        "anvil on PATH; in a source checkout `./run bootstrap` installs the pinned one"
+    )
 
 
 def free_port() -> int:
@@ -50,7 +71,6 @@ def free_port() -> int:
 
 def dev_private_keys(n: int) -> list[str]:
     """The first n private keys of Anvil's dev mnemonic (m/44'/60'/0'/0/i)."""
-    from eth_account import Account
 
     Account.enable_unaudited_hdwallet_features()
     return [

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from node import wire
+import mechanisms
+from mechanisms.accounting import cumulative_spend
+from node.learning.data import load_dataset
+from node.learning.models import build_model, init_model
+from node.learning.partition import partition as split
+from node.protocol import wire
+from node.protocol.blob import flatten
+from node.protocol.settings import DPSGDConfig, PeerSettings, SharedSettings
 
 
 def mechanism_params(config) -> dict:
     """The parameters the peer commits on chain (canonical JSON) and rebuilds its mechanism from."""
-    import mechanisms
 
     extra = dict(config.privacy.params or {})
     name = config.privacy.mechanism
@@ -31,25 +37,20 @@ def mechanism_params(config) -> dict:
 
 
 def dataset_meta(config) -> tuple[tuple[int, ...], int]:
-    from node.data import load_dataset
-
     test = load_dataset(config.data.dataset, data_dir=config.data.data_dir or None, split="test")
     return tuple(test.input_shape), int(test.num_classes)
 
 
-def shared_settings(config) -> wire.SharedSettings:
+def shared_settings(config) -> SharedSettings:
     input_shape, num_classes = dataset_meta(config)
     model = config.model_name
-    return wire.SharedSettings(model=model, dataset=config.data.dataset, input_shape=input_shape,
+    return SharedSettings(model=model, dataset=config.data.dataset, input_shape=input_shape,
                                num_classes=num_classes, share=config.privacy.perturb,
                                aggregation=config.aggregation.rule, trim_ratio=config.aggregation.trim_ratio,
                                krum_f=config.aggregation.krum_f, seed=config.swarm.seed)
 
 
 def genesis(config) -> bytes:
-    from node.blob import flatten
-    from node.models import init_model
-
     sh = shared_settings(config)
     model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
     vector, _ = flatten(model)
@@ -57,8 +58,6 @@ def genesis(config) -> bytes:
 
 
 def num_params(config) -> int:
-    from node.models import build_model
-
     sh = shared_settings(config)
     model = build_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes)
     return sum(p.numel() for p in model.state_dict().values())
@@ -67,7 +66,6 @@ def num_params(config) -> int:
 def eps_cap_micro(config) -> int:
     """The swarm's per-peer cap. 0 in the config means: exactly what `rounds` rounds of the
     configured mechanism spend, so the demo never silently stops a peer."""
-    from mechanisms.accounting import cumulative_spend
 
     if config.chain.eps_cap > 0:
         return wire.eps_to_micro(config.chain.eps_cap)
@@ -76,9 +74,6 @@ def eps_cap_micro(config) -> int:
 
 
 def peer_settings(config, *, fault: str | None = None):
-    from node.peer import PeerSettings
-    from node.train import DPSGDConfig
-
     t = config.train
     dp = None
     if t.dp_sgd:
@@ -91,8 +86,6 @@ def peer_settings(config, *, fault: str | None = None):
 
 def load_shard(config, partition: tuple[int, int] | None):
     """This peer's training shard and the shared test set."""
-    from node.data import load_dataset
-    from node.partition import partition as split
 
     d = config.data
     train = load_dataset(d.dataset, data_dir=d.data_dir or None, split="train", limit=d.limit or None)

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load
 from torch import nn
 
 # safetensors dtype names for the dtypes a blob may carry.
@@ -115,8 +117,6 @@ def decode_blob(data: bytes, *, max_size: int,
     meta = header.pop("__metadata__", None) or {}
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise BlobError("blob metadata must map strings to strings")
-    from safetensors import SafetensorError
-    from safetensors.torch import load
 
     try:
         tensors = load(bytes(data))

@@ -24,17 +24,32 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.blob import sha256
-from node.chain import free_port
-from node.runner import P2P_PASSWORD_ENV, write_json_atomic
+from node.protocol.blob import sha256
+from node.chain.anvil import free_port
+from node.peer.runner import P2P_PASSWORD_ENV
+from node.runfiles import write_json_atomic
+import mechanisms
+from node.chain.records import PROTECTS_WORDS
+from node.derive import mechanism_params
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from p2p.store import DiskBlobStore
+from node.runfiles import read_metrics
+from eth_account import Account
+from node.chain.anvil import start_anvil
+from node.chain.client import LedgerClient, connect
+from node.config import quorum
+from node.derive import eps_cap_micro, genesis
+from libp2p.peer.id import ID
+from p2p import peer_id_to_bytes
+from p2p.identity import load_or_create_identity
+from node.runs.report import write_report
 
 
 def _protects(config) -> str:
     """What the run's eps protects, in words, from the mechanism's own guarantee ("sign" for
     PNPM, "value" for the others), never from its name."""
-    import mechanisms
-    from node.ledger import PROTECTS_WORDS
-    from node.setup import mechanism_params
 
     kind = mechanisms.from_params(mechanism_params(config)).guarantee.protects
     return PROTECTS_WORDS.get(kind, kind)
@@ -56,8 +71,6 @@ class PeerProcess:
             return {}
 
     def metrics(self) -> list[dict]:
-        from node.metrics import read_metrics
-
         path = self.workdir / "metrics.jsonl"
         return read_metrics(path) if path.exists() else []
 
@@ -84,17 +97,6 @@ class LocalSwarm:
         self._anvil_cm = None
 
     def __enter__(self) -> "LocalSwarm":
-        from eth_account import Account
-
-        from node.chain import start_anvil
-        from node.ledger import LedgerClient, connect
-        from node.config import quorum
-        from node.setup import eps_cap_micro, genesis
-        from libp2p.peer.id import ID
-        from p2p import peer_id_to_bytes
-        from p2p.identity import load_or_create_identity
-        from p2p.store import DiskBlobStore
-
         config, out = self.config, self.out
         attest_seconds = config.chain.attest_window * config.chain.block_time
         if config.chain.fetch_timeout * 2 > attest_seconds:
@@ -199,7 +201,6 @@ class LocalSwarm:
         self.stop()
         self.save_chain()
         _collect_archive(self.peers, self.archive)
-        from node.report import write_report
 
         return write_report(self.out, self.peers, self.ledger, self.run_info, interrupted)
 
@@ -221,9 +222,6 @@ def run_up(config, *, out: Path | None, json_output: bool) -> dict:
 
 def _watch(swarm: LocalSwarm, json_output: bool) -> None:
     """Live progress: round, phase and last figures of every peer."""
-    from rich.console import Console
-    from rich.live import Live
-    from rich.table import Table
 
     config, ledger = swarm.config, swarm.ledger
 
@@ -261,8 +259,6 @@ def _stop(peers, grace: float = 10.0) -> None:
 
 
 def _collect_archive(peers, archive) -> None:
-    from p2p.store import DiskBlobStore
-
     for p in peers:
         store = DiskBlobStore(p.workdir / "blobs")
         for digest in store.digests():

@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from eth_account import Account
+
 PRIVATE_KEY_ENV = "SWARM_PRIVATE_KEY"
 PASSWORD_ENV = "SWARM_KEYSTORE_PASSWORD"
 DEFAULT_KEYSTORE = Path.home() / ".swarm" / "keystore.json"
@@ -39,7 +41,6 @@ def load_account(keystore_path: str | os.PathLike | None = None, *, create: bool
     keystore_path defaults to ~/.swarm/keystore.json. With create=True a missing keystore is
     created with a fresh random key (its address is printed by the caller, not the key).
     """
-    from eth_account import Account
 
     key = os.environ.get(PRIVATE_KEY_ENV)
     if key:
@@ -64,7 +65,6 @@ def load_account(keystore_path: str | os.PathLike | None = None, *, create: bool
 
 def create_keystore(path: str | os.PathLike, password: str):
     """Write a new random account to an encrypted keystore file with mode 0600; return it."""
-    from eth_account import Account
 
     if not password:
         raise AccountLoadError("the keystore password must not be empty")

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from sklearn.datasets import load_breast_cancer, load_digits
+from sklearn.model_selection import train_test_split
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "breast-cancer")
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -200,9 +202,6 @@ def _load_cifar10(root: Path, split: str, limit: int | None) -> Dataset:
 # ---- scikit-learn's bundled sets -----------------------------------------------------------
 
 def _load_sklearn(name: str, split: str) -> Dataset:
-    from sklearn.datasets import load_breast_cancer, load_digits
-    from sklearn.model_selection import train_test_split
-
     bunch = load_digits() if name == "digits" else load_breast_cancer()
     features = bunch.data.astype(np.float64)
     labels = bunch.target.astype(np.int64)

@@ -1,5 +1,6 @@
-"""Run metrics as JSON Lines: one JSON object per line, each line flushed and fsynced when
-written, so a crash or Ctrl-C loses no finished record."""
+"""The files a run leaves: metrics as JSON Lines (one JSON object per line, each line flushed
+and fsynced when written, so a crash or Ctrl-C loses no finished record) and JSON documents
+replaced atomically (a reader never sees half a status or summary file)."""
 from __future__ import annotations
 
 import json
@@ -49,3 +50,13 @@ def read_metrics(path: str | Path) -> list[dict]:
                 break
             raise ValueError(f"{path}:{number}: not a JSON object ({exc.msg})") from None
     return records
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    """Write `obj` as JSON to `path` through a temporary file and a rename: all or nothing."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

@@ -1,15 +1,15 @@
 """`swarm simulate`: hundreds of peers in one process, sharing the node's round code.
 
 Each round, a seeded sample of the peers (a fraction of them) contributes through
-`node.local.contribute` (train from the global model, take weights or update, perturb), exactly
-as a peer process does, and the global model comes from `node.wire.next_global` (the same
+`node.learning.contribute.contribute` (train from the global model, take weights or update, perturb), exactly
+as a peer process does, and the global model comes from `node.protocol.wire.next_global` (the same
 aggregation `swarm verify` recomputes). What is left out is the network: no libp2p, and the
 ledger only when asked for (`ledger=True`: a real Anvil, one account per simulated peer, the same
 blobs and transactions as `swarm up`, so `swarm verify --run DIR` checks a simulated run).
 
 Randomness: the one seed of the config drives everything: the genesis model and the partition
 (as for real peers), the peers sampled each round (`sample_peers`), and each peer's training and
-perturbation (`node.local.round_seed(seed, peer, round)`). The same seed, thread count and machine
+perturbation (`node.learning.contribute.round_seed(seed, peer, round)`). The same seed, thread count and machine
 give bit-identical metrics (the model digest of every round is in them).
 
 Privacy: every round, each participant's cumulative eps for its whole shared vector comes from
@@ -30,9 +30,28 @@ from typing import Callable
 import numpy as np
 import torch
 
-from node import wire
-from node.blob import sha256
-from node.ledger import encode_bitmap
+from node.protocol import wire
+from node.protocol.blob import sha256
+from node.protocol.wire import encode_bitmap
+from node.derive import peer_settings
+import math
+from opacus.accountants import RDPAccountant
+import mechanisms
+from node.protocol.blob import flatten
+from node.learning.data import load_dataset
+from node.learning.models import init_model
+from node.learning.partition import partition
+from mechanisms.accounting import cumulative_spend
+from node.protocol.blob import unflatten
+from node.learning.contribute import contribute, round_seed
+from node.learning.train import evaluate
+from node.runfiles import MetricsWriter
+from node.runfiles import write_json_atomic
+from eth_account import Account
+from node.chain.anvil import start_anvil
+from node.chain.client import LedgerClient, connect
+from p2p.store import DiskBlobStore
+from node.chain.client import LedgerClient
 
 NO_MECHANISM = "none"  # the non-private baseline: simulate only, never on a ledger
 DIVERGENCE_BOUND = 1e6  # a global model with a weight beyond this has exploded (the PNPM paper's "gradient explosion")
@@ -80,7 +99,7 @@ class _Peer:
 
 @dataclass
 class _Timing:
-    train: float = 0.0  # inside node.local.contribute: local training + perturbation
+    train: float = 0.0  # inside node.learning.contribute.contribute: local training + perturbation
     aggregate: float = 0.0
     evaluate: float = 0.0
     ledger: float = 0.0
@@ -89,10 +108,9 @@ class _Timing:
 
 
 def simulation_settings(config, mechanism_params: dict | None = None):
-    """The PeerSettings every simulated peer runs with (node.setup.peer_settings). The baseline
+    """The PeerSettings every simulated peer runs with (node.derive.peer_settings). The baseline
     "none" gets parameters {"name": "none"} (no mechanism); `mechanism_params`, when given,
     replaces the config's mechanism (for parameters the config's float-only table cannot hold)."""
-    from node.setup import peer_settings
 
     if mechanism_params is None and config.privacy.mechanism != NO_MECHANISM:
         return peer_settings(config)
@@ -140,12 +158,6 @@ class Simulation:
         self._prepared = True
 
     def _prepare(self):
-        import mechanisms
-        from node.blob import flatten
-        from node.data import load_dataset
-        from node.models import init_model
-        from node.partition import partition
-
         c = self.config
         self.settings = simulation_settings(c, self.mechanism_override)
         self.mechanism_params = dict(self.settings.mechanism)
@@ -158,7 +170,7 @@ class Simulation:
         d = c.data
         train = load_dataset(d.dataset, data_dir=d.data_dir or None, split="train", limit=d.limit or None)
         test = load_dataset(d.dataset, data_dir=d.data_dir or None, split="test", limit=d.test_limit or None)
-        # The same call node.setup.load_shard makes: peer i here holds what `--partition i/N` would give.
+        # The same call node.derive.load_shard makes: peer i here holds what `--partition i/N` would give.
         shards = partition(train.y.numpy(), c.swarm.peers, scheme=d.partition, alpha=d.alpha,
                            shards_per_peer=d.shards_per_peer, seed=c.swarm.seed)
         self.peers = []
@@ -173,17 +185,11 @@ class Simulation:
         if self.mechanism is None:
             return None
         if commits not in self._spend_cache:
-            from mechanisms.accounting import cumulative_spend
-
             self._spend_cache[commits] = cumulative_spend(self.mechanism_params, self.num_params, commits)
         return self._spend_cache[commits]
 
     # -------------------------------------------------------------------- run
     def run(self) -> SimulationResult:
-        from node.blob import unflatten
-        from node.local import contribute, round_seed
-        from node.train import evaluate
-
         previous_threads = torch.get_num_threads()
         if self.threads is not None:
             torch.set_num_threads(self.threads)
@@ -196,8 +202,6 @@ class Simulation:
             recorder = self._recorder()
             metrics = None
             if self.out is not None:
-                from node.metrics import MetricsWriter
-
                 self.out.mkdir(parents=True, exist_ok=True)
                 (self.out / "config.toml").write_text(c.to_toml())
                 metrics = MetricsWriter(self.out / "metrics.jsonl")
@@ -271,8 +275,6 @@ class Simulation:
                     metrics.close()
             summary = self._summary(records, timing, time.perf_counter() - started, stop_reason, recorder)
             if self.out is not None:
-                from node.runner import write_json_atomic
-
                 write_json_atomic(self.out / "summary.json", summary)
             return SimulationResult(records, summary, self.out)
         finally:
@@ -351,7 +353,7 @@ class Simulation:
 
     def _dp_sgd_summary(self) -> dict | None:
         """With DP-SGD in local training: each peer's cumulative record-level eps over every step
-        of every round it took part in (RDP), the largest over peers. node.train accounts one
+        of every round it took part in (RDP), the largest over peers. node.learning.train accounts one
         call at a time; the steps of all rounds compose, which is what this adds up."""
         dp = self.settings.dp
         if dp is None:
@@ -366,11 +368,8 @@ class Simulation:
 
 
 def dp_sgd_epsilon(dp, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:
-    """Record-level eps of a peer after `rounds` rounds of DP-SGD as node.train runs it: Poisson
+    """Record-level eps of a peer after `rounds` rounds of DP-SGD as node.learning.train runs it: Poisson
     sampling at rate q = batch/N, ceil(1/q) steps per epoch, every step accounted."""
-    import math
-
-    from opacus.accountants import RDPAccountant
 
     rate = min(1.0, batch_size / num_samples)
     accountant = RDPAccountant()
@@ -415,14 +414,6 @@ class ChainRecorder:
         self.gas: dict[str, int] = {}
 
     def start(self, sim) -> None:
-        from eth_account import Account
-
-        from mechanisms.accounting import cumulative_spend
-        from node.chain import start_anvil
-        from node.ledger import LedgerClient, connect
-        from node.runner import write_json_atomic
-        from p2p.store import DiskBlobStore
-
         c = sim.config
         n = len(sim.peers)
         self.window = 2 * sample_size(n, sim.fraction) + 3  # registrations + commits of a round, one block each
@@ -449,8 +440,6 @@ class ChainRecorder:
         write_json_atomic(self.out / "run.json", self.run_info)
 
     def _client(self, i: int):
-        from node.ledger import LedgerClient
-
         if i not in self.clients:
             client = LedgerClient(self.w3, self.ledger.address, self.accounts[i])
             self._add_gas("register", client.register(_sim_peer_id(i)))

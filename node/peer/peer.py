@@ -17,8 +17,17 @@ from typing import Callable
 import torch
 import trio
 
-from node import wire
-from node.blob import BlobError, sha256
+import mechanisms
+from mechanisms.accounting import cumulative_spend
+from node.chain.errors import LedgerError, RoundNotClosed
+from node.learning.contribute import contribute, round_seed
+from node.learning.models import init_model
+from node.learning.train import evaluate
+from node.protocol import wire
+from node.protocol.blob import BlobError, flatten, sha256, unflatten
+from node.protocol.settings import PeerSettings
+from node.protocol.wire import decode_bitmap, encode_bitmap
+from p2p import peer_id_from_bytes
 
 log = logging.getLogger("swarm.peer")
 
@@ -37,24 +46,6 @@ class Phase(str, enum.Enum):
     BUDGET_SPENT = "budget-spent"
     SERVING = "serving"  # the last round is over; still serving blobs to peers that lag behind
     DONE = "done"
-
-
-@dataclass
-class PeerSettings:
-    shared: wire.SharedSettings
-    mechanism: dict  # mechanism params, e.g. {"name": "pnpm", "epsilon": 1.0}
-    epochs: int
-    batch_size: int
-    lr: float
-    lr_decay: float
-    momentum: float
-    rounds: int  # stop once this round is finalized or aborted
-    fetch_timeout: float = 30.0
-    poll_interval: float = 0.1
-    chain_timeout: float = 600.0  # longest wait for any one chain state change
-    linger: float = 5.0  # seconds to keep serving after the last round, for peers still fetching its model
-    fault: str | None = None  # testing only: "wrong-bytes" or "scale:K" (see docs/NODE.md)
-    dp: object | None = None  # node.train.DPSGDConfig for DP-SGD inside local training
 
 
 @dataclass
@@ -80,8 +71,6 @@ class Peer:
 
     def __init__(self, settings: PeerSettings, *, ledger, host, store, train_xy, test_xy,
                  on_status: Callable[[dict], None] | None = None):
-        from node.models import init_model
-
         self.s = settings
         self.ledger = ledger
         self.host = host
@@ -91,7 +80,6 @@ class Peer:
         self.on_status = on_status or (lambda status: None)
         sh = settings.shared
         self.model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
-        from node.blob import flatten
 
         self.genesis_vector, self.spec = flatten(self.model)
         self.num_params = self.genesis_vector.numel()
@@ -134,7 +122,6 @@ class Peer:
     # ------------------------------------------------------------ bootstrap
     async def start(self) -> torch.Tensor:
         """Register if needed, check the genesis, and return the current global model."""
-        from node.ledger import LedgerError
 
         params = await self.chain(self.ledger.params)
         genesis = wire.genesis_blob(self.genesis_vector, self.s.shared.to_dict())
@@ -176,7 +163,6 @@ class Peer:
         the round's participants (each computed it) and whoever announced it since; a peer that
         just started may not have heard any announcement yet, so ask the participants first and
         keep trying other holders until the deadline."""
-        from p2p import peer_id_from_bytes
 
         digest = bytes(await self.chain(self.ledger.finalized_digest, r)).hex()
         participants = await self.chain(self.ledger.participants, r)
@@ -223,8 +209,6 @@ class Peer:
         return outcomes
 
     async def play_round(self, r: int, global_vector: torch.Tensor) -> tuple[RoundOutcome, torch.Tensor]:
-        from node.ledger import LedgerError
-
         self.round = r
         started = time.monotonic()
         self._phase_seconds, self._phase_since = {}, started
@@ -273,7 +257,6 @@ class Peer:
     async def _try(self, fn, *args):
         """Close or abort when the chain allows it; refusals (window still open, quorum not
         met, someone else was first) are the normal case and are ignored."""
-        from node.ledger import LedgerError
 
         try:
             await self.chain(fn, *args)
@@ -282,15 +265,13 @@ class Peer:
 
     # ------------------------------------------------------------ contribute
     async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, float]:
-        from mechanisms.accounting import cumulative_spend
-
         spend = cumulative_spend(self.s.mechanism, self.num_params, self._commits + 1)
         cap = (await self.chain(self.ledger.params)).eps_cap_micro
         eps_micro = wire.eps_to_micro(spend.epsilon)
         if eps_micro > cap:
             raise BudgetExhausted(
                 f"committing round {r} would bring eps to {spend.epsilon:.6g} ({spend.protects}), past the "
-                f"swarm's cap {cap / wire.EPS_SCALE:.6g}: this peer stops contributing"
+                f"swarm's cap {wire.eps_from_micro(cap):.6g}: this peer stops contributing"
             )
         self._set(Phase.TRAINING)
         t0 = time.monotonic()
@@ -309,9 +290,6 @@ class Peer:
         return train_seconds, _gas(receipt), spend.epsilon
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
-        import mechanisms
-        from node.local import contribute, round_seed
-
         c = contribute(self.model, self.spec, global_vector, self.train_x, self.train_y, settings=self.s,
                        mechanism=mechanisms.from_params(self.s.mechanism), round_number=r,
                        seed=round_seed(self.s.shared.seed, self.address, r), fault=self.s.fault)
@@ -328,8 +306,6 @@ class Peer:
         it (they hold those blobs), and votes the same bitmap. Without a usable focal set it
         attests what it could fetch itself.
         """
-        from node.ledger import decode_bitmap
-        from p2p import peer_id_from_bytes
 
         self._set(Phase.FETCHING)
         commitments = await self.chain(self.ledger.commitments, r)
@@ -405,7 +381,6 @@ class Peer:
         digest = self.store.put(data)
         await self.host.announce_blob(digest)
         self._set(Phase.ATTESTING, included=sum(included), participants=n)
-        from node.ledger import RoundNotClosed, encode_bitmap
 
         try:
             receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), encode_bitmap(included))
@@ -414,9 +389,6 @@ class Peer:
         return included, _gas(receipt)
 
     def _evaluate(self, vector: torch.Tensor) -> tuple[float, float]:
-        from node.blob import unflatten
-        from node.train import evaluate
-
         self.model.load_state_dict(unflatten(vector, self.spec))
         return evaluate(self.model, self.test_x, self.test_y)
 

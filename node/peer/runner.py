@@ -3,7 +3,6 @@ the data shard and the round state machine together, and records status and metr
 from __future__ import annotations
 
 import getpass
-import json
 import logging
 import os
 import sys
@@ -11,9 +10,20 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 import trio
 
-from node import wire
+from node.chain.client import LedgerClient, connect
+from node.chain.keys import load_account
+from node.derive import load_shard, peer_settings
+from node.peer.faults import WrongBytesStore
+from node.peer.peer import Peer
+from node.protocol import wire
+from node.runfiles import MetricsWriter, write_json_atomic
+from p2p import peer_id_from_bytes
+from p2p.host import HostConfig, open_host
+from p2p.identity import load_or_create_identity
+from p2p.store import DiskBlobStore
 
 log = logging.getLogger("swarm.node")
 
@@ -40,12 +50,6 @@ def p2p_password() -> bytes:
     raise RuntimeError(f"set {P2P_PASSWORD_ENV} to the password of this peer's libp2p key file")
 
 
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj))
-    os.replace(tmp, path)
-
-
 class RegistryCache:
     """The admission predicate p2p asks on every stream and message: is this libp2p peer
     registered on the ledger? Refreshed from the chain in the background; unknown peers are
@@ -59,8 +63,6 @@ class RegistryCache:
         return peer_id in self.allowed
 
     def refresh(self) -> None:
-        from p2p import peer_id_from_bytes
-
         self.allowed = {peer_id_from_bytes(pid) for _, pid in self.ledger.registered_peers()}
 
     async def keep_fresh(self, interval: float = 1.0) -> None:
@@ -74,16 +76,6 @@ class RegistryCache:
 
 async def run_node(config, options: NodeOptions) -> int:
     """Run one peer until the configured number of rounds is over. Returns an exit status."""
-    from node.keys import load_account
-    from node.ledger import LedgerClient, connect
-    from node.metrics import MetricsWriter
-    from node.peer import Peer
-    from node.setup import load_shard, peer_settings
-    from p2p.host import HostConfig, open_host
-    from p2p.identity import load_or_create_identity
-    from p2p.store import DiskBlobStore
-
-    import torch
 
     torch.set_num_threads(1)  # several peers share a machine's cores; one thread each is fastest
     workdir = options.workdir
@@ -96,8 +88,6 @@ async def run_node(config, options: NodeOptions) -> int:
     key_pair = load_or_create_identity(workdir / "p2p.key", p2p_password())
     store = DiskBlobStore(workdir / "blobs")
     if options.fault == "wrong-bytes":
-        from node.faults import WrongBytesStore
-
         store = WrongBytesStore(store)
     registry = RegistryCache(ledger)
     await trio.to_thread.run_sync(registry.refresh)

@@ -21,26 +21,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from opacus import GradSampleModule
+from opacus.accountants import RDPAccountant
+from opacus.optimizers import DPOptimizer
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from opacus.validators import ModuleValidator
 from torch import nn
+
+from node.protocol.settings import DPSGDConfig
 
 # opacus' per-sample hooks warn on every backward pass when the inputs need no gradient (they
 # never do here); the warning is about input gradients we do not use.
 warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
-
-
-@dataclass(frozen=True)
-class DPSGDConfig:
-    noise_multiplier: float
-    max_grad_norm: float
-    delta: float = 1e-5
-
-    def __post_init__(self):
-        if not self.noise_multiplier > 0:
-            raise ValueError(f"noise_multiplier must be > 0, got {self.noise_multiplier!r}")
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
 
 
 @dataclass(frozen=True)
@@ -92,7 +84,7 @@ def channels_last(model: nn.Module, x: torch.Tensor):
     in the standard layout (so state dicts and blobs never see the difference).
 
     oneDNN's convolutions and max-pooling are vectorised over channels in this layout: with the
-    pool-before-ReLU blocks of node.models it trains the PNPM CNN about 2x faster on CPU
+    pool-before-ReLU blocks of node.learning.models it trains the PNPM CNN about 2x faster on CPU
     (docs/SIMULATE.md). Values are the same up to float rounding order inside the convolutions.
     Inputs that are not image batches (N, C, H, W) pass through unchanged."""
     if x.dim() != 4:
@@ -125,12 +117,6 @@ def _train_sgd(model, x, y, epochs, batch_size, lr, momentum, generator) -> Trai
 
 
 def _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, generator, dp: DPSGDConfig, accountant) -> TrainResult:
-    from opacus import GradSampleModule
-    from opacus.accountants import RDPAccountant
-    from opacus.optimizers import DPOptimizer
-    from opacus.utils.uniform_sampler import UniformWithReplacementSampler
-    from opacus.validators import ModuleValidator
-
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         raise ValueError(f"model is not DP-SGD compatible: {errors[0]}")

@@ -46,7 +46,7 @@ class ConvNet(nn.Module):
 
     Pooling before the ReLU computes exactly the same function and gradients as the usual
     ReLU-then-pool (max commutes with a monotone map) on a quarter of the values; together with
-    channels-last training (node.train) it doubles training throughput on CPU (docs/SIMULATE.md).
+    channels-last training (node.learning.train) it doubles training throughput on CPU (docs/SIMULATE.md).
     The parameter names are those of ReLU-then-pool (the ReLU and pool hold none)."""
 
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: tuple[int, ...],

@@ -5,7 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from node.runner import write_json_atomic
+from matplotlib.figure import Figure
+
+from node.protocol.wire import eps_from_micro
+from node.runfiles import MetricsWriter, write_json_atomic
 
 
 def round_rows(peers) -> list[dict]:
@@ -37,12 +40,9 @@ def round_rows(peers) -> list[dict]:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    # The object API, not pyplot: no global figure state and no display backend to choose.
+    fig = Figure(figsize=(6.4, 3.6))
+    ax = fig.subplots()
     rounds = [r["round"] for r in rows if r["accuracy"] is not None]
     ax.plot(rounds, [r["accuracy"] for r in rows if r["accuracy"] is not None], "o-", color="tab:blue")
     ax.set_xlabel("round")
@@ -55,12 +55,9 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_title("accuracy and privacy spend per round")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def write_report(out: Path, peers, ledger, run_info: dict, interrupted: bool) -> dict:
-    from node.metrics import MetricsWriter
-
     rows = round_rows(peers)
     with MetricsWriter(out / "metrics.jsonl") as metrics:
         for row in rows:
@@ -68,11 +65,11 @@ def write_report(out: Path, peers, ledger, run_info: dict, interrupted: bool) ->
     if rows and run_info["config"]["output"]["plot"]:
         plot(rows, out / "progress.png")
     mechanism = run_info["config"]["privacy"]["mechanism"]
-    protects = run_info["protects"]  # from the mechanism's guarantee (node.up)
+    protects = run_info["protects"]  # from the mechanism's guarantee (node.runs.local)
     eps_spent = {}
     for p in peers:
         try:
-            eps_spent[p.address] = ledger.eps_spent(p.address) / 1e6
+            eps_spent[p.address] = eps_from_micro(ledger.eps_spent(p.address))
         except Exception:  # the chain may be gone after a hard stop; metrics still hold the figures
             eps_spent[p.address] = None
     verify_cmd = f"swarm verify --run {out}"

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from node.blob import sha256
+from node.learning.train import round_lr, train_local
+from node.protocol.blob import flatten, sha256, unflatten
 
 
 @dataclass
@@ -29,8 +30,6 @@ def contribute(model, spec, global_vector: torch.Tensor, x: torch.Tensor, y: tor
     """Train `model` (reused as scratch space) from `global_vector` on (x, y) and return the
     perturbed shared vector. `settings` is a PeerSettings; `mechanism` a built mechanism or
     None for a non-private baseline."""
-    from node.blob import flatten, unflatten
-    from node.train import round_lr, train_local
 
     model.load_state_dict(unflatten(global_vector, spec))
     result = train_local(model, x, y, epochs=settings.epochs, batch_size=settings.batch_size,

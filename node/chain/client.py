@@ -1,0 +1,322 @@
+"""Python client of the SwarmLedger contract (contracts/SwarmLedger.sol) on any EVM JSON-RPC chain.
+
+    w3 = connect("http://127.0.0.1:8545")
+    ledger = LedgerClient.deploy(w3, account, min_peers=3, commit_window=5, attest_window=5,
+                                 eps_cap_micro=10_000_000, delta=1e-5, genesis_digest=digest)
+    ledger.register(peer_id)
+    ledger.commit(ledger.current_round(), blob_digest, 600, 1_000_000, mechanism_json)
+
+Transactions go through `node.chain.sender` (estimate, margin, nonce, receipt, status); reads
+are retried on transient RPC failures (`node.chain.retries`); contract refusals arrive as the
+`node.chain.errors` subclass named after the custom error. The client is synchronous and
+thread-safe: call it from `trio.to_thread.run_sync`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from functools import lru_cache
+from importlib import resources
+from typing import TypeVar
+
+from web3 import HTTPProvider, Web3
+
+from node.chain.decoder import RevertDecoder
+from node.chain.errors import LedgerError
+from node.chain.records import (
+    DELTA_SCALE,
+    Attestation,
+    Commitment,
+    RoundInfo,
+    RoundState,
+    SwarmParams,
+    describe_mechanism,
+)
+from node.chain.retries import with_retries
+from node.chain.sender import TransactionSender
+from node.protocol.wire import eps_from_micro
+
+ARTIFACT_NAME = "SwarmLedger.json"  # package data: node/chain/artifacts/, written by scripts/compile_contracts.py
+DEFAULT_TX_TIMEOUT_S = 120.0
+LOG_CHUNK_BLOCKS = 10_000
+
+T = TypeVar("T")
+
+
+@lru_cache(maxsize=1)
+def load_artifact() -> dict:
+    """The compiled contract (ABI, bytecode, compiler settings, source hash) shipped inside the package."""
+    path = resources.files("node.chain") / "artifacts" / ARTIFACT_NAME
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise LedgerError(f"contract artifact missing ({path}): run python scripts/compile_contracts.py") from exc
+
+
+def connect(rpc_url: str, *, timeout: float = 10.0) -> Web3:
+    """A synchronous Web3 on `rpc_url` (http(s) only), checked to answer."""
+    if not rpc_url.startswith(("http://", "https://")):
+        raise ValueError(f"rpc_url must be an http(s) URL, got {rpc_url!r}")
+    # The client retries itself (with backoff, and without re-sending a transaction blindly).
+    w3 = Web3(HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None))
+    with_retries(lambda: w3.eth.chain_id, what=f"connect to {rpc_url}")
+    return w3
+
+
+class LedgerClient:
+    """One SwarmLedger deployment. `account` None gives a read-only client."""
+
+    def __init__(self, w3, address: str, account=None, *, tx_timeout: float = DEFAULT_TX_TIMEOUT_S):
+        artifact = load_artifact()
+        self.w3 = w3
+        self.address = Web3.to_checksum_address(address)
+        self.account = account
+        self.tx_timeout = tx_timeout
+        self.contract = w3.eth.contract(address=self.address, abi=artifact["abi"])
+        self._errors = RevertDecoder(artifact["abi"])
+        self._tx = TransactionSender(w3, account, self._errors, tx_timeout) if account is not None else None
+        self.gas_used: dict[str, int] = {}  # last receipt's gasUsed per function, for benchmarks
+        code = self._read(lambda: w3.eth.get_code(self.address), "get_code")
+        if len(code) == 0:
+            raise LedgerError(f"no contract at {self.address} on chain {self._read(lambda: w3.eth.chain_id, 'chain_id')}")
+
+    # ---------------------------------------------------------------- deployment
+
+    @classmethod
+    def deploy(
+        cls,
+        w3,
+        account,
+        *,
+        min_peers: int,
+        commit_window: int,
+        attest_window: int,
+        eps_cap_micro: int,
+        delta: float,
+        genesis_digest: bytes,
+        allowlist: list[str] | None = None,
+        tx_timeout: float = DEFAULT_TX_TIMEOUT_S,
+    ) -> "LedgerClient":
+        """Deploy a new swarm ledger from `account` and return a client on it."""
+        for name, value, low in (("min_peers", min_peers, 1), ("commit_window", commit_window, 1),
+                                 ("attest_window", attest_window, 1), ("eps_cap_micro", eps_cap_micro, 1)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not 0 <= delta < 1:
+            raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+        if len(genesis_digest) != 32 or int.from_bytes(genesis_digest, "big") <= 1:
+            raise ValueError("genesis_digest must be 32 bytes (a sha256 digest), not 0 or 1")
+        artifact = load_artifact()
+        factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
+        constructor = factory.constructor(
+            min_peers, commit_window, attest_window, eps_cap_micro, round(delta * DELTA_SCALE),
+            bytes(genesis_digest), [Web3.to_checksum_address(a) for a in allowlist or []],
+        )
+        sender = TransactionSender(w3, account, RevertDecoder(artifact["abi"]), tx_timeout)
+        receipt = sender.send(constructor, "deploy")
+        client = cls(w3, receipt["contractAddress"], account, tx_timeout=tx_timeout)
+        client._tx = sender  # keeps its nonce count
+        client.gas_used["deploy"] = receipt["gasUsed"]
+        return client
+
+    # ---------------------------------------------------------------- transactions
+
+    def register(self, peer_id: bytes):
+        """Register this account with its libp2p peer id bytes."""
+        return self._transact("register", bytes(peer_id))
+
+    def commit(self, round: int, digest: bytes, num_samples: int, eps_micro: int, mechanism: bytes):
+        """Commit the digest of this round's published update and the cumulative eps after it."""
+        return self._transact("commit", round, bytes(digest), num_samples, eps_micro, bytes(mechanism))
+
+    def close_round(self, round: int):
+        """Close the round (anyone) once its window has passed with quorum."""
+        return self._transact("closeRound", round)
+
+    def attest(self, round: int, aggregate_digest: bytes, included: bytes):
+        """Attest the aggregate computed for a closed round and the bitmap of included blobs."""
+        return self._transact("attest", round, bytes(aggregate_digest), bytes(included))
+
+    def abort_round(self, round: int):
+        """Abort a closed round whose attestation window passed without a majority (anyone)."""
+        return self._transact("abortRound", round)
+
+    def allow(self, accounts: list[str]):
+        """Deployer only: add accounts to the allowlist."""
+        return self._transact("allow", [Web3.to_checksum_address(a) for a in accounts])
+
+    def disallow(self, account: str):
+        """Deployer only: remove an account from the allowlist (it can no longer commit)."""
+        return self._transact("disallow", Web3.to_checksum_address(account))
+
+    def _transact(self, fn_name: str, *args):
+        if self._tx is None:
+            raise LedgerError("this client is read-only (no account): it cannot send transactions")
+        receipt = self._tx.send(getattr(self.contract.functions, fn_name)(*args), fn_name)
+        self.gas_used[fn_name] = receipt["gasUsed"]
+        return receipt
+
+    # ---------------------------------------------------------------- views
+
+    def _read(self, call: Callable[[], T], what: str) -> T:
+        return with_retries(call, what=what)
+
+    def _view(self, fn_name: str, *args):
+        fn = getattr(self.contract.functions, fn_name)(*args)
+        try:
+            return self._read(fn.call, fn_name)
+        except LedgerError:
+            raise
+        except Exception as exc:
+            decoded = self._errors.from_exception(exc)
+            if decoded:
+                raise decoded from None
+            raise
+
+    def block_number(self) -> int:
+        return self._read(lambda: self.w3.eth.block_number, "block_number")
+
+    def params(self) -> SwarmParams:
+        p = self._view("params")
+        return SwarmParams(p[0], p[1], p[2], p[3], p[4], bytes(p[5]), p[6], p[7], p[8])
+
+    def current_round(self) -> int:
+        return self._view("currentRound")
+
+    def last_finalized(self) -> tuple[int, bytes]:
+        """(last finalized round, its digest); (0, genesis digest) before any."""
+        r, digest = self._view("lastFinalized")
+        return r, bytes(digest)
+
+    def round_info(self, round: int) -> RoundInfo:
+        s, opened, closed, ended, count, digest = self._view("roundInfo", round)
+        state = RoundState(s)
+        return RoundInfo(round, state, opened, closed, ended, count,
+                         bytes(digest) if state is RoundState.FINALIZED else None)
+
+    def participants(self, round: int) -> list[str]:
+        return list(self._view("participants", round))
+
+    def commitment_of(self, round: int, address: str) -> Commitment:
+        """The stored commitment of `address` in `round` (mechanism bytes from the event)."""
+        address = Web3.to_checksum_address(address)
+        peer, index, digest, num_samples, eps_micro = self._view("commitmentOf", round, address)
+        for c in self.commitments(round):
+            if c.index == index:
+                return c
+        raise LedgerError(f"round {round}: no Committed event for {address} (the RPC's logs are incomplete)")
+
+    def commitments(self, round: int) -> list[Commitment]:
+        """All commitments of `round` in participant order, from the Committed events, checked
+        against the participant list in storage."""
+        info = self.round_info(round)
+        to_block = info.closed_block or self.block_number()
+        logs = self._logs("Committed", info.opened_block, to_block, {"round": round})
+        found = sorted(
+            (Commitment(e.args.peer, e.args.index, bytes(e.args.digest), e.args.numSamples,
+                        e.args.epsMicro, bytes(e.args.mechanism), e.blockNumber) for e in logs),
+            key=lambda c: c.index,
+        )
+        stored = self.participants(round)
+        if [c.peer for c in found] != stored:
+            raise LedgerError(f"round {round}: Committed events do not match the stored participant list")
+        return found
+
+    def attestations(self, round: int) -> list[Attestation]:
+        info = self.round_info(round)
+        if info.state is RoundState.OPEN:
+            return []
+        to_block = info.ended_block or self.block_number()
+        logs = self._logs("Attested", info.closed_block, to_block, {"round": round})
+        return [Attestation(e.args.peer, bytes(e.args.aggregateDigest), bytes(e.args.included), e.args.votes,
+                            e.blockNumber) for e in logs]
+
+    def eps_spent(self, address: str) -> int:
+        """Cumulative eps committed by `address`, in micro-eps."""
+        return self._view("epsSpent", Web3.to_checksum_address(address))
+
+    def peer_id_of(self, address: str) -> bytes:
+        return bytes(self._view("peerIdOf", Web3.to_checksum_address(address)))
+
+    def address_of_peer_id(self, peer_id: bytes) -> str | None:
+        found = self._view("addressOfPeerId", bytes(peer_id))
+        return None if int(found, 16) == 0 else found
+
+    def is_registered(self, address: str) -> bool:
+        return self._view("isRegistered", Web3.to_checksum_address(address))
+
+    def finalized_digest(self, round: int) -> bytes | None:
+        digest = bytes(self._view("finalizedDigest", round))
+        return None if digest == bytes(32) else digest
+
+    def votes_for(self, round: int, aggregate_digest: bytes, included: bytes) -> int:
+        return self._view("votesFor", round, bytes(aggregate_digest), bytes(included))
+
+    def registered_count(self) -> int:
+        return self._view("registeredCount")
+
+    def registered_peers(self) -> list[tuple[str, bytes]]:
+        """(address, peer id) of every registration, in order (from the Registered events)."""
+        logs = self._logs("Registered", self.params().deploy_block, self.block_number(), None)
+        return [(e.args.peer, bytes(e.args.peerId)) for e in logs]
+
+    def _logs(self, event: str, from_block: int, to_block: int, filters: dict | None) -> list:
+        found = []
+        for start in range(from_block, to_block + 1, LOG_CHUNK_BLOCKS):
+            end = min(to_block, start + LOG_CHUNK_BLOCKS - 1)
+            getter = getattr(self.contract.events, event).get_logs
+            found += self._read(lambda: getter(argument_filters=filters, from_block=start, to_block=end),
+                                f"get_logs {event}")
+        return sorted(found, key=lambda e: (e.blockNumber, e.logIndex))
+
+    # ---------------------------------------------------------------- snapshot
+
+    def snapshot(self) -> dict:
+        """Everything a verifier needs, JSON-able: parameters, every round with its commitments
+        (mechanism and what it protects), attestations and outcome, and every peer's eps."""
+        p = self.params()
+        current = self.current_round()
+        rounds = []
+        for r in range(1, current + 1):
+            info = self.round_info(r)
+            rounds.append({
+                "round": r,
+                "state": info.state.name,
+                "opened_block": info.opened_block,
+                "closed_block": info.closed_block,
+                "ended_block": info.ended_block,
+                "participant_count": info.participant_count,
+                "finalized_digest": info.finalized_digest.hex() if info.finalized_digest else None,
+                "commitments": [
+                    {"peer": c.peer, "index": c.index, "digest": c.digest.hex(), "num_samples": c.num_samples,
+                     "eps_micro": c.eps_micro, "eps": c.eps, "block": c.block_number,
+                     "mechanism": c.mechanism.decode("utf-8", "replace"),
+                     "mechanism_name": (d := describe_mechanism(c.mechanism))["name"],
+                     "protects": d["protects"]}
+                    for c in self.commitments(r)
+                ],
+                "attestations": [
+                    {"peer": a.peer, "aggregate_digest": a.aggregate_digest.hex(), "included": a.included.hex(),
+                     "votes": a.votes, "block": a.block_number}
+                    for a in self.attestations(r)
+                ],
+            })
+        peers = [
+            {"address": addr, "peer_id": pid.hex(), "eps_spent_micro": (e := self.eps_spent(addr)),
+             "eps_spent": eps_from_micro(e)}
+            for addr, pid in self.registered_peers()
+        ]
+        last_round, last_digest = self.last_finalized()
+        params = asdict(p) | {"genesis_digest": p.genesis_digest.hex(), "delta": p.delta, "eps_cap": p.eps_cap}
+        return {
+            "address": self.address,
+            "chain_id": self._read(lambda: self.w3.eth.chain_id, "chain_id"),
+            "block": self.block_number(),
+            "params": params,
+            "current_round": current,
+            "last_finalized": {"round": last_round, "digest": last_digest.hex()},
+            "rounds": rounds,
+            "peers": peers,
+        }

@@ -1,0 +1,70 @@
+"""Everything the ledger client raises. Contract refusals are `ContractRefusal` subclasses named
+after the Solidity custom error, so callers catch exactly the refusal they expect."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LedgerError(Exception):
+    """A ledger operation failed. Contract refusals are subclasses named after the custom error."""
+
+    def __init__(self, message: str, **fields: Any):
+        super().__init__(message)
+        self.fields = fields
+
+
+class LedgerUnavailable(LedgerError):
+    """The RPC endpoint did not answer (after retries)."""
+
+
+class LedgerTimeout(LedgerError):
+    """A transaction was sent but no receipt came within the timeout."""
+
+
+class TransactionFailed(LedgerError):
+    """A transaction was mined with status 0 and the reason could not be decoded."""
+
+
+class ContractRefusal(LedgerError):
+    """The contract refused with one of its custom errors; `fields` holds the error's arguments."""
+
+    template = "{name}"
+
+    def __init__(self, **fields: Any):
+        super().__init__(self.template.format(**fields), **fields)
+
+
+def _refusal(name: str, template: str) -> type[ContractRefusal]:
+    cls = type(name, (ContractRefusal,), {"template": template, "__doc__": template})
+    cls.__module__ = __name__
+    return cls
+
+
+InvalidParams = _refusal("InvalidParams", "invalid deployment parameter {name}")
+NotDeployer = _refusal("NotDeployer", "{sender} is not the deployer: only the deployer manages the allowlist")
+NotAllowed = _refusal("NotAllowed", "{account} is not on the swarm's allowlist")
+NotRegistered = _refusal("NotRegistered", "{account} is not registered: call register(peer_id) first")
+AlreadyRegistered = _refusal("AlreadyRegistered", "{account} is already registered")
+PeerIdTaken = _refusal("PeerIdTaken", "peer id 0x{peerId} is already registered by {owner}")
+InvalidPeerId = _refusal("InvalidPeerId", "peer id must be 1 to 128 bytes, got {length}")
+WrongRound = _refusal("WrongRound", "round {given} is not the current round {current}")
+AlreadyCommitted = _refusal("AlreadyCommitted", "{peer} already committed in round {round}")
+CommitWindowClosed = _refusal("CommitWindowClosed", "round {round} no longer takes commitments")
+CommitWindowOpen = _refusal("CommitWindowOpen", "round {round}: the commit window lasts until block {lastBlock}")
+QuorumNotMet = _refusal("QuorumNotMet", "round {round}: {committed} of {minPeers} needed peers committed; the window extends")
+EpsDecreasing = _refusal("EpsDecreasing", "cumulative eps may not decrease: {previousMicro} -> {givenMicro} micro-eps")
+EpsOverCap = _refusal("EpsOverCap", "cumulative eps {givenMicro} micro-eps passes the swarm's cap {capMicro}")
+InvalidDigest = _refusal("InvalidDigest", "digest 0x{digest} is not allowed (0 and 1 are reserved)")
+InvalidNumSamples = _refusal("InvalidNumSamples", "numSamples must be 1 to 2^32 - 1, got {numSamples}")
+RoundNotOpen = _refusal("RoundNotOpen", "round {round} is not open (it is {state})")
+RoundNotClosed = _refusal("RoundNotClosed", "round {round} is not closed (it is {state})")
+NotParticipant = _refusal("NotParticipant", "{account} did not commit in round {round}")
+AlreadyAttested = _refusal("AlreadyAttested", "{peer} already attested in round {round}")
+MalformedBitmap = _refusal("MalformedBitmap", "round {round}: bitmap of {length} bytes, expected {expectedLength} with no bit past the last participant")
+AbortTooEarly = _refusal("AbortTooEarly", "round {round}: the attestation window lasts until block {lastBlock}")
+RoundAlreadyFinalized = _refusal("RoundAlreadyFinalized", "round {round} is finalized and cannot be aborted")
+
+REFUSALS: dict[str, type[ContractRefusal]] = {
+    cls.__name__: cls for cls in ContractRefusal.__subclasses__()
+}

@@ -1,0 +1,120 @@
+"""Signs and sends one account's transactions: estimate first (a revert there raises the
+contract's custom error without spending gas), send with a margin on the estimate (Anvil
+under-estimates deployments), track nonces locally, await the receipt with a timeout, and check
+its status."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from web3.exceptions import TimeExhausted
+
+from node.chain.decoder import RevertDecoder
+from node.chain.errors import LedgerError, LedgerTimeout, TransactionFailed
+from node.chain.retries import BACKOFF_S, RETRIES, is_transient, with_retries
+
+GAS_MARGIN = 1.25  # multiply estimates: Anvil's deployment estimate came out 2% short
+GAS_PAD = 20_000  # plus a constant, for small transactions whose estimate is tight
+
+
+class TransactionSender:
+    """Signs and sends one account's transactions: nonce tracking, gas margin, receipt wait."""
+
+    def __init__(self, w3, account, errors: RevertDecoder, tx_timeout: float):
+        self.w3 = w3
+        self.account = account
+        self.errors = errors
+        self.tx_timeout = tx_timeout
+        self._lock = threading.Lock()
+        self._nonce: int | None = None
+
+    def _refusal(self, exc: Exception) -> LedgerError | None:
+        return self.errors.from_exception(exc)
+
+    def _estimate(self, fn, label: str) -> int:
+        """Estimate on the "pending" block, whose block.number is the one the transaction will
+        see (window checks are off by one on "latest"); nodes without it (eth-tester) get "latest"."""
+        sender = self.account.address
+        try:
+            return with_retries(lambda: fn.estimate_gas({"from": sender}, block_identifier="pending"),
+                                 what=f"estimate {label}")
+        except Exception as exc:
+            if self._refusal(exc) or "not been implemented" not in str(exc):
+                raise
+        return with_retries(lambda: fn.estimate_gas({"from": sender}), what=f"estimate {label}")
+
+    def send(self, fn, label: str) -> dict:
+        """Estimate (raising the contract's refusal), send with margin, await, check status."""
+        sender = self.account.address
+        with self._lock:
+            try:
+                estimate = self._estimate(fn, label)
+            except LedgerError:
+                raise
+            except Exception as exc:
+                refusal = self._refusal(exc)
+                if refusal:
+                    raise refusal from None
+                raise LedgerError(f"{label}: the node refused the call: {exc}") from exc
+            if self._nonce is None:
+                self._nonce = with_retries(
+                    lambda: self.w3.eth.get_transaction_count(sender, "pending"), what="nonce")
+            tx = with_retries(
+                lambda: fn.build_transaction({"from": sender, "nonce": self._nonce,
+                                              "gas": int(estimate * GAS_MARGIN) + GAS_PAD}),
+                what=f"build {label}")
+            signed = self.account.sign_transaction(tx)
+            tx_hash = self._send_raw(signed, label)
+            self._nonce += 1
+        receipt = self._wait(tx_hash, label)
+        if receipt["status"] != 1:
+            raise self._explain_failure(fn, receipt, label)
+        return receipt
+
+    def _send_raw(self, signed, label: str):
+        for attempt in range(RETRIES + 1):
+            try:
+                return self.w3.eth.send_raw_transaction(signed.raw_transaction)
+            except Exception as exc:
+                text = str(exc).lower()
+                if "already known" in text:  # an earlier attempt reached the node
+                    return signed.hash
+                if "nonce too low" in text or "nonce too high" in text:
+                    # Another process used this account: resync once and fail clearly.
+                    self._nonce = None
+                    raise LedgerError(f"{label}: nonce out of sync for {self.account.address} "
+                                      f"(is another process sending from this account?)") from exc
+                if not is_transient(exc) or attempt == RETRIES:
+                    raise LedgerError(f"{label}: sending failed: {exc}") from exc
+                time.sleep(BACKOFF_S * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def _wait(self, tx_hash, label: str) -> dict:
+        deadline = time.monotonic() + self.tx_timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LedgerTimeout(f"{label}: no receipt for 0x{bytes(tx_hash).hex()} within {self.tx_timeout:.0f} s")
+            try:
+                return self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=remaining, poll_latency=0.02)
+            except TimeExhausted:
+                continue
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                time.sleep(BACKOFF_S)
+
+    def _explain_failure(self, fn, receipt, label: str) -> LedgerError:
+        """Status 0: replay the call on the block's resulting state to name the reason (the usual
+        cause is a transaction earlier in the same block, e.g. someone else closed the round)."""
+        block = receipt["blockNumber"]
+        try:
+            fn.call({"from": self.account.address}, block_identifier=block)
+        except Exception as exc:
+            refusal = self._refusal(exc)
+            if refusal:
+                return refusal
+        return TransactionFailed(
+            f"{label}: transaction 0x{bytes(receipt['transactionHash']).hex()} reverted in block {block} "
+            f"(gas used {receipt['gasUsed']} of the limit sent)")
