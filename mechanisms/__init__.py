@@ -7,6 +7,7 @@ Imports torch, numpy, math and opacus only: no I/O, no network, no chain.
     mechanisms.canonical_json(mech.params())   # what goes on chain
     mechanisms.accounting.cumulative_spend(mech.params(), num_coordinates=d, rounds=T)
 """
+
 from __future__ import annotations
 
 import json
@@ -70,13 +71,29 @@ def canonical_json(params: dict) -> bytes:
     """Canonical bytes of a parameter dict: sorted keys, no spaces, UTF-8, floats in Python's
     shortest round-trip repr (the same on every platform), NaN/inf refused."""
     _check_json_value(params, "")
-    return json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False).encode("utf-8")
+    return json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
 
 
 __all__ = [
-    "MECHANISMS", "Guarantee", "Mechanism", "get", "from_params", "canonical_json",
-    "Duchi", "Piecewise", "Hybrid", "LDPFL", "PNPM", "Laplace", "Gaussian", "RandomizedResponse",
-    "Exponential", "Sampled", "analytic_gaussian_sigma", "analytic_gaussian_epsilon",
+    "MECHANISMS",
+    "Guarantee",
+    "Mechanism",
+    "get",
+    "from_params",
+    "canonical_json",
+    "Duchi",
+    "Piecewise",
+    "Hybrid",
+    "LDPFL",
+    "PNPM",
+    "Laplace",
+    "Gaussian",
+    "RandomizedResponse",
+    "Exponential",
+    "Sampled",
+    "analytic_gaussian_sigma",
+    "analytic_gaussian_epsilon",
     "classic_gaussian_sigma",
 ]

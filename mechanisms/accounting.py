@@ -7,6 +7,7 @@ the node and `swarm verify` use to recompute a peer's spend from the parameters 
 A coordinate-scope mechanism applied to d coordinates is d releases per round: a peer's spend is
 never the per-coordinate eps.
 """
+
 from __future__ import annotations
 
 import math
@@ -88,7 +89,9 @@ class RDPGaussianAccountant(Accountant):
 
     def __init__(self, noise_multiplier: float, sample_rate: float = 1.0):
         super().__init__()
-        if not (isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        if not (
+            isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier) and noise_multiplier > 0
+        ):
             raise ValueError(f"noise_multiplier must be finite and > 0, got {noise_multiplier!r}")
         if not (isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1):
             raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
@@ -123,8 +126,9 @@ class Spend:
         return asdict(self)
 
 
-def cumulative_spend(params: dict, num_coordinates: int, rounds: int, *, sample_rate: float = 1.0,
-                     target_delta: float | None = None) -> Spend:
+def cumulative_spend(
+    params: dict, num_coordinates: int, rounds: int, *, sample_rate: float = 1.0, target_delta: float | None = None
+) -> Spend:
     """The cumulative (eps, delta) of a peer that released its whole update `rounds` times with the
     mechanism `params` (as committed on chain) over `num_coordinates` shared coordinates.
 
@@ -148,7 +152,9 @@ def cumulative_spend(params: dict, num_coordinates: int, rounds: int, *, sample_
         target_delta = check_delta(target_delta, "target_delta")
     mech = from_params(params)
     g = mech.guarantee
-    what = "the sign of each weight only (no finite eps for the values)" if g.protects == "sign" else "the update's values"
+    what = (
+        "the sign of each weight only (no finite eps for the values)" if g.protects == "sign" else "the update's values"
+    )
 
     if mech.name == "gaussian":
         delta = mech.delta if target_delta is None else target_delta
@@ -159,9 +165,15 @@ def cumulative_spend(params: dict, num_coordinates: int, rounds: int, *, sample_
             basic = basic_composition(g.epsilon, rounds, mech.delta)[0]
             if basic < eps:
                 eps, method = basic, "basic"
-        return Spend(eps, delta if rounds else 0.0, g.protects, "vector",
-                     f"{mech.name}: ({eps:.6g}, {delta:g})-LDP for {what} over {rounds} rounds "
-                     f"({method}, sample rate {sample_rate:g})", method)
+        return Spend(
+            eps,
+            delta if rounds else 0.0,
+            g.protects,
+            "vector",
+            f"{mech.name}: ({eps:.6g}, {delta:g})-LDP for {what} over {rounds} rounds "
+            f"({method}, sample rate {sample_rate:g})",
+            method,
+        )
 
     releases = rounds * (num_coordinates if g.scope == "coordinate" else 1)
     if sample_rate != 1.0:
@@ -172,6 +184,12 @@ def cumulative_spend(params: dict, num_coordinates: int, rounds: int, *, sample_
         if adv < eps:
             eps, delta, method = adv, target_delta, "advanced"
     per = f"{num_coordinates} coordinates x {rounds} rounds" if g.scope == "coordinate" else f"{rounds} rounds"
-    return Spend(eps, delta, g.protects, "vector",
-                 f"{mech.name}: ({eps:.6g}, {delta:g})-LDP for {what}, whole update, {per} at "
-                 f"eps {g.epsilon:g} each ({method} composition)", method)
+    return Spend(
+        eps,
+        delta,
+        g.protects,
+        "vector",
+        f"{mech.name}: ({eps:.6g}, {delta:g})-LDP for {what}, whole update, {per} at "
+        f"eps {g.epsilon:g} each ({method} composition)",
+        method,
+    )

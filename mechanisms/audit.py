@@ -10,6 +10,7 @@ reported maximum is a lower bound on the true eps at that confidence. A lower bo
 claimed eps is a bug, or, for PNPM's value privacy, the documented limit: with an event that
 only one input can produce the bound grows without limit as trials grow (`disjoint_support`).
 """
+
 from __future__ import annotations
 
 import math
@@ -107,18 +108,29 @@ def _event_counts(a: torch.Tensor, b: torch.Tensor, bins: int):
     edges = torch.linspace(lo, hi, bins + 1, dtype=torch.float64)
     ca = torch.histc(a.to(torch.float64), bins=bins, min=lo, max=hi)
     cb = torch.histc(b.to(torch.float64), bins=bins, min=lo, max=hi)
-    events = [(f"output in [{float(edges[i]):.4g}, {float(edges[i + 1]):.4g}]", int(ca[i]), int(cb[i]))
-              for i in range(bins)]
+    events = [
+        (f"output in [{float(edges[i]):.4g}, {float(edges[i + 1]):.4g}]", int(ca[i]), int(cb[i])) for i in range(bins)
+    ]
     # Tail events catch mechanisms whose ratio peaks in the tails (Laplace, Gaussian).
     lower_a, lower_b = torch.cumsum(ca, 0), torch.cumsum(cb, 0)
     events += [(f"output <= {float(edges[i + 1]):.4g}", int(lower_a[i]), int(lower_b[i])) for i in range(bins - 1)]
-    events += [(f"output > {float(edges[i + 1]):.4g}", a.numel() - int(lower_a[i]), b.numel() - int(lower_b[i]))
-               for i in range(bins - 1)]
+    events += [
+        (f"output > {float(edges[i + 1]):.4g}", a.numel() - int(lower_a[i]), b.numel() - int(lower_b[i]))
+        for i in range(bins - 1)
+    ]
     return events
 
 
-def audit_pair(mechanism: Mechanism, x0: float, x1: float, *, trials: int = 200_000, seed: int = 0,
-               bins: int = 40, confidence: float = 0.95) -> AuditResult:
+def audit_pair(
+    mechanism: Mechanism,
+    x0: float,
+    x1: float,
+    *,
+    trials: int = 200_000,
+    seed: int = 0,
+    bins: int = 40,
+    confidence: float = 0.95,
+) -> AuditResult:
     """Lower-bound eps from `trials` releases on each of the inputs x0 and x1."""
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 100:
         raise ValueError(f"trials must be an integer >= 100, got {trials!r}")
@@ -147,8 +159,9 @@ def audit_pair(mechanism: Mechanism, x0: float, x1: float, *, trials: int = 200_
             best, best_event = bound, f"{label} ({direction}: {num} vs {den} of {trials})"
     disjoint = any((c0 == 0) != (c1 == 0) and max(c0, c1) >= 30 for _, c0, c1 in events)
     g = mechanism.guarantee
-    return AuditResult(mechanism.name, g.epsilon, g.protects, float(x0), float(x1), trials, confidence,
-                       best, best_event, disjoint)
+    return AuditResult(
+        mechanism.name, g.epsilon, g.protects, float(x0), float(x1), trials, confidence, best, best_event, disjoint
+    )
 
 
 def neighbouring_inputs(mechanism: Mechanism) -> list[tuple[str, float, float]]:
@@ -165,11 +178,21 @@ def neighbouring_inputs(mechanism: Mechanism) -> list[tuple[str, float, float]]:
     return [("-1 vs +1", -1.0, 1.0)]
 
 
-def audit_mechanism(mechanism: Mechanism, *, trials: int = 200_000, seed: int = 0,
-                    confidence: float = 0.95) -> list[tuple[str, AuditResult]]:
-    return [(label, audit_pair(mechanism, x0, x1, trials=trials, seed=seed + i, confidence=confidence))
-            for i, (label, x0, x1) in enumerate(neighbouring_inputs(mechanism))]
+def audit_mechanism(
+    mechanism: Mechanism, *, trials: int = 200_000, seed: int = 0, confidence: float = 0.95
+) -> list[tuple[str, AuditResult]]:
+    return [
+        (label, audit_pair(mechanism, x0, x1, trials=trials, seed=seed + i, confidence=confidence))
+        for i, (label, x0, x1) in enumerate(neighbouring_inputs(mechanism))
+    ]
 
 
-__all__ = ["AuditResult", "audit_pair", "audit_mechanism", "clopper_pearson", "betainc",
-           "neighbouring_inputs", "check_epsilon"]
+__all__ = [
+    "AuditResult",
+    "audit_pair",
+    "audit_mechanism",
+    "clopper_pearson",
+    "betainc",
+    "neighbouring_inputs",
+    "check_epsilon",
+]

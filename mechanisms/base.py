@@ -6,6 +6,7 @@ its random numbers (see docs/BENCHMARKS.md, section "mechanisms"). The scratch b
 per thread and reused across calls: fresh 40 MB allocations cost more page faults than the
 arithmetic (and small chunks cost more in per-op overhead on a loaded 2-core machine).
 """
+
 from __future__ import annotations
 
 import math
@@ -79,8 +80,9 @@ def check_finite(value, name: str) -> float:
     return out
 
 
-def check_tensor(x, *, low: float | None = None, high: float | None = None, clip: bool = False,
-                 what: str = "x") -> torch.Tensor:
+def check_tensor(
+    x, *, low: float | None = None, high: float | None = None, clip: bool = False, what: str = "x"
+) -> torch.Tensor:
     """Validate `x` and return it flat and contiguous.
 
     Refuses non-float32/64 tensors and NaN/inf. With bounds, values outside [low, high] are refused
@@ -186,4 +188,3 @@ class Mechanism:
 
     def __hash__(self) -> int:
         return hash(tuple(sorted(self.params().items())))
-

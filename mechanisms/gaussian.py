@@ -11,6 +11,7 @@ Neighbouring relation: LOCAL. The peer's update is clipped to L2 norm S and any 
 updates are neighbours, so the sensitivity is D = 2S. `noise_multiplier` z follows opacus'
 convention sigma = z * S; the (eps, delta) stated are for D = 2S, i.e. a unit noise z/2.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,9 @@ def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.
     epsilon = check_epsilon(epsilon)
     delta = check_delta(delta)
     if epsilon >= 1.0:
-        raise ValueError(f"epsilon must be < 1 for the classic Gaussian formula (got {epsilon!r}); "
-                         "use analytic_gaussian_sigma")
+        raise ValueError(
+            f"epsilon must be < 1 for the classic Gaussian formula (got {epsilon!r}); use analytic_gaussian_sigma"
+        )
     return math.sqrt(2.0 * math.log(1.25 / delta)) * check_positive(sensitivity, "sensitivity") / epsilon
 
 
@@ -153,14 +155,22 @@ class Gaussian(Mechanism):
 
     @property
     def guarantee(self) -> Guarantee:
-        return Guarantee(self.epsilon, self.delta, "value", "vector",
-                         f"gaussian: the whole tensor, clipped to L2 norm {self.clip_norm:g}, is "
-                         f"({self.epsilon:.6g}, {self.delta:g})-LDP per release (sigma {self.sigma:.6g}, "
-                         "analytic calibration, sensitivity 2*clip_norm)")
+        return Guarantee(
+            self.epsilon,
+            self.delta,
+            "value",
+            "vector",
+            f"gaussian: the whole tensor, clipped to L2 norm {self.clip_norm:g}, is "
+            f"({self.epsilon:.6g}, {self.delta:g})-LDP per release (sigma {self.sigma:.6g}, "
+            "analytic calibration, sensitivity 2*clip_norm)",
+        )
 
     def params(self) -> dict:
         if self._given_epsilon is not None:
-            return {"name": self.name, "clip_norm": self.clip_norm, "epsilon": self._given_epsilon,
-                    "delta": self.delta}
-        return {"name": self.name, "clip_norm": self.clip_norm, "noise_multiplier": self.noise_multiplier,
-                "delta": self.delta}
+            return {"name": self.name, "clip_norm": self.clip_norm, "epsilon": self._given_epsilon, "delta": self.delta}
+        return {
+            "name": self.name,
+            "clip_norm": self.clip_norm,
+            "noise_multiplier": self.noise_multiplier,
+            "delta": self.delta,
+        }

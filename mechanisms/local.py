@@ -9,6 +9,7 @@ CPU) and no torch.where. Laplace and the exponential mechanism draw 53-bit unifo
 blocks instead and write each finished block into the output (see `_BLOCK`). Formulas cite the
 papers in docs/MECHANISMS.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -119,9 +120,14 @@ class _PureLocal(Mechanism):
 
     @property
     def guarantee(self) -> Guarantee:
-        return Guarantee(self.epsilon, 0.0, "value", "coordinate",
-                         f"{self.name}: eps={self.epsilon:g}-LDP for each coordinate's value in "
-                         f"{self.domain}; a tensor of d coordinates costs d*eps")
+        return Guarantee(
+            self.epsilon,
+            0.0,
+            "value",
+            "coordinate",
+            f"{self.name}: eps={self.epsilon:g}-LDP for each coordinate's value in "
+            f"{self.domain}; a tensor of d coordinates costs d*eps",
+        )
 
 
 def _duchi_slope(epsilon: float) -> float:
@@ -244,8 +250,9 @@ class Hybrid(_PureLocal):
         t = self._input(x)
         beta = hybrid_pm_probability(self.epsilon)
         # Both branches are unbiased, so the mixture's variance is the mixture of variances.
-        return (beta * piecewise_variance(t, self.epsilon)
-                + (1.0 - beta) * duchi_variance(t, self.epsilon)).view(x.shape)
+        return (beta * piecewise_variance(t, self.epsilon) + (1.0 - beta) * duchi_variance(t, self.epsilon)).view(
+            x.shape
+        )
 
 
 class LDPFL(Mechanism):
@@ -286,10 +293,15 @@ class LDPFL(Mechanism):
 
     @property
     def guarantee(self) -> Guarantee:
-        return Guarantee(self.epsilon, 0.0, "value", "coordinate",
-                         f"ldp-fl: eps={self.epsilon:g}-LDP for each weight clamped to "
-                         f"[{self.center - self.radius:g}, {self.center + self.radius:g}]; "
-                         "a tensor of d weights costs d*eps")
+        return Guarantee(
+            self.epsilon,
+            0.0,
+            "value",
+            "coordinate",
+            f"ldp-fl: eps={self.epsilon:g}-LDP for each weight clamped to "
+            f"[{self.center - self.radius:g}, {self.center + self.radius:g}]; "
+            "a tensor of d weights costs d*eps",
+        )
 
     def params(self) -> dict:
         return {"name": self.name, "epsilon": self.epsilon, "center": self.center, "radius": self.radius}
@@ -334,10 +346,15 @@ class PNPM(Mechanism):
 
     @property
     def guarantee(self) -> Guarantee:
-        return Guarantee(self.epsilon, 0.0, "sign", "coordinate",
-                         f"pnpm: eps={self.epsilon:g}-LDP for the SIGN of each weight only; the "
-                         "magnitude |w| is released up to a factor in [1, C] and w = 0 exactly, so "
-                         "there is no finite eps for the weight's value")
+        return Guarantee(
+            self.epsilon,
+            0.0,
+            "sign",
+            "coordinate",
+            f"pnpm: eps={self.epsilon:g}-LDP for the SIGN of each weight only; the "
+            "magnitude |w| is released up to a factor in [1, C] and w = 0 exactly, so "
+            "there is no finite eps for the weight's value",
+        )
 
     def params(self) -> dict:
         return {"name": self.name, "epsilon": self.epsilon}
@@ -467,9 +484,14 @@ class RandomizedResponse(Mechanism):
 
     @property
     def guarantee(self) -> Guarantee:
-        return Guarantee(self.epsilon, 0.0, "value", "coordinate",
-                         f"rr: eps={self.epsilon:g}-LDP for each coordinate's category in "
-                         f"0..{self.k - 1}; a tensor of d coordinates costs d*eps")
+        return Guarantee(
+            self.epsilon,
+            0.0,
+            "value",
+            "coordinate",
+            f"rr: eps={self.epsilon:g}-LDP for each coordinate's category in "
+            f"0..{self.k - 1}; a tensor of d coordinates costs d*eps",
+        )
 
     def params(self) -> dict:
         return {"name": self.name, "epsilon": self.epsilon, "k": self.k}

@@ -5,6 +5,7 @@ without replacement; each is perturbed by the base mechanism at eps/k and scaled
 other coordinate is reported as 0 (never its true value). The whole tensor is eps-LDP and each
 coordinate's output is unbiased.
 """
+
 from __future__ import annotations
 
 import math
@@ -78,9 +79,14 @@ class Sampled(Mechanism):
 
     @property
     def guarantee(self) -> Guarantee:
-        return Guarantee(self.epsilon, 0.0, "value", "vector",
-                         f"sampled({self.base}): the whole tensor passed to one perturb call is "
-                         f"eps={self.epsilon:g}-LDP (k of d coordinates at eps/k, the rest 0)")
+        return Guarantee(
+            self.epsilon,
+            0.0,
+            "value",
+            "vector",
+            f"sampled({self.base}): the whole tensor passed to one perturb call is "
+            f"eps={self.epsilon:g}-LDP (k of d coordinates at eps/k, the rest 0)",
+        )
 
     def params(self) -> dict:
         return {"name": self.name, "base": self.base, "epsilon": self.epsilon, "clip": self.clip}

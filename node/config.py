@@ -4,6 +4,7 @@ then `section.key=value` overrides parsed with the field's type.
 Every key must be known and every value must have the field's type and range: a typo in a
 config file is an error, never silently ignored.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -257,8 +258,7 @@ def _apply_override(config: Config, override: str) -> None:
     hints = typing.get_type_hints(type(section))
     name = parts[1]
     if name not in hints:
-        raise ConfigError(f"override {override!r}: unknown key {parts[0]}.{name}; "
-                          f"known: {', '.join(sorted(hints))}")
+        raise ConfigError(f"override {override!r}: unknown key {parts[0]}.{name}; known: {', '.join(sorted(hints))}")
     hint = hints[name]
     if typing.get_origin(hint) is dict:
         if len(parts) != 3:
@@ -305,8 +305,11 @@ def _check_ranges(c: Config) -> None:
         (c.chain.block_time > 0, "chain.block_time", "must be > 0"),
         (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),
         (c.chain.min_peers <= c.swarm.peers, "chain.min_peers", f"must be <= swarm.peers ({c.swarm.peers})"),
-        (c.privacy.mechanism in _MECHANISM_NAMES(), "privacy.mechanism",
-         f"must be none or one of {', '.join(_MECHANISM_NAMES()[1:])}"),
+        (
+            c.privacy.mechanism in _MECHANISM_NAMES(),
+            "privacy.mechanism",
+            f"must be none or one of {', '.join(_MECHANISM_NAMES()[1:])}",
+        ),
         (0 <= c.p2p.listen_port <= 65535, "p2p.listen_port", "must be in 0..65535"),
     ]
     for ok, name, rule in checks:

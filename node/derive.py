@@ -1,5 +1,6 @@
 """From a resolved config to what a peer runs with: the shared settings (anchored in the genesis
 blob), the mechanism parameters, the data shard, and the swarm's eps cap."""
+
 from __future__ import annotations
 
 import torch
@@ -20,16 +21,20 @@ def mechanism_params(config) -> dict:
     extra = dict(config.privacy.params or {})
     name = config.privacy.mechanism
     if name == "none":
-        raise ValueError("privacy.mechanism = none is for `swarm simulate` baselines only: a swarm peer "
-                         "always perturbs what it shares")
+        raise ValueError(
+            "privacy.mechanism = none is for `swarm simulate` baselines only: a swarm peer "
+            "always perturbs what it shares"
+        )
     if name in ("duchi", "pm", "hm", "laplace", "sampled") and "clip" not in extra:
         extra["clip"] = True  # model weights are not confined to [-1, 1]: clamp, inside the mechanism
     if name == "sampled":
         extra.setdefault("base", "pm")
     if name == "gaussian":
         if config.privacy.perturb != "update":
-            raise ValueError("privacy.mechanism = gaussian clips the whole shared vector to clip_norm: use it with "
-                             "privacy.perturb = update (the weights themselves would be shrunk)")
+            raise ValueError(
+                "privacy.mechanism = gaussian clips the whole shared vector to clip_norm: use it with "
+                "privacy.perturb = update (the weights themselves would be shrunk)"
+            )
         extra.setdefault("clip_norm", 1.0)
         extra.setdefault("delta", config.privacy.delta)
     mechanism = mechanisms.get(name, epsilon=config.privacy.epsilon, **extra)
@@ -44,10 +49,17 @@ def dataset_meta(config) -> tuple[tuple[int, ...], int]:
 def shared_settings(config) -> SharedSettings:
     input_shape, num_classes = dataset_meta(config)
     model = config.model_name
-    return SharedSettings(model=model, dataset=config.data.dataset, input_shape=input_shape,
-                               num_classes=num_classes, share=config.privacy.perturb,
-                               aggregation=config.aggregation.rule, trim_ratio=config.aggregation.trim_ratio,
-                               krum_f=config.aggregation.krum_f, seed=config.swarm.seed)
+    return SharedSettings(
+        model=model,
+        dataset=config.data.dataset,
+        input_shape=input_shape,
+        num_classes=num_classes,
+        share=config.privacy.perturb,
+        aggregation=config.aggregation.rule,
+        trim_ratio=config.aggregation.trim_ratio,
+        krum_f=config.aggregation.krum_f,
+        seed=config.swarm.seed,
+    )
 
 
 def genesis(config) -> bytes:
@@ -77,11 +89,20 @@ def peer_settings(config, *, fault: str | None = None):
     t = config.train
     dp = None
     if t.dp_sgd:
-        dp = DPSGDConfig(noise_multiplier=t.dp_noise_multiplier, max_grad_norm=t.dp_max_grad_norm,
-                         delta=t.dp_delta)
-    return PeerSettings(shared=shared_settings(config), mechanism=mechanism_params(config), epochs=t.epochs,
-                        batch_size=t.batch_size, lr=t.lr, lr_decay=t.lr_decay, momentum=t.momentum,
-                        rounds=config.swarm.rounds, fetch_timeout=config.chain.fetch_timeout, fault=fault, dp=dp)
+        dp = DPSGDConfig(noise_multiplier=t.dp_noise_multiplier, max_grad_norm=t.dp_max_grad_norm, delta=t.dp_delta)
+    return PeerSettings(
+        shared=shared_settings(config),
+        mechanism=mechanism_params(config),
+        epochs=t.epochs,
+        batch_size=t.batch_size,
+        lr=t.lr,
+        lr_decay=t.lr_decay,
+        momentum=t.momentum,
+        rounds=config.swarm.rounds,
+        fetch_timeout=config.chain.fetch_timeout,
+        fault=fault,
+        dp=dp,
+    )
 
 
 def load_shard(config, partition: tuple[int, int] | None):
@@ -92,8 +113,14 @@ def load_shard(config, partition: tuple[int, int] | None):
     test = load_dataset(d.dataset, data_dir=d.data_dir or None, split="test", limit=d.test_limit or None)
     if partition is not None:
         i, n = partition
-        shards = split(train.y.numpy(), n, scheme=d.partition, alpha=d.alpha, shards_per_peer=d.shards_per_peer,
-                       seed=config.swarm.seed)
+        shards = split(
+            train.y.numpy(),
+            n,
+            scheme=d.partition,
+            alpha=d.alpha,
+            shards_per_peer=d.shards_per_peer,
+            seed=config.swarm.seed,
+        )
         idx = torch.as_tensor(shards[i], dtype=torch.long)
         train = train.subset(idx)
     return (train.x, train.y), (test.x, test.y)

@@ -1,6 +1,7 @@
 """The files a run leaves: metrics as JSON Lines (one JSON object per line, each line flushed
 and fsynced when written, so a crash or Ctrl-C loses no finished record) and JSON documents
 replaced atomically (a reader never sees half a status or summary file)."""
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ class MetricsWriter:
     def close(self) -> None:
         self._file.close()
 
-    def __enter__(self) -> "MetricsWriter":
+    def __enter__(self) -> MetricsWriter:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -6,6 +6,7 @@ from the included blobs (ledger order, the finalizing bitmap) matches the finali
 each peer's recorded eps follows from the mechanism parameters it committed. The genesis blob
 anchors the shared settings (model, aggregation rule): its digest is on chain.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,13 @@ class VerifyReport:
         return not self.failures
 
     def to_dict(self) -> dict:
-        return {"ledger": self.ledger, "ok": self.ok, "rounds": [asdict(r) for r in self.rounds],
-                "failures": [asdict(f) for f in self.failures], "peers": self.peers}
+        return {
+            "ledger": self.ledger,
+            "ok": self.ok,
+            "rounds": [asdict(r) for r in self.rounds],
+            "failures": [asdict(f) for f in self.failures],
+            "peers": self.peers,
+        }
 
 
 def verify(ledger, archive) -> VerifyReport:
@@ -63,8 +69,14 @@ def verify(ledger, archive) -> VerifyReport:
     genesis_digest = bytes(params.genesis_digest)
     genesis = archive.get(genesis_digest.hex())
     if genesis is None or sha256(genesis) != genesis_digest:
-        report.failures.append(Failure(0, "-", "genesis", f"genesis blob {genesis_digest.hex()} missing from the "
-                                       "archive or not matching the ledger's digest"))
+        report.failures.append(
+            Failure(
+                0,
+                "-",
+                "genesis",
+                f"genesis blob {genesis_digest.hex()} missing from the archive or not matching the ledger's digest",
+            )
+        )
         return report
 
     tensors, meta = decode_blob(genesis, max_size=1 << 31, expected=None)
@@ -90,7 +102,9 @@ def verify(ledger, archive) -> VerifyReport:
             if data is None:
                 detail = "blob missing from the archive"
             elif sha256(data) != bytes(c.digest):
-                detail = f"archived blob altered: its bytes hash to {sha256(data).hex()[:16]}..., not the committed digest"
+                detail = (
+                    f"archived blob altered: its bytes hash to {sha256(data).hex()[:16]}..., not the committed digest"
+                )
             else:
                 try:
                     vector, _ = wire.read_vector(data, num_params, kind="update")
@@ -108,8 +122,15 @@ def verify(ledger, archive) -> VerifyReport:
                 expected = wire.eps_to_micro(spend.epsilon)
                 # one micro-eps of slack: the last float digit of a spend may differ across math libraries
                 if abs(expected - int(c.eps_micro)) > 1:
-                    report.failures.append(Failure(r, peer, "eps", f"ledger records {eps_from_micro(int(c.eps_micro)):.6f}, the "
-                                                   f"committed mechanism {mech} gives {eps_from_micro(expected):.6f}"))
+                    report.failures.append(
+                        Failure(
+                            r,
+                            peer,
+                            "eps",
+                            f"ledger records {eps_from_micro(int(c.eps_micro)):.6f}, the "
+                            f"committed mechanism {mech} gives {eps_from_micro(expected):.6f}",
+                        )
+                    )
                 else:
                     check.eps_ok += 1
                 report.peers.setdefault(peer, {})["protects"] = spend.protects
@@ -121,26 +142,45 @@ def verify(ledger, archive) -> VerifyReport:
         finalized = bytes(ledger.finalized_digest(r))
         bitmap = _finalizing_bitmap(ledger, r, finalized, len(commitments))
         if bitmap is None:
-            report.failures.append(Failure(r, "-", "attestation", "no majority attestation found for the finalized digest"))
+            report.failures.append(
+                Failure(r, "-", "attestation", "no majority attestation found for the finalized digest")
+            )
             check.aggregate_ok = False
             continue
         included = decode_bitmap(bitmap, len(commitments))
         check.included = sum(included)
         unusable = [c.peer for c, inc, v in zip(commitments, included, vectors) if inc and v is None]
         for peer in unusable:
-            report.failures.append(Failure(r, peer, "blob", "included in the finalized aggregate but missing or "
-                                           "invalid in the archive: the aggregate cannot be recomputed"))
+            report.failures.append(
+                Failure(
+                    r,
+                    peer,
+                    "blob",
+                    "included in the finalized aggregate but missing or "
+                    "invalid in the archive: the aggregate cannot be recomputed",
+                )
+            )
         if unusable:
             check.aggregate_ok = False
             continue
-        recomputed = wire.next_global(shared, global_vector,
-                                      [v for v, inc in zip(vectors, included) if inc],
-                                      [int(c.num_samples) for c, inc in zip(commitments, included) if inc])
+        recomputed = wire.next_global(
+            shared,
+            global_vector,
+            [v for v, inc in zip(vectors, included) if inc],
+            [int(c.num_samples) for c, inc in zip(commitments, included) if inc],
+        )
         digest = sha256(wire.model_blob(recomputed, r))
         check.aggregate_ok = digest == finalized
         if not check.aggregate_ok:
-            report.failures.append(Failure(r, "-", "aggregate", f"recomputed aggregate {digest.hex()[:16]}... differs "
-                                           f"from the finalized digest {finalized.hex()[:16]}..."))
+            report.failures.append(
+                Failure(
+                    r,
+                    "-",
+                    "aggregate",
+                    f"recomputed aggregate {digest.hex()[:16]}... differs "
+                    f"from the finalized digest {finalized.hex()[:16]}...",
+                )
+            )
         global_vector = recomputed
 
     for peer, eps_micro in last_eps.items():
@@ -148,7 +188,9 @@ def verify(ledger, archive) -> VerifyReport:
         entry = report.peers.setdefault(peer, {})
         entry.update(eps_spent=eps_from_micro(on_chain), commits=commits_by_peer[peer])
         if on_chain != eps_micro:
-            report.failures.append(Failure(0, peer, "eps", f"epsSpent {on_chain} differs from the last commitment {eps_micro}"))
+            report.failures.append(
+                Failure(0, peer, "eps", f"epsSpent {on_chain} differs from the last commitment {eps_micro}")
+            )
     return report
 
 

@@ -3,6 +3,7 @@ Knows nothing of models, DP or the chain: it moves bytes named by sha256 digests
 
 Import the submodules directly (`p2p.host`, `p2p.store`, `p2p.identity`, `p2p.errors`); the names
 below are re-exported for convenience. libp2p is imported lazily so `p2p.store` stays light."""
+
 from __future__ import annotations
 
 from .errors import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, IdentityError, P2PError
@@ -23,6 +24,12 @@ def peer_id_to_bytes(peer_id: str) -> bytes:
 
 
 __all__ = [
-    "P2PError", "IdentityError", "BlobNotFound", "DigestMismatch", "BlobTooLarge", "FetchTimeout",
-    "peer_id_from_bytes", "peer_id_to_bytes",
+    "P2PError",
+    "IdentityError",
+    "BlobNotFound",
+    "DigestMismatch",
+    "BlobTooLarge",
+    "FetchTimeout",
+    "peer_id_from_bytes",
+    "peer_id_to_bytes",
 ]

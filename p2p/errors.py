@@ -1,4 +1,5 @@
 """Errors raised by the p2p layer. Every one is a `P2PError`, so a caller can catch the family."""
+
 from __future__ import annotations
 
 

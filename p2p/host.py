@@ -8,15 +8,16 @@ Admission: `allowed(peer_id)` is asked for every blob stream (a refused peer get
 and for every gossip message's signed source (a topic validator rejects it, so it is neither
 delivered nor forwarded).
 """
+
 from __future__ import annotations
 
 import collections
 import hashlib
 import logging
 import math
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Sequence
 
 import multiaddr
 import trio
@@ -217,7 +218,9 @@ class SwarmHost:
     async def publish(self, payload: bytes) -> None:
         """Publish an application payload (signed by libp2p) to the swarm topic."""
         if len(payload) > self.config.max_announcement_size:
-            raise ValueError(f"payload is {len(payload)} bytes, above max_announcement_size={self.config.max_announcement_size}")
+            raise ValueError(
+                f"payload is {len(payload)} bytes, above max_announcement_size={self.config.max_announcement_size}"
+            )
         await self._publish(wire.KIND_APP, payload)
 
     async def announce_blob(self, digest: str) -> None:
@@ -291,8 +294,11 @@ class SwarmHost:
             return
         self.libp2p_host.get_peerstore().add_addrs(source, known, _ADDR_TTL)
         key = source.to_base58()
-        if (self.config.dial_discovered and source not in self.libp2p_host.get_connected_peers()
-                and key not in self._dialing):
+        if (
+            self.config.dial_discovered
+            and source not in self.libp2p_host.get_connected_peers()
+            and key not in self._dialing
+        ):
             self._dialing.add(key)
             self._nursery.start_soon(self._dial_discovered, PeerInfo(source, known))
 
@@ -343,7 +349,12 @@ class SwarmHost:
                 offset, length = wire.parse_read(body)
                 if length == 0 or length > self.config.chunk_size or offset + length > size:
                     with trio.move_on_after(timeout):
-                        await wire.write_frame(stream, wire.ERROR + f"bad range {offset}+{length} (size {size}, chunk limit {self.config.chunk_size})".encode())
+                        await wire.write_frame(
+                            stream,
+                            wire.ERROR
+                            + f"bad range {offset}+{length} (size {size}, "
+                            f"chunk limit {self.config.chunk_size})".encode(),
+                        )
                     return
                 chunk = self.store.read(digest, offset, length)
                 if chunk is None:
@@ -359,14 +370,19 @@ class SwarmHost:
             log.info("protocol error from %s: %s", peer, exc)
         finally:
             with trio.move_on_after(1.0):
-                try:
+                with suppress(Exception):
                     await stream.close()
-                except Exception:
-                    pass
 
     # ---- fetching blobs ---------------------------------------------------------------------
-    async def fetch(self, digest: str, *, providers: list[str] | None = None, max_size: int | None = None,
-                    timeout: float = 60.0, announce: bool = True) -> bytes:
+    async def fetch(
+        self,
+        digest: str,
+        *,
+        providers: list[str] | None = None,
+        max_size: int | None = None,
+        timeout: float = 60.0,
+        announce: bool = True,
+    ) -> bytes:
         """Fetch a blob by sha256 digest, verify it, store it, and (by default) announce we hold it.
 
         Providers are tried in order (explicit `providers`, then peers that announced the digest, then
@@ -400,8 +416,10 @@ class SwarmHost:
                     if size is not None and len(received) == size:
                         break
         except trio.TooSlowError:
-            raise FetchTimeout(f"blob {digest[:16]}: fetch did not finish within {timeout}s "
-                               f"({len(received)} bytes received; failures: {failures or 'none'})") from None
+            raise FetchTimeout(
+                f"blob {digest[:16]}: fetch did not finish within {timeout}s "
+                f"({len(received)} bytes received; failures: {failures or 'none'})"
+            ) from None
         if size is None or len(received) != size:
             if declared and all(d > limit for d in declared.values()):
                 raise BlobTooLarge(f"blob {digest[:16]} is {max(declared.values())} bytes, above the limit of {limit}")
@@ -409,8 +427,10 @@ class SwarmHost:
         data = bytes(received)
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
-            raise DigestMismatch(f"blob {digest[:16]}: received {len(data)} bytes hashing to {actual[:16]} "
-                                 f"from {', '.join(p for p in candidates if p not in failures)}; nothing stored")
+            raise DigestMismatch(
+                f"blob {digest[:16]}: received {len(data)} bytes hashing to {actual[:16]} "
+                f"from {', '.join(p for p in candidates if p not in failures)}; nothing stored"
+            )
         self.store.put(data)
         if announce:
             try:
@@ -479,10 +499,8 @@ class SwarmHost:
         finally:
             if stream is not None:
                 with trio.move_on_after(1.0):
-                    try:
+                    with suppress(Exception):
                         await stream.close()
-                    except Exception:
-                        pass
 
 
 def _security_options(key_pair: KeyPair) -> dict:
@@ -491,8 +509,9 @@ def _security_options(key_pair: KeyPair) -> dict:
 
 
 @asynccontextmanager
-async def open_host(config: HostConfig, store: BlobStore,
-                    allowed: Callable[[str], bool] | None = None) -> AsyncIterator[SwarmHost]:
+async def open_host(
+    config: HostConfig, store: BlobStore, allowed: Callable[[str], bool] | None = None
+) -> AsyncIterator[SwarmHost]:
     """Run a host for the duration of the block (trio). See the module docstring."""
     listen = [multiaddr.Multiaddr(a) for a in config.listen_addrs]
     libp2p_host = new_host(
@@ -503,7 +522,9 @@ async def open_host(config: HostConfig, store: BlobStore,
     )
     gossipsub = GossipSub(
         protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
-        degree=6, degree_low=4, degree_high=12,
+        degree=6,
+        degree_low=4,
+        degree_high=12,
         heartbeat_interval=config.gossip_heartbeat,
         # All test peers share 127.0.0.1: the IP-diversity guard would keep the mesh empty there.
         eclipse_protection_enabled=False,

@@ -4,6 +4,7 @@ File format (JSON, mode 0600): the 32-byte Ed25519 seed sealed with AES-256-GCM 
 from the password by scrypt (RFC 7914; n=2**15, r=8, p=1 as recommended for interactive logins).
 The associated data binds the ciphertext to this format, so a file from another tool does not decrypt.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,9 @@ def _open(record: dict, password: bytes, path: Path) -> bytes:
         key = _derive_key(password, bytes.fromhex(kdf["salt"]), int(kdf["n"]), int(kdf["r"]), int(kdf["p"]))
         return AESGCM(key).decrypt(bytes.fromhex(cipher["nonce"]), bytes.fromhex(record["ciphertext"]), FORMAT.encode())
     except InvalidTag:
-        raise IdentityError(f"cannot decrypt key file {path}: wrong password (SWARM_P2P_PASSWORD) or corrupted file") from None
+        raise IdentityError(
+            f"cannot decrypt key file {path}: wrong password (SWARM_P2P_PASSWORD) or corrupted file"
+        ) from None
     except (KeyError, TypeError, ValueError) as exc:
         raise IdentityError(f"key file {path} is malformed: {exc}") from None
 

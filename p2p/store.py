@@ -5,6 +5,7 @@ it into place (os.replace is atomic on POSIX): a crash leaves at most a stray te
 partial blob under its digest. `MemoryBlobStore` keeps blobs in a dict, for tests and simulations.
 Both offer `read(digest, offset, length)` so the host serves chunks without loading whole blobs.
 """
+
 from __future__ import annotations
 
 import hashlib

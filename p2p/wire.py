@@ -13,6 +13,7 @@ The client may keep several READs in flight; the server answers them in order.
 Gossip envelope: kind(1) || u16 length of addresses || addresses (utf-8, newline-separated) || body.
 Kinds: b"A" application payload, b"H" "I hold digest(32)", b"P" hello (addresses only).
 """
+
 from __future__ import annotations
 
 import struct
@@ -117,4 +118,3 @@ def parse_envelope(data: bytes) -> tuple[bytes, list[str], bytes]:
         raise WireError("gossip envelope truncated")
     addrs = [a for a in data[3 : 3 + n].decode("utf-8", "replace").split("\n") if a]
     return data[:1], addrs, data[3 + n :]
-

@@ -8,6 +8,7 @@ second is reported (steady state: every slot a peer rewrites already exists). In
 peer commits, one peer closes, and attestations arrive until the strict majority (n // 2 + 1)
 finalizes; the round's total is divided by n for the per-peer figure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,14 +40,23 @@ def run_swarm(anvil, n: int) -> dict:
     w3 = connect(anvil.url)
     accounts = [Account.from_key(k) for k in anvil.private_keys[:n]]
     window = n + 2  # every peer commits within the window (automine: one block per transaction)
-    deployer = LedgerClient.deploy(w3, accounts[0], min_peers=n, commit_window=window, attest_window=window,
-                                   eps_cap_micro=100_000_000, delta=1e-5, genesis_digest=digest("genesis"))
+    deployer = LedgerClient.deploy(
+        w3,
+        accounts[0],
+        min_peers=n,
+        commit_window=window,
+        attest_window=window,
+        eps_cap_micro=100_000_000,
+        delta=1e-5,
+        genesis_digest=digest("genesis"),
+    )
     peers = [deployer] + [LedgerClient(w3, deployer.address, a) for a in accounts[1:]]
     register = [p.register(b"peer-%d" % i)["gasUsed"] for i, p in enumerate(peers)]
     rounds = []
     for r in (1, 2):
-        commits = [p.commit(r, digest(f"{r}-{i}"), 1000 + i, r * 1_000_000, MECHANISM)["gasUsed"]
-                   for i, p in enumerate(peers)]
+        commits = [
+            p.commit(r, digest(f"{r}-{i}"), 1000 + i, r * 1_000_000, MECHANISM)["gasUsed"] for i, p in enumerate(peers)
+        ]
         anvil.mine(window + 1)
         close = peers[0].close_round(r)["gasUsed"]
         bitmap = encode_bitmap([True] * n)
@@ -83,40 +93,72 @@ def main(argv: list[str] | None = None) -> int:
             results.append(run_swarm(anvil, n))
             print(json.dumps(results[-1]))
     base = results[0]["per_peer_round"]
-    rows = [[r["n"], r["commit_max"], r["close"], r["attest_first"], r["attest_finalizing"], r["attest_max"],
-             f"{r['per_peer_round']:,.0f}", f"{r['per_peer_round'] / base:.3f}", r["peer_max_round"]] for r in results]
+    rows = [
+        [
+            r["n"],
+            r["commit_max"],
+            r["close"],
+            r["attest_first"],
+            r["attest_finalizing"],
+            r["attest_max"],
+            f"{r['per_peer_round']:,.0f}",
+            f"{r['per_peer_round'] / base:.3f}",
+            r["peer_max_round"],
+        ]
+        for r in results
+    ]
     worst_commit = max(r["commit_max"] for r in results)
     worst_attest = max(r["attest_max"] for r in results)
     worst_peer = max(max(r["per_peer_round"], r["peer_max_round"]) for r in results)
     first = results[0]
-    verdict = lambda v, t: "met" if v <= t else "MISSED"
-    md = "\n".join([
-        "## Ledger gas (`python scripts/bench_ledger.py`)",
-        "",
-        f"{machine_line()}. Anvil 1.7.1 (automine), solc 0.8.28 optimizer 10,000 runs, EVM cancun. "
-        f"Gas is deterministic: the same on any machine. Mechanism JSON committed: {len(MECHANISM)} bytes "
-        "(commit gas grows about 25 gas per byte of it).",
-        "",
-        table(["operation", "gas"], [
-            ["deploy", f"{first['deploy']:,}"],
-            ["register (7-byte peer id)", f"{first['register']:,}"],
-            ["commit (max over peers)", f"{worst_commit:,}"],
-            ["closeRound", f"{first['close']:,}"],
-            ["attest (max: first vote for a (digest, bitmap))", f"{worst_attest:,}"],
-        ]),
-        "",
-        "Per round (second round of each swarm; n // 2 + 1 attestations finalize it; "
-        "per peer = round total / n, flatness = per peer / per peer at the smallest swarm):",
-        "",
-        table(["peers", "commit max", "closeRound", "attest first", "attest finalizing", "attest max",
-               "gas per peer per round", "vs smallest", "one peer's max (commit + attest)"], rows),
-        "",
-        f"Targets: commit <= {TARGETS['commit']:,} ({verdict(worst_commit, TARGETS['commit'])}), attest <= "
-        f"{TARGETS['attest']:,} ({verdict(worst_attest, TARGETS['attest'])}), a peer's total per round <= "
-        f"{TARGETS['per_peer_round']:,} ({verdict(worst_peer, TARGETS['per_peer_round'])}), flat in peers "
-        f"(per-peer ratio {min(r['per_peer_round'] for r in results) / base:.3f} to "
-        f"{max(r['per_peer_round'] for r in results) / base:.3f}).",
-    ])
+
+    def verdict(v, t):
+        return "met" if v <= t else "MISSED"
+
+    md = "\n".join(
+        [
+            "## Ledger gas (`python scripts/bench_ledger.py`)",
+            "",
+            f"{machine_line()}. Anvil 1.7.1 (automine), solc 0.8.28 optimizer 10,000 runs, EVM cancun. "
+            f"Gas is deterministic: the same on any machine. Mechanism JSON committed: {len(MECHANISM)} bytes "
+            "(commit gas grows about 25 gas per byte of it).",
+            "",
+            table(
+                ["operation", "gas"],
+                [
+                    ["deploy", f"{first['deploy']:,}"],
+                    ["register (7-byte peer id)", f"{first['register']:,}"],
+                    ["commit (max over peers)", f"{worst_commit:,}"],
+                    ["closeRound", f"{first['close']:,}"],
+                    ["attest (max: first vote for a (digest, bitmap))", f"{worst_attest:,}"],
+                ],
+            ),
+            "",
+            "Per round (second round of each swarm; n // 2 + 1 attestations finalize it; "
+            "per peer = round total / n, flatness = per peer / per peer at the smallest swarm):",
+            "",
+            table(
+                [
+                    "peers",
+                    "commit max",
+                    "closeRound",
+                    "attest first",
+                    "attest finalizing",
+                    "attest max",
+                    "gas per peer per round",
+                    "vs smallest",
+                    "one peer's max (commit + attest)",
+                ],
+                rows,
+            ),
+            "",
+            f"Targets: commit <= {TARGETS['commit']:,} ({verdict(worst_commit, TARGETS['commit'])}), attest <= "
+            f"{TARGETS['attest']:,} ({verdict(worst_attest, TARGETS['attest'])}), a peer's total per round <= "
+            f"{TARGETS['per_peer_round']:,} ({verdict(worst_peer, TARGETS['per_peer_round'])}), flat in peers "
+            f"(per-peer ratio {min(r['per_peer_round'] for r in results) / base:.3f} to "
+            f"{max(r['per_peer_round'] for r in results) / base:.3f}).",
+        ]
+    )
     print(md)
     if not args.no_write:
         print(f"wrote {write_section('ledger', md)}")

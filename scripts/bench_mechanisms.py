@@ -8,6 +8,7 @@ round: on a machine shared with other jobs the minimum is the run least disturbe
 
     python scripts/bench_mechanisms.py [--n 10000000] [--repeat 15] [--threads N] [--no-write]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,28 +98,48 @@ def main() -> int:
         mech = mechanisms.get(name, **params)
         x = inputs[kind]
         (floor, floor_cpu), (cost, cost_cpu) = floor_and_cost(
-            lambda: FLOORS[floor_kind](args.n, gen), lambda: mech.perturb(x, generator=gen), args.repeat)
+            lambda kind=floor_kind: FLOORS[kind](args.n, gen),
+            lambda mech=mech, x=x: mech.perturb(x, generator=gen),
+            args.repeat,
+        )
         ratio, cpu_ratio = cost / floor, cost_cpu / floor_cpu
         ok &= ratio <= target
-        rows.append([name, floor_kind, f"{floor * 1e3:.1f}", f"{cost * 1e3:.1f}", f"{ratio:.2f}",
-                     f"{cpu_ratio:.2f}", f"<= {target}", "yes" if ratio <= target else "**no**"])
-        print(f"{name:12s} floor {floor * 1e3:7.1f} ms  perturb {cost * 1e3:7.1f} ms  ratio {ratio:.2f}  "
-              f"cpu ratio {cpu_ratio:.2f} (target {target})")
-    md = (f"Perturbing {args.n:,} float32 values (fastest of {args.repeat} rounds, floor and mechanism "
-          f"timed in alternation in the same run): floor = allocate the float32 output and draw the "
-          f"random numbers the mechanism needs from the same torch.Generator "
-          f"({torch.get_num_threads()} torch threads).\n\n"
-          + benchdoc.table(["mechanism", "floor", "floor ms", "perturb ms", "ratio", "CPU-time ratio", "target",
-                          "met (wall ratio)"], rows)
-          + f"\n\nMachine: {benchdoc.machine_line()}; 1-minute load average at the end of the run: "
-          f"{os.getloadavg()[0]:.1f} (ratios are only meaningful on an otherwise idle machine). Reproduce: `python scripts/bench_mechanisms.py`.\n"
-          "Laplace and the exponential mechanism draw 53-bit (float64) uniforms on purpose (see "
-          "docs/MECHANISMS.md), so their floor is that float64 draw (into a reused buffer, as they "
-          "draw) plus writing the float32 output. `sampled` draws only 2k numbers; its floor is "
-          "writing the zero output. torch draws uniforms and normals on one thread whatever the "
-          "thread count; the perturb arithmetic uses all threads. The CPU-time ratio (process CPU "
-          "time, all threads) is far less disturbed by other jobs than the wall ratio; the target is "
-          "judged on wall time.")
+        rows.append(
+            [
+                name,
+                floor_kind,
+                f"{floor * 1e3:.1f}",
+                f"{cost * 1e3:.1f}",
+                f"{ratio:.2f}",
+                f"{cpu_ratio:.2f}",
+                f"<= {target}",
+                "yes" if ratio <= target else "**no**",
+            ]
+        )
+        print(
+            f"{name:12s} floor {floor * 1e3:7.1f} ms  perturb {cost * 1e3:7.1f} ms  ratio {ratio:.2f}  "
+            f"cpu ratio {cpu_ratio:.2f} (target {target})"
+        )
+    md = (
+        f"Perturbing {args.n:,} float32 values (fastest of {args.repeat} rounds, floor and mechanism "
+        f"timed in alternation in the same run): floor = allocate the float32 output and draw the "
+        f"random numbers the mechanism needs from the same torch.Generator "
+        f"({torch.get_num_threads()} torch threads).\n\n"
+        + benchdoc.table(
+            ["mechanism", "floor", "floor ms", "perturb ms", "ratio", "CPU-time ratio", "target", "met (wall ratio)"],
+            rows,
+        )
+        + f"\n\nMachine: {benchdoc.machine_line()}; 1-minute load average at the end of the run: "
+        f"{os.getloadavg()[0]:.1f} (ratios are only meaningful on an otherwise idle machine). "
+        "Reproduce: `python scripts/bench_mechanisms.py`.\n"
+        "Laplace and the exponential mechanism draw 53-bit (float64) uniforms on purpose (see "
+        "docs/MECHANISMS.md), so their floor is that float64 draw (into a reused buffer, as they "
+        "draw) plus writing the float32 output. `sampled` draws only 2k numbers; its floor is "
+        "writing the zero output. torch draws uniforms and normals on one thread whatever the "
+        "thread count; the perturb arithmetic uses all threads. The CPU-time ratio (process CPU "
+        "time, all threads) is far less disturbed by other jobs than the wall ratio; the target is "
+        "judged on wall time."
+    )
     if not args.no_write:
         benchdoc.write_section("mechanisms", md)
     return 0 if ok else 1

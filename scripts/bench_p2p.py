@@ -9,6 +9,7 @@ docs/BENCHMARKS.md.
 
 Usage: python scripts/bench_p2p.py [--reps 3] [--sizes 4,8,16] [--no-write]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,9 @@ async def bench_chunked_vs_single(reps: int, rng: random.Random) -> dict:
             await fetcher.connect(holder.addrs[0])
             start = time.perf_counter()
             with trio.fail_after(30):
-                stream = await fetcher.libp2p_host.new_stream(ID.from_base58(holder.peer_id), [TProtocol(SINGLE_PROTOCOL)])
+                stream = await fetcher.libp2p_host.new_stream(
+                    ID.from_base58(holder.peer_id), [TProtocol(SINGLE_PROTOCOL)]
+                )
                 await wire.write_frame(stream, b"get")
                 got = await wire.read_frame(stream, max_frame=8 * MiB)
                 await stream.close()
@@ -108,8 +111,7 @@ async def bench_all_to_all(n: int, rng: random.Random) -> dict:
             for i in range(n):
                 nursery.start_soon(fetch_all, i)
         assert all(p.store.has(d) for p in peers for d in digests)
-    return {"n": n, "last": max(finished), "mean": statistics.mean(finished),
-            "moved_mb": n * (n - 1) * 2 * MiB / 1e6}
+    return {"n": n, "last": max(finished), "mean": statistics.mean(finished), "moved_mb": n * (n - 1) * 2 * MiB / 1e6}
 
 
 async def main(args) -> str:
@@ -118,30 +120,38 @@ async def main(args) -> str:
     rows = []
     for n in args.sizes:
         r = await bench_all_to_all(n, rng)
-        rows.append([r["n"], f"{r['moved_mb']:.0f}", f"{r['mean']:.2f}", f"{r['last']:.2f}",
-                     f"{r['moved_mb'] / r['last']:.1f}"])
+        rows.append(
+            [r["n"], f"{r['moved_mb']:.0f}", f"{r['mean']:.2f}", f"{r['last']:.2f}", f"{r['moved_mb'] / r['last']:.1f}"]
+        )
         print(f"N={n}: last peer done in {r['last']:.2f}s", file=sys.stderr)
     value = ratio["chunked"] / ratio["single"]
-    return "\n".join([
-        "## p2p: chunked blob exchange (`scripts/bench_p2p.py`)",
-        "",
-        f"Machine: {machine_line()}. Real py-libp2p 0.8.1 hosts (TCP + Noise + Yamux) on 127.0.0.1, all in one "
-        f"process; median of {args.reps} runs; seed {args.seed}.",
-        "",
-        table(["measure", "MB/s"], [
-            ["64 MB chunked fetch (1 MiB chunks, 8 in flight, sha256 checked)", f"{ratio['chunked']:.1f}"],
-            ["single 4 MB request/response (baseline)", f"{ratio['single']:.1f}"],
-            ["**ratio chunked / single** (target >= 0.8)", f"**{value:.2f}**"],
-        ]),
-        "",
-        "All-to-all: every peer fetches every other peer's 2 MB blob (all peers at once).",
-        "",
-        table(["N peers", "MB moved", "mean time per peer (s)", "time until last peer done (s)",
-               "aggregate MB/s"], rows),
-        "",
-        "Each peer moves 2(N-1) MB and the whole swarm N(N-1)*2 MB, all through one CPU-bound event loop "
-        "here, so time grows roughly with N^2 on one machine; across machines each peer's own work grows with N.",
-    ])
+    return "\n".join(
+        [
+            "## p2p: chunked blob exchange (`scripts/bench_p2p.py`)",
+            "",
+            f"Machine: {machine_line()}. Real py-libp2p 0.8.1 hosts (TCP + Noise + Yamux) on 127.0.0.1, all in one "
+            f"process; median of {args.reps} runs; seed {args.seed}.",
+            "",
+            table(
+                ["measure", "MB/s"],
+                [
+                    ["64 MB chunked fetch (1 MiB chunks, 8 in flight, sha256 checked)", f"{ratio['chunked']:.1f}"],
+                    ["single 4 MB request/response (baseline)", f"{ratio['single']:.1f}"],
+                    ["**ratio chunked / single** (target >= 0.8)", f"**{value:.2f}**"],
+                ],
+            ),
+            "",
+            "All-to-all: every peer fetches every other peer's 2 MB blob (all peers at once).",
+            "",
+            table(
+                ["N peers", "MB moved", "mean time per peer (s)", "time until last peer done (s)", "aggregate MB/s"],
+                rows,
+            ),
+            "",
+            "Each peer moves 2(N-1) MB and the whole swarm N(N-1)*2 MB, all through one CPU-bound event loop "
+            "here, so time grows roughly with N^2 on one machine; across machines each peer's own work grows with N.",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ column). As a cross-check, the same training is also timed alone before and afte
 
     python scripts/bench_simulate.py [--sizes 10,100,500] [--rounds 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,10 +39,22 @@ def child(peers: int, rounds: int) -> dict:
     from node.runs.simulate import Simulation
 
     torch.set_num_threads(1)
-    config = load_config(None, ["data.dataset=fashion-mnist", f"data.limit={SAMPLES_PER_PEER * peers}",
-                                "data.test_limit=1000", f"swarm.peers={peers}", f"swarm.rounds={rounds}",
-                                "train.epochs=1", "train.batch_size=32", "train.lr=0.05", "privacy.mechanism=pnpm",
-                                "privacy.epsilon=1.0", "swarm.seed=0"])
+    config = load_config(
+        None,
+        [
+            "data.dataset=fashion-mnist",
+            f"data.limit={SAMPLES_PER_PEER * peers}",
+            "data.test_limit=1000",
+            f"swarm.peers={peers}",
+            f"swarm.rounds={rounds}",
+            "train.epochs=1",
+            "train.batch_size=32",
+            "train.lr=0.05",
+            "privacy.mechanism=pnpm",
+            "privacy.epsilon=1.0",
+            "swarm.seed=0",
+        ],
+    )
     _warm_up()
     trained = _time_train_local()
     per_round: list[float] = []
@@ -65,12 +78,20 @@ def child(peers: int, rounds: int) -> dict:
     ratios_no_eval = sorted((r - e) / t for r, e, t in zip(rounds, evaluations, per_round))
     baseline = min(before, after)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"peers": peers, "rounds": len(rounds), "peer_rounds": s["peer_rounds"],
-            "per_peer_round": min(rounds) / peers, "train_per_peer": min(per_round) / peers,
-            "ratio": ratios[len(ratios) // 2], "ratio_without_eval": ratios_no_eval[len(ratios_no_eval) // 2],
-            "baseline_before": before, "baseline_after": after,
-            "ratio_to_separate_baseline": (min(rounds) / peers) / baseline,
-            "peak_mib": peak_mib, "num_params": s["num_params"]}
+    return {
+        "peers": peers,
+        "rounds": len(rounds),
+        "peer_rounds": s["peer_rounds"],
+        "per_peer_round": min(rounds) / peers,
+        "train_per_peer": min(per_round) / peers,
+        "ratio": ratios[len(ratios) // 2],
+        "ratio_without_eval": ratios_no_eval[len(ratios_no_eval) // 2],
+        "baseline_before": before,
+        "baseline_after": after,
+        "ratio_to_separate_baseline": (min(rounds) / peers) / baseline,
+        "peak_mib": peak_mib,
+        "num_params": s["num_params"],
+    }
 
 
 def _time_train_local() -> list[float]:
@@ -107,9 +128,17 @@ def _baseline(sim, config, indices) -> float:
     started = time.perf_counter()
     for i in indices:
         sim.model.load_state_dict(unflatten(sim.genesis_vector, sim.spec))
-        train_local(sim.model, sim.peers[i].x, sim.peers[i].y, epochs=st.epochs, batch_size=st.batch_size,
-                    lr=round_lr(st.lr, st.lr_decay, 0), momentum=st.momentum,
-                    seed=round_seed(config.swarm.seed, peer_name(i), 1), dp=st.dp)
+        train_local(
+            sim.model,
+            sim.peers[i].x,
+            sim.peers[i].y,
+            epochs=st.epochs,
+            batch_size=st.batch_size,
+            lr=round_lr(st.lr, st.lr_decay, 0),
+            momentum=st.momentum,
+            seed=round_seed(config.swarm.seed, peer_name(i), 1),
+            dp=st.dp,
+        )
     return (time.perf_counter() - started) / len(indices)
 
 
@@ -140,33 +169,61 @@ def main() -> None:
 
     rows = []
     for peers in [int(x) for x in args.sizes.split(",")]:
-        out = subprocess.run([sys.executable, __file__, "--child", str(peers), "--rounds", str(args.rounds)],
-                             check=True, capture_output=True, text=True, cwd=ROOT)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", str(peers), "--rounds", str(args.rounds)],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(r, flush=True)
         rows.append(r)
-    md = [f"Machine: {machine_line()}. `python scripts/bench_simulate.py --rounds {args.rounds}`: default CNN "
-          f"(pnpm-fmnist, {rows[0]['num_params']:,} parameters) on Fashion-MNIST, {SAMPLES_PER_PEER} images per "
-          "peer, 1 local epoch (batch 32), PNPM eps 1, FedAvg, every peer in every round, 1 torch thread, "
-          "test evaluation (1,000 images) after every round.", "",
-          table(["peers", "rounds", "peer-rounds/s (fastest round)", "peak RSS (MiB)",
-                 "train_local per peer (s)", "ratio: round / its train_local time",
-                 "same without the test evaluation (target < 1.2)", "met",
-                 "separate baseline before / after (s)"],
-                [[r["peers"], r["rounds"], f"{1 / r['per_peer_round']:.1f}", f"{r['peak_mib']:.0f}",
-                  f"{r['train_per_peer']:.4f}", f"{r['ratio']:.3f}", f"{r['ratio_without_eval']:.3f}",
-                  "yes" if r["ratio_without_eval"] < 1.2 else "**no**",
-                  f"{r['baseline_before']:.4f} / {r['baseline_after']:.4f}"] for r in rows]),
-          "", "The ratio divides each round's wall time by the time `node.learning.train.train_local` took inside that "
-          "round (median over rounds): what the simulator adds to the training itself (loading the global "
-          "model, PNPM on all coordinates, exact fixed-point aggregation, the per-round test evaluation), "
-          "measured interleaved so that other jobs on this shared machine cancel out. The target is judged "
-          "without the test evaluation: evaluating the global model is a measurement the run asks for "
-          "(a real peer pays it too), a fixed cost per round that `--test-limit` bounds, not a cost of "
-          "simulating peers; with 10 peers of 100 images it is about a third of the round, with 100 or "
-          "more a few percent (both columns are shown). The last column times "
-          "the same `train_local` calls alone, before and after the simulation, as a cross-check: on a "
-          "loaded machine it drifts by 2x or more between the two, which is why it is not the headline."]
+    md = [
+        f"Machine: {machine_line()}. `python scripts/bench_simulate.py --rounds {args.rounds}`: default CNN "
+        f"(pnpm-fmnist, {rows[0]['num_params']:,} parameters) on Fashion-MNIST, {SAMPLES_PER_PEER} images per "
+        "peer, 1 local epoch (batch 32), PNPM eps 1, FedAvg, every peer in every round, 1 torch thread, "
+        "test evaluation (1,000 images) after every round.",
+        "",
+        table(
+            [
+                "peers",
+                "rounds",
+                "peer-rounds/s (fastest round)",
+                "peak RSS (MiB)",
+                "train_local per peer (s)",
+                "ratio: round / its train_local time",
+                "same without the test evaluation (target < 1.2)",
+                "met",
+                "separate baseline before / after (s)",
+            ],
+            [
+                [
+                    r["peers"],
+                    r["rounds"],
+                    f"{1 / r['per_peer_round']:.1f}",
+                    f"{r['peak_mib']:.0f}",
+                    f"{r['train_per_peer']:.4f}",
+                    f"{r['ratio']:.3f}",
+                    f"{r['ratio_without_eval']:.3f}",
+                    "yes" if r["ratio_without_eval"] < 1.2 else "**no**",
+                    f"{r['baseline_before']:.4f} / {r['baseline_after']:.4f}",
+                ]
+                for r in rows
+            ],
+        ),
+        "",
+        "The ratio divides each round's wall time by the time `node.learning.train.train_local` took inside that "
+        "round (median over rounds): what the simulator adds to the training itself (loading the global "
+        "model, PNPM on all coordinates, exact fixed-point aggregation, the per-round test evaluation), "
+        "measured interleaved so that other jobs on this shared machine cancel out. The target is judged "
+        "without the test evaluation: evaluating the global model is a measurement the run asks for "
+        "(a real peer pays it too), a fixed cost per round that `--test-limit` bounds, not a cost of "
+        "simulating peers; with 10 peers of 100 images it is about a third of the round, with 100 or "
+        "more a few percent (both columns are shown). The last column times "
+        "the same `train_local` calls alone, before and after the simulation, as a cross-check: on a "
+        "loaded machine it drifts by 2x or more between the two, which is why it is not the headline.",
+    ]
     write_section("simulate", "\n".join(md))
     print("\n".join(md))
 

@@ -3,6 +3,7 @@
 Each benchmark owns the text between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->`;
 sections are kept in the order they were first written.
 """
+
 from __future__ import annotations
 
 import datetime as _dt

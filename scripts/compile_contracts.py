@@ -9,6 +9,7 @@ pinned npm solcjs (node_modules/.bin/solcjs) through scripts/solcjs_wrapper.sh, 
 ">>> ..." lines solcjs prints before its JSON (see PLATFORM.md). Both produce the same bytecode:
 the version, optimizer settings and EVM version are pinned here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,7 +91,10 @@ def compile_artifact() -> dict:
 
 def same_build(a: dict, b: dict) -> bool:
     """Artifacts match on everything but how the compiler was reached (native or solcjs)."""
-    strip = lambda d: {k: v for k, v in d.items() if k != "compiler"} | {"version": d["compiler"]["version"]}
+
+    def strip(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k != "compiler"} | {"version": d["compiler"]["version"]}
+
     return strip(a) == strip(b)
 
 
@@ -108,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
     ARTIFACT.write_text(json.dumps(fresh, indent=1) + "\n")
-    print(f"wrote {ARTIFACT.relative_to(ROOT)} (solc {fresh['compiler']['version']} via {fresh['compiler']['via']}, "
-          f"{(len(fresh['deployedBytecode']) - 2) // 2} bytes deployed)")
+    print(
+        f"wrote {ARTIFACT.relative_to(ROOT)} (solc {fresh['compiler']['version']} via {fresh['compiler']['via']}, "
+        f"{(len(fresh['deployedBytecode']) - 2) // 2} bytes deployed)"
+    )
     return 0
 
 

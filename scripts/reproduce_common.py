@@ -4,6 +4,7 @@ run a list of them on a small process pool, and print markdown tables.
 
 Every run is `node.runs.simulate.Simulation` (what `swarm simulate` runs); each line of a table
 names the equivalent command."""
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ def run_one(job: tuple) -> dict:
         shutil.rmtree(out)
     torch.set_num_threads(1)
     started = time.perf_counter()
-    result = Simulation(load_config(None, overrides), fraction=fraction, out=out, threads=1,
-                        mechanism_params=mechanism_params).run()
+    result = Simulation(
+        load_config(None, overrides), fraction=fraction, out=out, threads=1, mechanism_params=mechanism_params
+    ).run()
     wall = time.perf_counter() - started
     return {"name": name, "summary": result.summary, "records": result.records, "reused": False, "wall": wall}
 
@@ -63,8 +65,11 @@ def run_all(jobs: list[tuple], workers: int | None = None) -> dict[str, dict]:
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for res in pool.map(run_one, jobs):
             s = res["summary"]
-            print(f"{res['name']}: final {s['final_accuracy']}, {s['seconds']['total']:.0f} s"
-                  f"{' (reused)' if res['reused'] else ''}", flush=True)
+            print(
+                f"{res['name']}: final {s['final_accuracy']}, {s['seconds']['total']:.0f} s"
+                f"{' (reused)' if res['reused'] else ''}",
+                flush=True,
+            )
             results[res["name"]] = res
     return results
 

@@ -18,6 +18,7 @@ per round oscillated in a pilot), with 1 local epoch, batch 32 and SGD momentum 
 (docs/RESULTS.md gives the pilots that chose them).
 Finished runs are reused (runs/reproduce/<name>/summary.json); delete the folder to rerun.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,13 +35,26 @@ USERS = (10, 70, 100, 200, 500)
 EPSILONS = (0.5, 1.0, 2.0)
 LR_AT_100 = 0.05  # the paper: 0.01 at 100 users, 0.05 at 500; see the module docstring
 LR_CAP = 0.1
-BASE = ["data.dataset=fashion-mnist", "swarm.rounds=10",  # no data.limit: all 60,000 + 10,000
-        "train.epochs=1", "train.batch_size=32", "train.momentum=0.9", "aggregation.rule=fedavg",
-        "swarm.seed=1", "privacy.perturb=weights"]
+BASE = [
+    "data.dataset=fashion-mnist",
+    "swarm.rounds=10",  # no data.limit: all 60,000 + 10,000
+    "train.epochs=1",
+    "train.batch_size=32",
+    "train.momentum=0.9",
+    "aggregation.rule=fedavg",
+    "swarm.seed=1",
+    "privacy.perturb=weights",
+]
 LDP_FL = {"center": 0.0, "radius": 0.5}  # trained weights of this CNN lie within +-0.5
 # what the paper states for Fashion-MNIST (text of sections 4.2 and 4.3): (users, mechanism, eps) -> %
-PAPER = {(100, "none", None): 83.56, (100, "pnpm", 1.0): 81.20, (70, "none", None): 86.07,
-         (70, "pnpm", 1.0): 85.92, (70, "duchi", 1.0): 66.98, (70, "pm", 1.0): 54.83}
+PAPER = {
+    (100, "none", None): 83.56,
+    (100, "pnpm", 1.0): 81.20,
+    (70, "none", None): 86.07,
+    (70, "pnpm", 1.0): 85.92,
+    (70, "duchi", 1.0): 66.98,
+    (70, "pm", 1.0): 54.83,
+}
 
 
 def lr_for(users: int) -> float:
@@ -54,8 +68,12 @@ def jobs() -> list[tuple]:
 
     def add(into, mech: str, eps: float | None, users: int, params: dict | None = None):
         name = f"full-{mech}-n{users}" if eps is None else f"full-{mech}-eps{eps:g}-n{users}"
-        overrides = BASE + [f"swarm.peers={users}", f"train.lr={lr_for(users)}", f"privacy.mechanism={mech}",
-                            f"privacy.epsilon={eps or 1.0}"]
+        overrides = BASE + [
+            f"swarm.peers={users}",
+            f"train.lr={lr_for(users)}",
+            f"privacy.mechanism={mech}",
+            f"privacy.epsilon={eps or 1.0}",
+        ]
         into.append((name, overrides, 1.0, params))
 
     for users in USERS:
@@ -79,24 +97,52 @@ def main() -> None:
     wall = time.perf_counter() - started
     sweep = RUNS / "pnpm-sweep.json"
     if fresh:  # the sweep's own wall time is only meaningful when nothing was reused
-        sweep.write_text(json.dumps({"runs": len(todo), "wall_seconds": round(wall, 1),
-                                     "workers": int(os.environ.get("REPRODUCE_WORKERS", "2")),
-                                     "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1) + "\n")
-    print("| users | lr | mechanism | eps per coordinate | paper % | final acc % | best acc % | "
-          "whole-update eps per peer (10 rounds) | seconds | note |")
+        sweep.write_text(
+            json.dumps(
+                {
+                    "runs": len(todo),
+                    "wall_seconds": round(wall, 1),
+                    "workers": int(os.environ.get("REPRODUCE_WORKERS", "2")),
+                    "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+    print(
+        "| users | lr | mechanism | eps per coordinate | paper % | final acc % | best acc % | "
+        "whole-update eps per peer (10 rounds) | seconds | note |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, overrides, fraction, params in sorted(todo, key=_order):
         s = results[name]["summary"]
         mech = s["mechanism"]
         eps = mech.get("epsilon")
         paper = PAPER.get((s["peers"], mech["name"], eps if mech["name"] != "none" else None))
-        print("| " + " | ".join(str(c) for c in (
-            s["peers"], f"{s['lr']:g}", mech["name"], "-" if eps is None else f"{eps:g}",
-            "" if paper is None else f"{paper:.2f}", pct(s["final_accuracy"]), pct(s["best_accuracy"]),
-            eps_text(s), f"{s['seconds']['total']:.0f}", s.get("diverged") or "")) + " |")
+        print(
+            "| "
+            + " | ".join(
+                str(c)
+                for c in (
+                    s["peers"],
+                    f"{s['lr']:g}",
+                    mech["name"],
+                    "-" if eps is None else f"{eps:g}",
+                    "" if paper is None else f"{paper:.2f}",
+                    pct(s["final_accuracy"]),
+                    pct(s["best_accuracy"]),
+                    eps_text(s),
+                    f"{s['seconds']['total']:.0f}",
+                    s.get("diverged") or "",
+                )
+            )
+            + " |"
+        )
     total = sum(results[n]["summary"]["seconds"]["total"] for n, *_ in todo)
-    print(f"\n{len(todo)} runs, {total:.0f} s of simulated time in all; sweep wall time {wall:.0f} s"
-          f"{'' if fresh else ' (some runs reused: see runs/reproduce/pnpm-sweep.json for the fresh sweep)'}")
+    print(
+        f"\n{len(todo)} runs, {total:.0f} s of simulated time in all; sweep wall time {wall:.0f} s"
+        f"{'' if fresh else ' (some runs reused: see runs/reproduce/pnpm-sweep.json for the fresh sweep)'}"
+    )
     print("\nCommand of each run:")
     for name, overrides, fraction, params in sorted(todo, key=_order):
         print(f"- {name}: `{command(overrides, fraction, params)}`")
@@ -119,8 +165,15 @@ def plot(results, todo) -> None:
     import matplotlib.pyplot as plt
 
     FIGURES.mkdir(parents=True, exist_ok=True)
-    colors = {"non-private": "black", "pnpm": "tab:red", "duchi": "tab:blue", "pm": "tab:purple",
-              "hm": "tab:orange", "ldp-fl": "tab:green", "sampled": "tab:pink"}
+    colors = {
+        "non-private": "black",
+        "pnpm": "tab:red",
+        "duchi": "tab:blue",
+        "pm": "tab:purple",
+        "hm": "tab:orange",
+        "ldp-fl": "tab:green",
+        "sampled": "tab:pink",
+    }
     fig, axes = plt.subplots(1, 3, figsize=(13, 4.4), sharey=True)
     for ax, eps in zip(axes, EPSILONS):
         series: dict[str, list[tuple[int, float]]] = {}
@@ -135,20 +188,28 @@ def plot(results, todo) -> None:
         for label in colors:
             points = sorted(series.get(label, []))
             if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colors[label],
-                        label=label)
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", color=colors[label], label=label)
         for (users, mech, e), value in PAPER.items():
             if mech == "none" or e == eps:
-                ax.scatter([users], [value], marker="*", s=110, color=colors["non-private" if mech == "none" else mech],
-                           edgecolors="white", zorder=5)
+                ax.scatter(
+                    [users],
+                    [value],
+                    marker="*",
+                    s=110,
+                    color=colors["non-private" if mech == "none" else mech],
+                    edgecolors="white",
+                    zorder=5,
+                )
         ax.set_xscale("log")
         ax.set_xlabel("users (all take part every round)")
         ax.set_title(f"eps {eps:g} per coordinate")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper right")
     axes[0].set_ylabel("test accuracy after 10 rounds (%)")
-    fig.suptitle("Fashion-MNIST (60,000 images), PNPM paper setup, mechanisms on the weights; "
-                 "stars: the paper's numbers (same colour = same mechanism)")
+    fig.suptitle(
+        "Fashion-MNIST (60,000 images), PNPM paper setup, mechanisms on the weights; "
+        "stars: the paper's numbers (same colour = same mechanism)"
+    )
     fig.tight_layout()
     fig.savefig(FIGURES / "pnpm_users.png", dpi=110)
 

@@ -11,6 +11,7 @@ norm 1 and adds noise for (eps, 1e-5) per round (RDP over the rounds).
 
     python scripts/reproduce_seed001.py
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,19 +27,32 @@ MECHANISMS = ("pnpm", "duchi", "pm", "hm", "laplace", "ldp-fl", "sampled", "gaus
 
 
 def base(share: str) -> list[str]:
-    return ["data.dataset=breast-cancer", "model.name=logreg", "swarm.peers=5", f"swarm.rounds={ROUNDS}",
-            "data.partition=dirichlet", "data.alpha=1.0", "train.epochs=5", "train.batch_size=16", "train.lr=0.01",
-            "train.lr_decay=0.95", "aggregation.rule=fedavg", "swarm.seed=3", f"privacy.perturb={share}",
-            "privacy.delta=1e-5"]
+    return [
+        "data.dataset=breast-cancer",
+        "model.name=logreg",
+        "swarm.peers=5",
+        f"swarm.rounds={ROUNDS}",
+        "data.partition=dirichlet",
+        "data.alpha=1.0",
+        "train.epochs=5",
+        "train.batch_size=16",
+        "train.lr=0.01",
+        "train.lr_decay=0.95",
+        "aggregation.rule=fedavg",
+        "swarm.seed=3",
+        f"privacy.perturb={share}",
+        "privacy.delta=1e-5",
+    ]
 
 
 def mechanism_job(mech: str, eps: float, tag: str = "pareto") -> tuple:
     share = "weights" if mech == "pnpm" else "update"
-    params = {"pnpm": {"name": "pnpm", "epsilon": eps},
-              "ldp-fl": {"name": "ldp-fl", "epsilon": eps, "center": 0.0, "radius": 1.0},
-              "sampled": {"name": "sampled", "base": "pm", "epsilon": eps, "clip": True},
-              "gaussian": {"name": "gaussian", "clip_norm": 1.0, "epsilon": eps, "delta": 1e-5}}.get(
-        mech, {"name": mech, "epsilon": eps, "clip": True})
+    params = {
+        "pnpm": {"name": "pnpm", "epsilon": eps},
+        "ldp-fl": {"name": "ldp-fl", "epsilon": eps, "center": 0.0, "radius": 1.0},
+        "sampled": {"name": "sampled", "base": "pm", "epsilon": eps, "clip": True},
+        "gaussian": {"name": "gaussian", "clip_norm": 1.0, "epsilon": eps, "delta": 1e-5},
+    }.get(mech, {"name": mech, "epsilon": eps, "clip": True})
     overrides = base(share) + [f"privacy.mechanism={mech}", f"privacy.epsilon={eps}"]
     return (f"s001-{tag}-{mech}-eps{eps:g}", overrides, 1.0, params)
 
@@ -54,11 +68,16 @@ def main() -> None:
     print("## medical case: 5 hospitals, logistic regression, 40 rounds")
     print("| setting | final acc % | best acc % | whole-update eps per hospital | seconds | command |")
     print("|---|---|---|---|---|---|")
-    for name, overrides, _, params in medical + [mechanism_job("gaussian", 1.0), mechanism_job("pnpm", 1.0),
-                                                 mechanism_job("gaussian", 4.0)]:
+    for name, overrides, _, params in medical + [
+        mechanism_job("gaussian", 1.0),
+        mechanism_job("pnpm", 1.0),
+        mechanism_job("gaussian", 4.0),
+    ]:
         s = results[name]["summary"]
-        print(f"| {name[5:]} | {pct(s['final_accuracy'])} | {pct(s['best_accuracy'])} | {eps_text(s)} | "
-              f"{s['seconds']['total']:.1f} | `{command(overrides, 1.0, params)}` |")
+        print(
+            f"| {name[5:]} | {pct(s['final_accuracy'])} | {pct(s['best_accuracy'])} | {eps_text(s)} | "
+            f"{s['seconds']['total']:.1f} | `{command(overrides, 1.0, params)}` |"
+        )
 
     print("\n## Pareto grid (final accuracy %; honest whole-update eps per hospital)")
     print("| mechanism | " + " | ".join(f"eps {e:g}" for e in EPS_GRID) + " |")
@@ -70,8 +89,9 @@ def main() -> None:
             s = results[f"s001-pareto-{m}-eps{e:g}"]["summary"]
             cells.append(f"{pct(s['final_accuracy'])} ({eps_text(s)})")
             if s["final_accuracy"] is not None and s.get("privacy"):
-                points.append((s["privacy"]["eps_whole_update_max"], s["final_accuracy"], m, e,
-                               s["privacy"]["protects"]))
+                points.append(
+                    (s["privacy"]["eps_whole_update_max"], s["final_accuracy"], m, e, s["privacy"]["protects"])
+                )
         print(f"| {m} | " + " | ".join(cells) + " |")
     # PNPM's eps bounds the signs only: it is not comparable with the others' and stays off the front.
     front = pareto_front([p for p in points if p[4] != "sign"])
@@ -103,10 +123,17 @@ def plot(points, front, baseline) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for m in MECHANISMS:
         mine = [p for p in points if p[2] == m]
-        ax.scatter([p[0] for p in mine], [100 * p[1] for p in mine], label=m + (" (sign only)" if m == "pnpm" else ""),
-                   s=22)
-    ax.step([p[0] for p in front], [100 * p[1] for p in front], where="post", color="black", lw=1,
-            label="Pareto front (value-protecting)")
+        ax.scatter(
+            [p[0] for p in mine], [100 * p[1] for p in mine], label=m + (" (sign only)" if m == "pnpm" else ""), s=22
+        )
+    ax.step(
+        [p[0] for p in front],
+        [100 * p[1] for p in front],
+        where="post",
+        color="black",
+        lw=1,
+        label="Pareto front (value-protecting)",
+    )
     ax.axhline(100 * baseline, color="grey", ls="--", lw=1, label="non-private")
     ax.set_xscale("log")
     ax.set_xlabel("honest eps per hospital: whole update, all 40 rounds (log)")

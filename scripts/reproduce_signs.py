@@ -4,13 +4,14 @@ SIGNS of a trained model's weights alone, on Fashion-MNIST.
 A pnpm-fmnist CNN is trained centrally (node.learning.train.train_local), then rebuilt from its signs:
 (a) every weight set to +-0.5, (b) every weight given a random magnitude in (0, 1) with its sign
 kept (the best of 20 draws, as the paper reports), and (c), not in the paper, every weight set to
-+- the mean |w| of its tensor (an attacker who knows one typical magnitude per layer). Both variants are applied to the conv kernels
-only (the paper's wording: the signs of the convolution kernels) and to every weight matrix
++- the mean |w| of its tensor (an attacker who knows one typical magnitude per layer). Both variants are applied to
+the conv kernels only (the paper's wording: the signs of the convolution kernels) and to every weight matrix
 (conv kernels and fc matrices); biases are kept in the first variant and signed the same way in
 the second. PNPM releases exactly these signs with probability e^eps / (e^eps + 1) each.
 
     python scripts/reproduce_signs.py
 """
+
 from __future__ import annotations
 
 import json
@@ -79,14 +80,18 @@ def main() -> None:
         results[f"{which}_random_mean"] = sum(draws) / len(draws)
     results["seconds"] = time.perf_counter() - started
     print(json.dumps(results, indent=2))
-    print("\n| weights rebuilt from signs | \\|w\\| = 0.5 | random \\|w\\| in (0,1), best of 20 (mean) | "
-          "\\|w\\| = layer's mean \\|w\\| | trained model |")
+    print(
+        "\n| weights rebuilt from signs | \\|w\\| = 0.5 | random \\|w\\| in (0,1), best of 20 (mean) | "
+        "\\|w\\| = layer's mean \\|w\\| | trained model |"
+    )
     print("|---|---|---|---|---|")
     print("| paper (Fashion-MNIST, Table 2) | 75.26 | 72.83 | - | 89.89 |")
     for which, label in (("conv", "ours, conv kernels only"), ("all", "ours, every weight and bias")):
-        print(f"| {label} | {100 * results[which + '_half']:.2f} | {100 * results[which + '_random_best']:.2f} "
-              f"({100 * results[which + '_random_mean']:.2f}) | {100 * results[which + '_layer_mean']:.2f} | "
-              f"{100 * original:.2f} |")
+        print(
+            f"| {label} | {100 * results[which + '_half']:.2f} | {100 * results[which + '_random_best']:.2f} "
+            f"({100 * results[which + '_random_mean']:.2f}) | {100 * results[which + '_layer_mean']:.2f} | "
+            f"{100 * original:.2f} |"
+        )
     plot(results)
 
 
@@ -100,17 +105,23 @@ def plot(results: dict) -> None:
     labels = ["|w| = 0.5", "random |w|,\nbest of 20", "|w| = tensor's\nmean |w|", "trained\nmodel"]
     series = {
         "paper, Table 2": [75.26, 72.83, None, 89.89],
-        "ours, conv kernels only": [100 * results[k] for k in ("conv_half", "conv_random_best",
-                                                                "conv_layer_mean", "original")],
-        "ours, every weight and bias": [100 * results[k] for k in ("all_half", "all_random_best",
-                                                                    "all_layer_mean", "original")],
+        "ours, conv kernels only": [
+            100 * results[k] for k in ("conv_half", "conv_random_best", "conv_layer_mean", "original")
+        ],
+        "ours, every weight and bias": [
+            100 * results[k] for k in ("all_half", "all_random_best", "all_layer_mean", "original")
+        ],
     }
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.27
     for k, (label, values) in enumerate(series.items()):
         xs = [i + (k - 1) * width for i in range(len(labels))]
-        ax.bar([x for x, v in zip(xs, values) if v is not None], [v for v in values if v is not None],
-               width=width, label=label)
+        ax.bar(
+            [x for x, v in zip(xs, values) if v is not None],
+            [v for v in values if v is not None],
+            width=width,
+            label=label,
+        )
     ax.axhline(10, color="gray", linestyle=":", label="chance")
     ax.set_xticks(range(len(labels)), labels)
     ax.set_ylabel("test accuracy (%)")

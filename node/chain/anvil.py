@@ -7,6 +7,7 @@
 Anvil listens on 127.0.0.1 only. Its dev accounts come from Anvil's public test mnemonic: their
 keys are known to everyone and are meant for local chains only.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -73,9 +74,7 @@ def dev_private_keys(n: int) -> list[str]:
     """The first n private keys of Anvil's dev mnemonic (m/44'/60'/0'/0/i)."""
 
     Account.enable_unaudited_hdwallet_features()
-    return [
-        Account.from_mnemonic(ANVIL_MNEMONIC, account_path=f"m/44'/60'/0'/0/{i}").key.hex() for i in range(n)
-    ]
+    return [Account.from_mnemonic(ANVIL_MNEMONIC, account_path=f"m/44'/60'/0'/0/{i}").key.hex() for i in range(n)]
 
 
 class Anvil:
@@ -142,7 +141,7 @@ class Anvil:
                 self.process.wait(timeout=5)
         self._log_path.unlink(missing_ok=True)
 
-    def __enter__(self) -> "Anvil":
+    def __enter__(self) -> Anvil:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -175,8 +174,19 @@ def start_anvil(
         raise ValueError(f"block_time must be > 0 seconds, got {block_time}")
     binary = find_anvil()
     chosen = port or free_port()
-    cmd = [binary, "--host", "127.0.0.1", "--port", str(chosen), "--chain-id", str(chain_id),
-           "--accounts", str(accounts), "--mnemonic", ANVIL_MNEMONIC]
+    cmd = [
+        binary,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(chosen),
+        "--chain-id",
+        str(chain_id),
+        "--accounts",
+        str(accounts),
+        "--mnemonic",
+        ANVIL_MNEMONIC,
+    ]
     if block_time is not None:
         cmd += ["--block-time", str(block_time)]
     if mixed_mining:

@@ -80,7 +80,9 @@ class LedgerClient:
         self.gas_used: dict[str, int] = {}  # last receipt's gasUsed per function, for benchmarks
         code = self._read(lambda: w3.eth.get_code(self.address), "get_code")
         if len(code) == 0:
-            raise LedgerError(f"no contract at {self.address} on chain {self._read(lambda: w3.eth.chain_id, 'chain_id')}")
+            raise LedgerError(
+                f"no contract at {self.address} on chain {self._read(lambda: w3.eth.chain_id, 'chain_id')}"
+            )
 
     # ---------------------------------------------------------------- deployment
 
@@ -98,10 +100,14 @@ class LedgerClient:
         genesis_digest: bytes,
         allowlist: list[str] | None = None,
         tx_timeout: float = DEFAULT_TX_TIMEOUT_S,
-    ) -> "LedgerClient":
+    ) -> LedgerClient:
         """Deploy a new swarm ledger from `account` and return a client on it."""
-        for name, value, low in (("min_peers", min_peers, 1), ("commit_window", commit_window, 1),
-                                 ("attest_window", attest_window, 1), ("eps_cap_micro", eps_cap_micro, 1)):
+        for name, value, low in (
+            ("min_peers", min_peers, 1),
+            ("commit_window", commit_window, 1),
+            ("attest_window", attest_window, 1),
+            ("eps_cap_micro", eps_cap_micro, 1),
+        ):
             if not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if not 0 <= delta < 1:
@@ -111,8 +117,13 @@ class LedgerClient:
         artifact = load_artifact()
         factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
         constructor = factory.constructor(
-            min_peers, commit_window, attest_window, eps_cap_micro, round(delta * DELTA_SCALE),
-            bytes(genesis_digest), [Web3.to_checksum_address(a) for a in allowlist or []],
+            min_peers,
+            commit_window,
+            attest_window,
+            eps_cap_micro,
+            round(delta * DELTA_SCALE),
+            bytes(genesis_digest),
+            [Web3.to_checksum_address(a) for a in allowlist or []],
         )
         sender = TransactionSender(w3, account, RevertDecoder(artifact["abi"]), tx_timeout)
         receipt = sender.send(constructor, "deploy")
@@ -193,8 +204,9 @@ class LedgerClient:
     def round_info(self, round: int) -> RoundInfo:
         s, opened, closed, ended, count, digest = self._view("roundInfo", round)
         state = RoundState(s)
-        return RoundInfo(round, state, opened, closed, ended, count,
-                         bytes(digest) if state is RoundState.FINALIZED else None)
+        return RoundInfo(
+            round, state, opened, closed, ended, count, bytes(digest) if state is RoundState.FINALIZED else None
+        )
 
     def participants(self, round: int) -> list[str]:
         return list(self._view("participants", round))
@@ -215,8 +227,18 @@ class LedgerClient:
         to_block = info.closed_block or self.block_number()
         logs = self._logs("Committed", info.opened_block, to_block, {"round": round})
         found = sorted(
-            (Commitment(e.args.peer, e.args.index, bytes(e.args.digest), e.args.numSamples,
-                        e.args.epsMicro, bytes(e.args.mechanism), e.blockNumber) for e in logs),
+            (
+                Commitment(
+                    e.args.peer,
+                    e.args.index,
+                    bytes(e.args.digest),
+                    e.args.numSamples,
+                    e.args.epsMicro,
+                    bytes(e.args.mechanism),
+                    e.blockNumber,
+                )
+                for e in logs
+            ),
             key=lambda c: c.index,
         )
         stored = self.participants(round)
@@ -230,8 +252,10 @@ class LedgerClient:
             return []
         to_block = info.ended_block or self.block_number()
         logs = self._logs("Attested", info.closed_block, to_block, {"round": round})
-        return [Attestation(e.args.peer, bytes(e.args.aggregateDigest), bytes(e.args.included), e.args.votes,
-                            e.blockNumber) for e in logs]
+        return [
+            Attestation(e.args.peer, bytes(e.args.aggregateDigest), bytes(e.args.included), e.args.votes, e.blockNumber)
+            for e in logs
+        ]
 
     def eps_spent(self, address: str) -> int:
         """Cumulative eps committed by `address`, in micro-eps."""
@@ -267,8 +291,12 @@ class LedgerClient:
         for start in range(from_block, to_block + 1, LOG_CHUNK_BLOCKS):
             end = min(to_block, start + LOG_CHUNK_BLOCKS - 1)
             getter = getattr(self.contract.events, event).get_logs
-            found += self._read(lambda: getter(argument_filters=filters, from_block=start, to_block=end),
-                                f"get_logs {event}")
+            found += self._read(
+                lambda getter=getter, start=start, end=end: getter(
+                    argument_filters=filters, from_block=start, to_block=end
+                ),
+                f"get_logs {event}",
+            )
         return sorted(found, key=lambda e: (e.blockNumber, e.logIndex))
 
     # ---------------------------------------------------------------- snapshot
@@ -281,31 +309,49 @@ class LedgerClient:
         rounds = []
         for r in range(1, current + 1):
             info = self.round_info(r)
-            rounds.append({
-                "round": r,
-                "state": info.state.name,
-                "opened_block": info.opened_block,
-                "closed_block": info.closed_block,
-                "ended_block": info.ended_block,
-                "participant_count": info.participant_count,
-                "finalized_digest": info.finalized_digest.hex() if info.finalized_digest else None,
-                "commitments": [
-                    {"peer": c.peer, "index": c.index, "digest": c.digest.hex(), "num_samples": c.num_samples,
-                     "eps_micro": c.eps_micro, "eps": c.eps, "block": c.block_number,
-                     "mechanism": c.mechanism.decode("utf-8", "replace"),
-                     "mechanism_name": (d := describe_mechanism(c.mechanism))["name"],
-                     "protects": d["protects"]}
-                    for c in self.commitments(r)
-                ],
-                "attestations": [
-                    {"peer": a.peer, "aggregate_digest": a.aggregate_digest.hex(), "included": a.included.hex(),
-                     "votes": a.votes, "block": a.block_number}
-                    for a in self.attestations(r)
-                ],
-            })
+            rounds.append(
+                {
+                    "round": r,
+                    "state": info.state.name,
+                    "opened_block": info.opened_block,
+                    "closed_block": info.closed_block,
+                    "ended_block": info.ended_block,
+                    "participant_count": info.participant_count,
+                    "finalized_digest": info.finalized_digest.hex() if info.finalized_digest else None,
+                    "commitments": [
+                        {
+                            "peer": c.peer,
+                            "index": c.index,
+                            "digest": c.digest.hex(),
+                            "num_samples": c.num_samples,
+                            "eps_micro": c.eps_micro,
+                            "eps": c.eps,
+                            "block": c.block_number,
+                            "mechanism": c.mechanism.decode("utf-8", "replace"),
+                            "mechanism_name": (d := describe_mechanism(c.mechanism))["name"],
+                            "protects": d["protects"],
+                        }
+                        for c in self.commitments(r)
+                    ],
+                    "attestations": [
+                        {
+                            "peer": a.peer,
+                            "aggregate_digest": a.aggregate_digest.hex(),
+                            "included": a.included.hex(),
+                            "votes": a.votes,
+                            "block": a.block_number,
+                        }
+                        for a in self.attestations(r)
+                    ],
+                }
+            )
         peers = [
-            {"address": addr, "peer_id": pid.hex(), "eps_spent_micro": (e := self.eps_spent(addr)),
-             "eps_spent": eps_from_micro(e)}
+            {
+                "address": addr,
+                "peer_id": pid.hex(),
+                "eps_spent_micro": (e := self.eps_spent(addr)),
+                "eps_spent": eps_from_micro(e),
+            }
             for addr, pid in self.registered_peers()
         ]
         last_round, last_digest = self.last_finalized()

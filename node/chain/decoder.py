@@ -34,8 +34,9 @@ class RevertDecoder:
             return None
         name, types, names = self._by_selector[bytes(data[:4])]
         values = abi_decode(types, bytes(data[4:]))
-        fields = {n: to_checksum_address(v) if t == "address" else _hex_field(v)
-                  for n, t, v in zip(names, types, values)}
+        fields = {
+            n: to_checksum_address(v) if t == "address" else _hex_field(v) for n, t, v in zip(names, types, values)
+        }
         if "state" in fields:
             fields["state"] = RoundState(fields["state"]).name
         cls = REFUSALS.get(name)

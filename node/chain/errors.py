@@ -52,7 +52,9 @@ WrongRound = _refusal("WrongRound", "round {given} is not the current round {cur
 AlreadyCommitted = _refusal("AlreadyCommitted", "{peer} already committed in round {round}")
 CommitWindowClosed = _refusal("CommitWindowClosed", "round {round} no longer takes commitments")
 CommitWindowOpen = _refusal("CommitWindowOpen", "round {round}: the commit window lasts until block {lastBlock}")
-QuorumNotMet = _refusal("QuorumNotMet", "round {round}: {committed} of {minPeers} needed peers committed; the window extends")
+QuorumNotMet = _refusal(
+    "QuorumNotMet", "round {round}: {committed} of {minPeers} needed peers committed; the window extends"
+)
 EpsDecreasing = _refusal("EpsDecreasing", "cumulative eps may not decrease: {previousMicro} -> {givenMicro} micro-eps")
 EpsOverCap = _refusal("EpsOverCap", "cumulative eps {givenMicro} micro-eps passes the swarm's cap {capMicro}")
 InvalidDigest = _refusal("InvalidDigest", "digest 0x{digest} is not allowed (0 and 1 are reserved)")
@@ -61,10 +63,11 @@ RoundNotOpen = _refusal("RoundNotOpen", "round {round} is not open (it is {state
 RoundNotClosed = _refusal("RoundNotClosed", "round {round} is not closed (it is {state})")
 NotParticipant = _refusal("NotParticipant", "{account} did not commit in round {round}")
 AlreadyAttested = _refusal("AlreadyAttested", "{peer} already attested in round {round}")
-MalformedBitmap = _refusal("MalformedBitmap", "round {round}: bitmap of {length} bytes, expected {expectedLength} with no bit past the last participant")
+MalformedBitmap = _refusal(
+    "MalformedBitmap",
+    "round {round}: bitmap of {length} bytes, expected {expectedLength} with no bit past the last participant",
+)
 AbortTooEarly = _refusal("AbortTooEarly", "round {round}: the attestation window lasts until block {lastBlock}")
 RoundAlreadyFinalized = _refusal("RoundAlreadyFinalized", "round {round} is finalized and cannot be aborted")
 
-REFUSALS: dict[str, type[ContractRefusal]] = {
-    cls.__name__: cls for cls in ContractRefusal.__subclasses__()
-}
+REFUSALS: dict[str, type[ContractRefusal]] = {cls.__name__: cls for cls in ContractRefusal.__subclasses__()}

@@ -4,6 +4,7 @@ Order: the SWARM_PRIVATE_KEY environment variable if set; else an encrypted eth-
 file (scrypt, Web3 Secret Storage v3), unlocked with SWARM_KEYSTORE_PASSWORD or a prompt, and
 created (mode 0600) on first use when `create=True`.
 """
+
 from __future__ import annotations
 
 import getpass

@@ -37,8 +37,9 @@ class TransactionSender:
         see (window checks are off by one on "latest"); nodes without it (eth-tester) get "latest"."""
         sender = self.account.address
         try:
-            return with_retries(lambda: fn.estimate_gas({"from": sender}, block_identifier="pending"),
-                                 what=f"estimate {label}")
+            return with_retries(
+                lambda: fn.estimate_gas({"from": sender}, block_identifier="pending"), what=f"estimate {label}"
+            )
         except Exception as exc:
             if self._refusal(exc) or "not been implemented" not in str(exc):
                 raise
@@ -58,12 +59,13 @@ class TransactionSender:
                     raise refusal from None
                 raise LedgerError(f"{label}: the node refused the call: {exc}") from exc
             if self._nonce is None:
-                self._nonce = with_retries(
-                    lambda: self.w3.eth.get_transaction_count(sender, "pending"), what="nonce")
+                self._nonce = with_retries(lambda: self.w3.eth.get_transaction_count(sender, "pending"), what="nonce")
             tx = with_retries(
-                lambda: fn.build_transaction({"from": sender, "nonce": self._nonce,
-                                              "gas": int(estimate * GAS_MARGIN) + GAS_PAD}),
-                what=f"build {label}")
+                lambda: fn.build_transaction(
+                    {"from": sender, "nonce": self._nonce, "gas": int(estimate * GAS_MARGIN) + GAS_PAD}
+                ),
+                what=f"build {label}",
+            )
             signed = self.account.sign_transaction(tx)
             tx_hash = self._send_raw(signed, label)
             self._nonce += 1
@@ -83,8 +85,10 @@ class TransactionSender:
                 if "nonce too low" in text or "nonce too high" in text:
                     # Another process used this account: resync once and fail clearly.
                     self._nonce = None
-                    raise LedgerError(f"{label}: nonce out of sync for {self.account.address} "
-                                      f"(is another process sending from this account?)") from exc
+                    raise LedgerError(
+                        f"{label}: nonce out of sync for {self.account.address} "
+                        f"(is another process sending from this account?)"
+                    ) from exc
                 if not is_transient(exc) or attempt == RETRIES:
                     raise LedgerError(f"{label}: sending failed: {exc}") from exc
                 time.sleep(BACKOFF_S * 2**attempt)
@@ -117,4 +121,5 @@ class TransactionSender:
                 return refusal
         return TransactionFailed(
             f"{label}: transaction 0x{bytes(receipt['transactionHash']).hex()} reverted in block {block} "
-            f"(gas used {receipt['gasUsed']} of the limit sent)")
+            f"(gas used {receipt['gasUsed']} of the limit sent)"
+        )

@@ -4,6 +4,7 @@ Each module in `COMMANDS` exposes `register(subparsers)` which adds its parser a
 `func` to a handler `handler(args) -> int`. Modules import their heavy dependencies (torch,
 web3, libp2p) inside the handler so `swarm --help` stays fast.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """`swarm audit`: an empirical lower bound on a mechanism's epsilon (mechanisms.audit)."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,12 +8,15 @@ import json
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "audit", help="empirically lower-bound a mechanism's epsilon",
+        "audit",
+        help="empirically lower-bound a mechanism's epsilon",
         description="Run a mechanism many times on two neighbouring inputs, histogram the outputs and "
         "report a Clopper-Pearson lower bound on epsilon. For pnpm it reports the sign bound and the "
-        "value leak (inputs of different magnitude).")
-    p.add_argument("--mechanism", required=True, help="duchi, pm, hm, ldp-fl, pnpm, laplace, gaussian, rr, "
-                   "exponential or sampled")
+        "value leak (inputs of different magnitude).",
+    )
+    p.add_argument(
+        "--mechanism", required=True, help="duchi, pm, hm, ldp-fl, pnpm, laplace, gaussian, rr, exponential or sampled"
+    )
     p.add_argument("--epsilon", required=True, type=float, help="the claimed epsilon per release")
     p.add_argument("--trials", type=int, default=200_000, help="releases per input (default 200000)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default 0)")
@@ -46,16 +50,29 @@ def handler(args: argparse.Namespace) -> int:
         raise CLIError(str(exc)) from None
     g = mech.guarantee
     if args.json:
-        print(json.dumps({"mechanism": mech.params(), "guarantee": g.to_dict(),
-                          "audits": [{"pair": label, **r.to_dict()} for label, r in results]}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "mechanism": mech.params(),
+                    "guarantee": g.to_dict(),
+                    "audits": [{"pair": label, **r.to_dict()} for label, r in results],
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"mechanism {mech.name}: {g.statement}")
     for label, r in results:
-        verdict = ("DISJOINT SUPPORTS: no finite eps holds (bound grows with trials)" if r.disjoint_support
-                   else ("ABOVE the claim" if r.epsilon_lower_bound > r.claimed_epsilon else "consistent with the claim"))
-        print(f"  {label}: inputs {r.x0:g} vs {r.x1:g}, {r.trials} trials each: eps >= "
-              f"{r.epsilon_lower_bound:.4f} at {r.confidence:.0%} confidence (claimed {r.claimed_epsilon:g}) "
-              f"-> {verdict}")
+        verdict = (
+            "DISJOINT SUPPORTS: no finite eps holds (bound grows with trials)"
+            if r.disjoint_support
+            else ("ABOVE the claim" if r.epsilon_lower_bound > r.claimed_epsilon else "consistent with the claim")
+        )
+        print(
+            f"  {label}: inputs {r.x0:g} vs {r.x1:g}, {r.trials} trials each: eps >= "
+            f"{r.epsilon_lower_bound:.4f} at {r.confidence:.0%} confidence (claimed {r.claimed_epsilon:g}) "
+            f"-> {verdict}"
+        )
         print(f"    strongest event: {r.event}; {r.method}")
     if mech.name == "pnpm":
         print("  pnpm protects the sign of each weight only; its eps says nothing about the weight's value.")

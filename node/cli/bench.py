@@ -1,4 +1,5 @@
 """`swarm bench`: run the benchmark scripts, each writing its section of docs/BENCHMARKS.md."""
+
 from __future__ import annotations
 
 import subprocess
@@ -11,8 +12,7 @@ SUITES = ("mechanisms", "ledger", "p2p", "round", "simulate")
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="run benchmarks and write docs/BENCHMARKS.md")
-    p.add_argument("suites", nargs="*", metavar="SUITE",
-                   help=f"which to run: {', '.join(SUITES)} (default: all)")
+    p.add_argument("suites", nargs="*", metavar="SUITE", help=f"which to run: {', '.join(SUITES)} (default: all)")
     p.set_defaults(func=handle)
 
 

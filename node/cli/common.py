@@ -1,4 +1,5 @@
 """Options shared by several subcommands: config file, --set overrides, --json."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,14 @@ import sys
 
 def add_config_options(parser) -> None:
     parser.add_argument("--config", metavar="TOML", help="a swarm.toml; defaults come from node/defaults.toml")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config value, e.g. --set train.lr=0.05 (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value, e.g. --set train.lr=0.05 (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document for scripts")
 
 

@@ -1,4 +1,5 @@
 """`swarm deploy`: deploy a SwarmLedger contract and print its address."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,27 +7,52 @@ import json
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("deploy", help="deploy the swarm's ledger contract and print its address",
-                              description="Deploy a SwarmLedger. The key comes from SWARM_PRIVATE_KEY or the "
-                              "keystore (created on first use, password from SWARM_KEYSTORE_PASSWORD or a prompt).")
+    p = subparsers.add_parser(
+        "deploy",
+        help="deploy the swarm's ledger contract and print its address",
+        description="Deploy a SwarmLedger. The key comes from SWARM_PRIVATE_KEY or the "
+        "keystore (created on first use, password from SWARM_KEYSTORE_PASSWORD or a prompt).",
+    )
     p.add_argument("--rpc-url", required=True, help="EVM JSON-RPC URL (http or https)")
     p.add_argument("--min-peers", type=int, help="quorum: commitments needed to close a round (default: the config's)")
-    p.add_argument("--commit-window", "--window", type=int, dest="commit_window",
-                   help="blocks a round takes commitments for (extends until quorum; default: the config's)")
-    p.add_argument("--attest-window", type=int,
-                   help="blocks after closing before a round can be aborted (default: the config's)")
-    p.add_argument("--eps-cap", type=float,
-                   help="cap on each peer's cumulative epsilon (default: the config's chain.eps_cap; 0 there = "
-                   "what swarm.rounds rounds of the configured mechanism spend)")
+    p.add_argument(
+        "--commit-window",
+        "--window",
+        type=int,
+        dest="commit_window",
+        help="blocks a round takes commitments for (extends until quorum; default: the config's)",
+    )
+    p.add_argument(
+        "--attest-window", type=int, help="blocks after closing before a round can be aborted (default: the config's)"
+    )
+    p.add_argument(
+        "--eps-cap",
+        type=float,
+        help="cap on each peer's cumulative epsilon (default: the config's chain.eps_cap; 0 there = "
+        "what swarm.rounds rounds of the configured mechanism spend)",
+    )
     p.add_argument("--delta", type=float, help="the swarm's delta (default: the config's privacy.delta)")
-    p.add_argument("--genesis-digest",
-                   help="sha256 (64 hex digits) of the initial model; default: computed from the config, which "
-                   "every peer must then run with (`swarm node --config` the same file)")
+    p.add_argument(
+        "--genesis-digest",
+        help="sha256 (64 hex digits) of the initial model; default: computed from the config, which "
+        "every peer must then run with (`swarm node --config` the same file)",
+    )
     p.add_argument("--config", metavar="TOML", help="the swarm's settings (model, data, aggregation, chain, privacy)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one config value (repeatable)")
-    p.add_argument("--allow", action="append", metavar="ADDR", default=[],
-                   help="admit only these addresses (repeatable); without it anyone may register")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config value (repeatable)",
+    )
+    p.add_argument(
+        "--allow",
+        action="append",
+        metavar="ADDR",
+        default=[],
+        help="admit only these addresses (repeatable); without it anyone may register",
+    )
     p.add_argument("--keystore", default=None, help="keystore file (default ~/.swarm/keystore.json)")
     p.add_argument("--tx-timeout", type=float, default=120.0, help="seconds to wait for the receipt")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -70,14 +96,27 @@ def handler(args: argparse.Namespace) -> int:
         account = keys.load_account(args.keystore, create=True)
         w3 = connect(args.rpc_url)
         client = LedgerClient.deploy(
-            w3, account, min_peers=min_peers, commit_window=commit_window,
-            attest_window=attest_window, eps_cap_micro=cap_micro, delta=delta,
-            genesis_digest=genesis, allowlist=args.allow or None, tx_timeout=args.tx_timeout,
+            w3,
+            account,
+            min_peers=min_peers,
+            commit_window=commit_window,
+            attest_window=attest_window,
+            eps_cap_micro=cap_micro,
+            delta=delta,
+            genesis_digest=genesis,
+            allowlist=args.allow or None,
+            tx_timeout=args.tx_timeout,
         )
     except (ValueError, keys.AccountLoadError, LedgerError) as exc:
         raise CLIError(str(exc)) from None
-    result = {"address": client.address, "chain_id": w3.eth.chain_id, "deployer": account.address,
-              "gas_used": client.gas_used["deploy"], "block": client.params().deploy_block,
-              "genesis_digest": genesis.hex(), "eps_cap": eps_from_micro(cap_micro)}
+    result = {
+        "address": client.address,
+        "chain_id": w3.eth.chain_id,
+        "deployer": account.address,
+        "gas_used": client.gas_used["deploy"],
+        "block": client.params().deploy_block,
+        "genesis_digest": genesis.hex(),
+        "eps_cap": eps_from_micro(cap_micro),
+    }
     print(json.dumps(result) if args.json else client.address)
     return 0

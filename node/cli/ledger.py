@@ -1,4 +1,5 @@
 """`swarm ledger`: show a ledger's rounds, participants, digests and epsilon per peer."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,16 +27,25 @@ def render(snap: dict) -> str:
         "",
     ]
     for r in snap["rounds"]:
-        blocks = f"opened {r['opened_block']}" + (f", closed {r['closed_block']}" if r["closed_block"] else "") + (
-            f", ended {r['ended_block']}" if r["ended_block"] else "")
-        out.append(f"round {r['round']}: {r['state']} ({blocks}), {r['participant_count']} participants"
-                   + (f", aggregate {r['finalized_digest'][:16]}..." if r["finalized_digest"] else ""))
+        blocks = (
+            f"opened {r['opened_block']}"
+            + (f", closed {r['closed_block']}" if r["closed_block"] else "")
+            + (f", ended {r['ended_block']}" if r["ended_block"] else "")
+        )
+        out.append(
+            f"round {r['round']}: {r['state']} ({blocks}), {r['participant_count']} participants"
+            + (f", aggregate {r['finalized_digest'][:16]}..." if r["finalized_digest"] else "")
+        )
         for c in r["commitments"]:
-            out.append(f"  #{c['index']} {c['peer']} digest {c['digest'][:16]}... samples {c['num_samples']} "
-                       f"eps {c['eps']:g} via {c['mechanism_name']} (protects: {c['protects']})")
+            out.append(
+                f"  #{c['index']} {c['peer']} digest {c['digest'][:16]}... samples {c['num_samples']} "
+                f"eps {c['eps']:g} via {c['mechanism_name']} (protects: {c['protects']})"
+            )
         for a in r["attestations"]:
-            out.append(f"  attest {a['peer']} aggregate {a['aggregate_digest'][:16]}... included 0x{a['included']} "
-                       f"({a['votes']} votes)")
+            out.append(
+                f"  attest {a['peer']} aggregate {a['aggregate_digest'][:16]}... included 0x{a['included']} "
+                f"({a['votes']} votes)"
+            )
     out.append("")
     out.append("peers (eps is cumulative over all rounds; read it with what each mechanism protects, above):")
     for peer in snap["peers"]:

@@ -1,4 +1,5 @@
 """`swarm simulate`: many peers in one process, same round and aggregation code as `swarm up`."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -6,16 +7,35 @@ from pathlib import Path
 
 from node.cli import common
 
-SHORTCUTS = {"peers": "swarm.peers", "rounds": "swarm.rounds", "seed": "swarm.seed", "dataset": "data.dataset",
-             "partition": "data.partition", "epochs": "train.epochs", "batch_size": "train.batch_size",
-             "lr": "train.lr", "lr_decay": "train.lr_decay", "mechanism": "privacy.mechanism",
-             "epsilon": "privacy.epsilon", "share": "privacy.perturb", "aggregation": "aggregation.rule",
-             "limit": "data.limit", "test_limit": "data.test_limit"}
+SHORTCUTS = {
+    "peers": "swarm.peers",
+    "rounds": "swarm.rounds",
+    "seed": "swarm.seed",
+    "dataset": "data.dataset",
+    "partition": "data.partition",
+    "epochs": "train.epochs",
+    "batch_size": "train.batch_size",
+    "lr": "train.lr",
+    "lr_decay": "train.lr_decay",
+    "mechanism": "privacy.mechanism",
+    "epsilon": "privacy.epsilon",
+    "share": "privacy.perturb",
+    "aggregation": "aggregation.rule",
+    "limit": "data.limit",
+    "test_limit": "data.test_limit",
+}
 
 # --quick: a run that finishes in seconds on one core (8x8 digits, 8 peers, 4 rounds). Explicit
 # flags and --set win over it.
-QUICK = ["data.dataset=digits", "swarm.peers=8", "swarm.rounds=4", "train.epochs=2", "train.batch_size=16",
-         "train.lr=0.1", "privacy.mechanism=none"]
+QUICK = [
+    "data.dataset=digits",
+    "swarm.peers=8",
+    "swarm.rounds=4",
+    "train.epochs=2",
+    "train.batch_size=16",
+    "train.lr=0.1",
+    "privacy.mechanism=none",
+]
 
 
 def register(sub) -> None:
@@ -31,15 +51,20 @@ def register(sub) -> None:
     p.add_argument("--dataset", help="digits, breast-cancer, fashion-mnist, mnist, cifar10")
     p.add_argument("--limit", type=int, help="use the first N training samples only")
     p.add_argument("--test-limit", type=int, help="evaluate on the first N test samples only")
-    p.add_argument("--mechanism", help="pnpm, duchi, pm, hm, ldp-fl, laplace, gaussian, sampled, or none "
-                                       "(non-private baseline, simulate only)")
+    p.add_argument(
+        "--mechanism",
+        help="pnpm, duchi, pm, hm, ldp-fl, laplace, gaussian, sampled, or none (non-private baseline, simulate only)",
+    )
     p.add_argument("--epsilon", type=float, help="the mechanism's epsilon (per coordinate for local mechanisms)")
     p.add_argument("--share", choices=("weights", "update"), help="share weights (PNPM paper) or w - w_global")
     p.add_argument("--aggregation", help="fedavg, median, trimmed-mean or krum")
     p.add_argument("--seed", type=int, help="the one seed every random draw derives from")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1; same value = same bits)")
-    p.add_argument("--ledger", action="store_true",
-                   help="record the run on a local Anvil ledger (one account per peer): `swarm verify --run OUT`")
+    p.add_argument(
+        "--ledger",
+        action="store_true",
+        help="record the run on a local Anvil ledger (one account per peer): `swarm verify --run OUT`",
+    )
     p.add_argument("--quick", action="store_true", help="a seconds-long run: digits, 8 peers, 4 rounds, no DP")
     p.add_argument("--out", type=Path, help="run folder (default runs/sim-<timestamp>)")
     common.add_config_options(p)
@@ -57,8 +82,14 @@ def handle(args) -> int:
     rounds, peers = config.swarm.rounds, config.swarm.peers
     try:
         with _progress(args.json, rounds) as on_progress:
-            sim = Simulation(config, fraction=args.fraction, out=out, ledger=args.ledger, threads=args.threads,
-                             on_progress=on_progress)
+            sim = Simulation(
+                config,
+                fraction=args.fraction,
+                out=out,
+                ledger=args.ledger,
+                threads=args.threads,
+                on_progress=on_progress,
+            )
             result = sim.run()
     except (SimulationError, FileExistsError) as exc:
         raise CLIError(str(exc)) from exc
@@ -82,8 +113,14 @@ class _progress:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                            console=Console(stderr=True, quiet=self.quiet), transient=False)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True, quiet=self.quiet),
+            transient=False,
+        )
         self.bar.__enter__()
         self.task = self.bar.add_task("round 1", total=None)
         self.last_accuracy = None
@@ -93,8 +130,12 @@ class _progress:
                 self.last_accuracy = event["accuracy"]
                 return
             acc = "" if self.last_accuracy is None else f"  accuracy {self.last_accuracy:.3f}"
-            self.bar.update(self.task, description=f"round {event['round']}/{self.rounds}{acc}",
-                            completed=event["done"], total=event["of"])
+            self.bar.update(
+                self.task,
+                description=f"round {event['round']}/{self.rounds}{acc}",
+                completed=event["done"],
+                total=event["of"],
+            )
 
         return on_progress
 
@@ -109,21 +150,31 @@ def _print(records, summary, out) -> None:
     from node.runs.simulate import summary_line
 
     console = Console()
-    t = Table(title=f"simulated swarm: {summary['peers']} peers x {summary['fraction']:g} sampled, "
-                    f"{summary['dataset']}, {summary['mechanism'].get('name')}")
+    t = Table(
+        title=f"simulated swarm: {summary['peers']} peers x {summary['fraction']:g} sampled, "
+        f"{summary['dataset']}, {summary['mechanism'].get('name')}"
+    )
     for col in ("round", "participants", "accuracy", "test loss", "train loss", "max eps per peer (whole update)"):
         t.add_column(col)
     for r in records:
         fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-        t.add_row(str(r["round"]), str(r["participants"]), fmt(r["accuracy"], ".4f"), fmt(r["loss"], ".4f"),
-                  fmt(r["train_loss"], ".4f"), fmt(r["eps_max"], ".6g") + ("" if r["eps_max"] is None else f" ({r['protects']})"))
+        t.add_row(
+            str(r["round"]),
+            str(r["participants"]),
+            fmt(r["accuracy"], ".4f"),
+            fmt(r["loss"], ".4f"),
+            fmt(r["train_loss"], ".4f"),
+            fmt(r["eps_max"], ".6g") + ("" if r["eps_max"] is None else f" ({r['protects']})"),
+        )
     console.print(t)
     console.print(summary_line(summary))
     if summary["diverged"]:
         console.print(f"[red]{summary['diverged']}[/red]")
     s = summary["seconds"]
-    console.print(f"{summary['peer_rounds']} peer-rounds in {s['total']:.1f} s "
-                  f"({summary['peer_rounds'] / max(s['total'], 1e-9):.1f} peer-rounds/s; training {s['train']:.1f} s)")
+    console.print(
+        f"{summary['peer_rounds']} peer-rounds in {s['total']:.1f} s "
+        f"({summary['peer_rounds'] / max(s['total'], 1e-9):.1f} peer-rounds/s; training {s['train']:.1f} s)"
+    )
     console.print(f"metrics: {out / 'metrics.jsonl'}")
     if summary.get("ledger"):
         console.print(f"ledger {summary['ledger']['ledger']}: verify with  swarm verify --run {out}")

@@ -1,12 +1,19 @@
 """`swarm up`: a local swarm (Anvil + ledger + N peer processes) with live progress."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from node.cli import common
 
-SHORTCUTS = {"peers": "swarm.peers", "rounds": "swarm.rounds", "dataset": "data.dataset",
-             "mechanism": "privacy.mechanism", "epsilon": "privacy.epsilon", "seed": "swarm.seed"}
+SHORTCUTS = {
+    "peers": "swarm.peers",
+    "rounds": "swarm.rounds",
+    "dataset": "data.dataset",
+    "mechanism": "privacy.mechanism",
+    "epsilon": "privacy.epsilon",
+    "seed": "swarm.seed",
+}
 
 
 def register(sub) -> None:

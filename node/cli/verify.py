@@ -1,4 +1,5 @@
 """`swarm verify`: re-check every round of a swarm, trusting no peer."""
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,10 @@ def _print(report) -> None:
         t.add_row(str(r.round), r.state, str(r.participants), str(r.included), str(r.blobs_ok), agg, str(r.eps_ok))
     console.print(t)
     for peer, entry in sorted(report.peers.items()):
-        console.print(f"  {peer}: eps spent {entry.get('eps_spent')} over {entry.get('commits')} commits, "
-                      f"protecting {entry.get('protects')}")
+        console.print(
+            f"  {peer}: eps spent {entry.get('eps_spent')} over {entry.get('commits')} commits, "
+            f"protecting {entry.get('protects')}"
+        )
     if report.ok:
         console.print("[green]every check holds[/green]")
     for f in report.failures:

@@ -5,6 +5,7 @@ standardized with the training split's mean and standard deviation (so the test 
 leaks into the scaling). Labels are int64. Readers check magic numbers, declared sizes and
 label ranges, and raise `DatasetError` naming the file and what is wrong.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -46,13 +47,14 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
 
-    def subset(self, indices) -> "Dataset":
+    def subset(self, indices) -> Dataset:
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return Dataset(self.name, self.x[index], self.y[index], self.num_classes)
 
 
-def load_dataset(name: str, *, data_dir: str | Path | None = None, split: str = "train",
-                 limit: int | None = None) -> Dataset:
+def load_dataset(
+    name: str, *, data_dir: str | Path | None = None, split: str = "train", limit: int | None = None
+) -> Dataset:
     """Load `split` ("train" or "test") of dataset `name` (one of `DATASETS`).
 
     `limit` keeps the first `limit` samples (the IDX and CIFAR files are already shuffled, so
@@ -124,7 +126,7 @@ def read_idx(path: str | Path, expected_magic: int, limit: int | None = None) ->
     magic = int.from_bytes(head[:4], "big")
     if magic != expected_magic:
         raise DatasetError(f"{path}: bad magic number 0x{magic:08x}, expected 0x{expected_magic:08x}")
-    dims = [int.from_bytes(head[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(head[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     count = dims[0] if limit is None else min(dims[0], limit)
     record = int(np.prod(dims[1:], dtype=np.int64)) if ndim > 1 else 1
     want = header_len + count * record
@@ -136,7 +138,9 @@ def read_idx(path: str | Path, expected_magic: int, limit: int | None = None) ->
     if len(data) < want:
         raise DatasetError(f"{path}: truncated: header declares {dims} ({declared} bytes), file has {len(data)}")
     if limit is None and len(data) > declared:
-        raise DatasetError(f"{path}: {len(data) - declared}+ trailing bytes after the {dims} records the header declares")
+        raise DatasetError(
+            f"{path}: {len(data) - declared}+ trailing bytes after the {dims} records the header declares"
+        )
     array = np.frombuffer(data, dtype=np.uint8, offset=header_len, count=count * record)
     return array.reshape([count, *dims[1:]])
 
@@ -158,6 +162,7 @@ def _load_idx_set(name: str, root: Path, torchvision_folder: str, split: str, li
 
 # ---- CIFAR-10, binary version --------------------------------------------------------------
 
+
 def _cifar_files(root: Path, split: str) -> list[Path]:
     names = [f"data_batch_{i}.bin" for i in range(1, 6)] if split == "train" else ["test_batch.bin"]
     for folder in (root, root / "cifar-10-batches-bin"):
@@ -166,8 +171,10 @@ def _cifar_files(root: Path, split: str) -> list[Path]:
             if missing:
                 raise DatasetError(f"{folder}: missing CIFAR-10 batch files {missing}")
             return [folder / n for n in names]
-    raise DatasetError(f"{names[0]} not found in {root} nor in {root / 'cifar-10-batches-bin'} "
-                       "(the BINARY version of CIFAR-10 is needed, not the python pickle one)")
+    raise DatasetError(
+        f"{names[0]} not found in {root} nor in {root / 'cifar-10-batches-bin'} "
+        "(the BINARY version of CIFAR-10 is needed, not the python pickle one)"
+    )
 
 
 def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -175,8 +182,10 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     path = Path(path)
     data = _read_bytes(path)
     if not data or len(data) % CIFAR_RECORD:
-        raise DatasetError(f"{path}: size {len(data)} is not a positive multiple of the "
-                           f"{CIFAR_RECORD}-byte CIFAR-10 record (truncated, or not the binary version)")
+        raise DatasetError(
+            f"{path}: size {len(data)} is not a positive multiple of the "
+            f"{CIFAR_RECORD}-byte CIFAR-10 record (truncated, or not the binary version)"
+        )
     records = np.frombuffer(data, dtype=np.uint8).reshape(-1, CIFAR_RECORD)
     labels = records[:, 0]
     if labels.max() >= 10:
@@ -201,12 +210,14 @@ def _load_cifar10(root: Path, split: str, limit: int | None) -> Dataset:
 
 # ---- scikit-learn's bundled sets -----------------------------------------------------------
 
+
 def _load_sklearn(name: str, split: str) -> Dataset:
     bunch = load_digits() if name == "digits" else load_breast_cancer()
     features = bunch.data.astype(np.float64)
     labels = bunch.target.astype(np.int64)
     x_train, x_test, y_train, y_test = train_test_split(
-        features, labels, test_size=SKLEARN_TEST_FRACTION, random_state=SKLEARN_SPLIT_SEED, stratify=labels)
+        features, labels, test_size=SKLEARN_TEST_FRACTION, random_state=SKLEARN_SPLIT_SEED, stratify=labels
+    )
     x, y = (x_train, y_train) if split == "train" else (x_test, y_test)
     if name == "digits":
         # 8x8 images with pixel values 0..16, kept as images so CNNs apply.

@@ -19,6 +19,7 @@ Initialization draws from a `torch.Generator` seeded by the caller (PyTorch's de
 U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases), never from the global RNG:
 `init_model` builds on the meta device and fills every parameter from its own generator.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,8 +50,15 @@ class ConvNet(nn.Module):
     channels-last training (node.learning.train) it doubles training throughput on CPU (docs/SIMULATE.md).
     The parameter names are those of ReLU-then-pool (the ReLU and pool hold none)."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int, channels: tuple[int, ...],
-                 kernel: int, padding: int, hidden: int):
+    def __init__(
+        self,
+        input_shape: tuple[int, ...],
+        num_classes: int,
+        channels: tuple[int, ...],
+        kernel: int,
+        padding: int,
+        hidden: int,
+    ):
         super().__init__()
         if len(input_shape) != 3:
             raise ValueError(f"a CNN needs input_shape (C, H, W), got {tuple(input_shape)}")
@@ -61,11 +69,14 @@ class ConvNet(nn.Module):
             in_channels = out_channels
             height, width = _conv_out(height, kernel, padding, True), _conv_out(width, kernel, padding, True)
             if height < 1 or width < 1:
-                raise ValueError(f"input_shape {tuple(input_shape)} is too small for {len(channels)} "
-                                 f"conv({kernel}x{kernel}) + pool blocks")
+                raise ValueError(
+                    f"input_shape {tuple(input_shape)} is too small for {len(channels)} "
+                    f"conv({kernel}x{kernel}) + pool blocks"
+                )
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(in_channels * height * width, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+            nn.Flatten(), nn.Linear(in_channels * height * width, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))

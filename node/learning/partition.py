@@ -5,6 +5,7 @@ Every scheme returns disjoint, sorted index arrays that together cover the whole
 peer, all non-empty; the same (labels, num_peers, scheme, parameters, seed) always gives the
 same partition, so every peer can compute its own shard from the swarm's seed alone.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,9 @@ SCHEMES = ("iid", "dirichlet", "shards")
 DIRICHLET_MAX_DRAWS = 100  # redraws until every peer has a sample; then a clear error
 
 
-def partition(labels, num_peers: int, *, scheme: str = "iid", alpha: float = 0.5,
-              shards_per_peer: int = 2, seed: int) -> list[np.ndarray]:
+def partition(
+    labels, num_peers: int, *, scheme: str = "iid", alpha: float = 0.5, shards_per_peer: int = 2, seed: int
+) -> list[np.ndarray]:
     """Split indices 0..len(labels)-1 among `num_peers` peers."""
     labels = np.asarray(labels)
     if labels.ndim != 1:
@@ -53,8 +55,10 @@ def _dirichlet(labels: np.ndarray, num_peers: int, alpha: float, rng: np.random.
         merged = [np.concatenate(p) for p in parts]
         if min(len(p) for p in merged) > 0:
             return merged
-    raise ValueError(f"dirichlet partition with alpha={alpha} left a peer empty in {DIRICHLET_MAX_DRAWS} draws "
-                     f"({len(labels)} samples, {num_peers} peers): raise alpha or use fewer peers")
+    raise ValueError(
+        f"dirichlet partition with alpha={alpha} left a peer empty in {DIRICHLET_MAX_DRAWS} draws "
+        f"({len(labels)} samples, {num_peers} peers): raise alpha or use fewer peers"
+    )
 
 
 def _shards(labels: np.ndarray, num_peers: int, shards_per_peer: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -63,13 +67,17 @@ def _shards(labels: np.ndarray, num_peers: int, shards_per_peer: int, rng: np.ra
         raise ValueError(f"shards_per_peer must be >= 1, got {shards_per_peer}")
     num_shards = num_peers * shards_per_peer
     if num_shards > len(labels):
-        raise ValueError(f"{num_peers} peers x {shards_per_peer} shards_per_peer = {num_shards} shards "
-                         f"is more than the {len(labels)} samples")
+        raise ValueError(
+            f"{num_peers} peers x {shards_per_peer} shards_per_peer = {num_shards} shards "
+            f"is more than the {len(labels)} samples"
+        )
     by_label = np.argsort(labels, kind="stable")
     shards = np.array_split(by_label, num_shards)
     order = rng.permutation(num_shards)
-    return [np.concatenate([shards[s] for s in order[p * shards_per_peer:(p + 1) * shards_per_peer]])
-            for p in range(num_peers)]
+    return [
+        np.concatenate([shards[s] for s in order[p * shards_per_peer : (p + 1) * shards_per_peer]])
+        for p in range(num_peers)
+    ]
 
 
 def parse_partition_spec(spec: str) -> tuple[int, int]:

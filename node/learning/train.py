@@ -12,6 +12,7 @@ noise of std `noise_multiplier * max_grad_norm`, `UniformWithReplacementSampler`
 sampling with rate batch_size / N, and `RDPAccountant` for the privacy loss. One accountant
 per peer, passed in every round, gives the peer's cumulative epsilon over all rounds.
 """
+
 from __future__ import annotations
 
 import math
@@ -50,12 +51,22 @@ def round_lr(lr0: float, decay: float, round_number: int) -> float:
         raise ValueError(f"decay must be in (0, 1], got {decay!r}")
     if round_number < 0:
         raise ValueError(f"round must be >= 0, got {round_number}")
-    return lr0 * decay ** round_number
+    return lr0 * decay**round_number
 
 
-def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
-                lr: float, momentum: float = 0.0, seed: int, dp: DPSGDConfig | None = None,
-                accountant=None) -> TrainResult:
+def train_local(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float = 0.0,
+    seed: int,
+    dp: DPSGDConfig | None = None,
+    accountant=None,
+) -> TrainResult:
     """Train `model` in place on (x, y) and report what the round needs.
 
     With `dp`, `accountant` (an `opacus.accountants.RDPAccountant`, kept by the caller across
@@ -107,7 +118,7 @@ def _train_sgd(model, x, y, epochs, batch_size, lr, momentum, generator) -> Trai
             losses = []
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, batch_size):
-                batch = order[start:start + batch_size]
+                batch = order[start : start + batch_size]
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(model(x[batch]), y[batch])
                 loss.backward()
@@ -128,10 +139,14 @@ def _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, generator, dp: D
     grad_module = GradSampleModule(model)
     optimizer = DPOptimizer(
         torch.optim.SGD(grad_module.parameters(), lr=lr, momentum=momentum),
-        noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.max_grad_norm,
-        expected_batch_size=max(1, round(sample_rate * n)), generator=generator)
-    sampler = UniformWithReplacementSampler(num_samples=n, sample_rate=sample_rate, generator=generator,
-                                            steps=steps_per_epoch)
+        noise_multiplier=dp.noise_multiplier,
+        max_grad_norm=dp.max_grad_norm,
+        expected_batch_size=max(1, round(sample_rate * n)),
+        generator=generator,
+    )
+    sampler = UniformWithReplacementSampler(
+        num_samples=n, sample_rate=sample_rate, generator=generator, steps=steps_per_epoch
+    )
     losses: list[float] = []
     try:
         for _ in range(epochs):
@@ -167,8 +182,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     correct, total_loss = 0, 0.0
     with channels_last(model, x) as x:
         for start in range(0, n, batch_size):
-            logits = model(x[start:start + batch_size])
-            target = y[start:start + batch_size]
+            logits = model(x[start : start + batch_size])
+            target = y[start : start + batch_size]
             total_loss += F.cross_entropy(logits, target, reduction="sum").item()
             correct += int((logits.argmax(dim=1) == target).sum())
     model.train(was_training)

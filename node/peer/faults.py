@@ -1,5 +1,6 @@
 """Faults a test swarm can inject for real (`swarm node --fault ...`, hidden from --help):
 a byzantine peer is the only way to show that honest peers refuse it. Never used otherwise."""
+
 from __future__ import annotations
 
 FAULTS = ("wrong-bytes", "scale:K")

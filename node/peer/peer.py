@@ -6,13 +6,15 @@ the chain or the network has a deadline; the chain decides who is in a round, an
 participant aggregates the on-chain set in ledger order, so all honest peers attest the same
 bits.
 """
+
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import trio
@@ -32,7 +34,7 @@ from p2p import peer_id_from_bytes
 log = logging.getLogger("swarm.peer")
 
 
-class Phase(str, enum.Enum):
+class Phase(enum.StrEnum):
     STARTING = "starting"
     TRAINING = "training"
     COMMITTING = "committing"
@@ -69,8 +71,17 @@ class RoundOutcome:
 class Peer:
     """A swarm participant: drives rounds until `settings.rounds` is reached."""
 
-    def __init__(self, settings: PeerSettings, *, ledger, host, store, train_xy, test_xy,
-                 on_status: Callable[[dict], None] | None = None):
+    def __init__(
+        self,
+        settings: PeerSettings,
+        *,
+        ledger,
+        host,
+        store,
+        train_xy,
+        test_xy,
+        on_status: Callable[[dict], None] | None = None,
+    ):
         self.s = settings
         self.ledger = ledger
         self.host = host
@@ -95,8 +106,9 @@ class Peer:
         return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
 
     def _status(self, **extra):
-        self.on_status({"round": self.round, "phase": self.phase.value, "address": self.address,
-                        "time": time.time(), **extra})
+        self.on_status(
+            {"round": self.round, "phase": self.phase.value, "address": self.address, "time": time.time(), **extra}
+        )
 
     def _set(self, phase: Phase, **extra):
         now = time.monotonic()
@@ -134,8 +146,10 @@ class Peer:
         await self.host.announce_blob(sha256(genesis).hex())
         registered_id = await self.chain(self.ledger.peer_id_of, self.address)
         if registered_id and registered_id != self.host.peer_id_bytes:
-            raise RuntimeError(f"{self.address} is registered with another libp2p peer id: use the key file "
-                               "it registered with (the workdir's p2p.key)")
+            raise RuntimeError(
+                f"{self.address} is registered with another libp2p peer id: use the key file "
+                "it registered with (the workdir's p2p.key)"
+            )
         if not registered_id:
             try:
                 await self.chain(self.ledger.register, self.host.peer_id_bytes)
@@ -166,8 +180,9 @@ class Peer:
 
         digest = bytes(await self.chain(self.ledger.finalized_digest, r)).hex()
         participants = await self.chain(self.ledger.participants, r)
-        holders = [peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, a)) for a in participants
-                   if a != self.address]
+        holders = [
+            peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, a)) for a in participants if a != self.address
+        ]
         deadline = trio.current_time() + 3 * self.s.fetch_timeout
         while True:
             providers = holders + [p for p in self.host.providers(digest) if p not in holders]
@@ -176,8 +191,10 @@ class Peer:
                 break
             except Exception as exc:  # P2PError: holders busy or gone; others may answer
                 if trio.current_time() > deadline:
-                    raise RuntimeError(f"round {r}: the finalized model {digest[:16]} could not be fetched from "
-                                       f"any of {len(providers)} holders: {exc}") from exc
+                    raise RuntimeError(
+                        f"round {r}: the finalized model {digest[:16]} could not be fetched from "
+                        f"any of {len(providers)} holders: {exc}"
+                    ) from exc
                 await trio.sleep(0.5)
         vector, _ = wire.read_vector(data, self.num_params, kind="model")
         await self.host.announce_blob(digest)
@@ -187,8 +204,9 @@ class Peer:
         data = self.store.get(digest_hex)
         if data is not None:
             return data
-        return await self.host.fetch(digest_hex, providers=providers, max_size=wire.max_blob_size(self.num_params),
-                                     timeout=self.s.fetch_timeout)
+        return await self.host.fetch(
+            digest_hex, providers=providers, max_size=wire.max_blob_size(self.num_params), timeout=self.s.fetch_timeout
+        )
 
     # ---------------------------------------------------------------- rounds
     async def run(self, *, on_round: Callable[[RoundOutcome], None] | None = None) -> list[RoundOutcome]:
@@ -228,16 +246,20 @@ class Peer:
         out.committed = out.committed or already
 
         self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
-        info = await self._wait_for(lambda: self._state_after(r, "OPEN"), what="close",
-                                    nudge=lambda: self._try(self.ledger.close_round, r))
+        info = await self._wait_for(
+            lambda: self._state_after(r, "OPEN"), what="close", nudge=lambda: self._try(self.ledger.close_round, r)
+        )
         if info.state.name == "CLOSED" and out.committed:
             participants = await self.chain(self.ledger.participants, r)
             if self.address in participants:
                 out.included, gas = await self._aggregate_and_attest(r, global_vector)
                 out.gas_used += gas
         self._set(Phase.WAITING_FINAL)
-        info = await self._wait_for(lambda: self._state_after(r, "OPEN", "CLOSED"), what="finalization",
-                                    nudge=lambda: self._try(self.ledger.abort_round, r))
+        info = await self._wait_for(
+            lambda: self._state_after(r, "OPEN", "CLOSED"),
+            what="finalization",
+            nudge=lambda: self._try(self.ledger.abort_round, r),
+        )
         out.state = info.state.name.lower()
         if info.state.name == "FINALIZED":
             global_vector = await self._fetch_model(r)
@@ -258,10 +280,8 @@ class Peer:
         """Close or abort when the chain allows it; refusals (window still open, quorum not
         met, someone else was first) are the normal case and are ignored."""
 
-        try:
+        with contextlib.suppress(LedgerError):
             await self.chain(fn, *args)
-        except LedgerError:
-            pass
 
     # ------------------------------------------------------------ contribute
     async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, float]:
@@ -284,15 +304,25 @@ class Peer:
             self.store.poison(digest)  # testing: commit this digest, serve other bytes
         await self.host.announce_blob(digest)
         self._set(Phase.COMMITTING)
-        receipt = await self.chain(self.ledger.commit, r, bytes.fromhex(digest), num_samples, eps_micro,
-                                   mech_json.encode())
+        receipt = await self.chain(
+            self.ledger.commit, r, bytes.fromhex(digest), num_samples, eps_micro, mech_json.encode()
+        )
         self._commits += 1
         return train_seconds, _gas(receipt), spend.epsilon
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
-        c = contribute(self.model, self.spec, global_vector, self.train_x, self.train_y, settings=self.s,
-                       mechanism=mechanisms.from_params(self.s.mechanism), round_number=r,
-                       seed=round_seed(self.s.shared.seed, self.address, r), fault=self.s.fault)
+        c = contribute(
+            self.model,
+            self.spec,
+            global_vector,
+            self.train_x,
+            self.train_y,
+            settings=self.s,
+            mechanism=mechanisms.from_params(self.s.mechanism),
+            round_number=r,
+            seed=round_seed(self.s.shared.seed, self.address, r),
+            fault=self.s.fault,
+        )
         return c.vector, c.num_samples
 
     # -------------------------------------------------------------- aggregate
@@ -374,9 +404,13 @@ class Peer:
             raise RuntimeError(f"round {r}: no blob could be fetched, not even our own")
         self._set(Phase.AGGREGATING)
         new_vector = await trio.to_thread.run_sync(
-            lambda: wire.next_global(self.s.shared, previous,
-                                     [v for v, inc in zip(vectors, included) if inc],
-                                     [int(c.num_samples) for c, inc in zip(commitments, included) if inc]))
+            lambda: wire.next_global(
+                self.s.shared,
+                previous,
+                [v for v, inc in zip(vectors, included) if inc],
+                [int(c.num_samples) for c, inc in zip(commitments, included) if inc],
+            )
+        )
         data = wire.model_blob(new_vector, r)
         digest = self.store.put(data)
         await self.host.announce_blob(digest)

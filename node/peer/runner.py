@@ -1,5 +1,6 @@
 """One peer process (`swarm node`): wires the ledger client, the libp2p host, the blob store,
 the data shard and the round state machine together, and records status and metrics."""
+
 from __future__ import annotations
 
 import getpass
@@ -92,15 +93,21 @@ async def run_node(config, options: NodeOptions) -> int:
     registry = RegistryCache(ledger)
     await trio.to_thread.run_sync(registry.refresh)
     chain_id = await trio.to_thread.run_sync(lambda: w3.eth.chain_id)
-    host_config = HostConfig(key_pair=key_pair, listen_addrs=options.listen, bootstrap=options.bootstrap,
-                             topic=wire.topic_for(chain_id, ledger.address),
-                             max_blob_size=wire.max_blob_size(10_000_000))
+    host_config = HostConfig(
+        key_pair=key_pair,
+        listen_addrs=options.listen,
+        bootstrap=options.bootstrap,
+        topic=wire.topic_for(chain_id, ledger.address),
+        max_blob_size=wire.max_blob_size(10_000_000),
+    )
     status_path = workdir / "status.json"
 
     async with open_host(host_config, store, allowed=registry) as host:
-        write_json_atomic(workdir / "peer.json", {"peer_id": host.peer_id, "addrs": host.addrs,
-                                                  "address": account.address})
+        write_json_atomic(
+            workdir / "peer.json", {"peer_id": host.peer_id, "addrs": host.addrs, "address": account.address}
+        )
         with MetricsWriter(workdir / "metrics.jsonl") as metrics:
+
             def on_status(status: dict) -> None:
                 write_json_atomic(status_path, status)
 
@@ -110,8 +117,9 @@ async def run_node(config, options: NodeOptions) -> int:
                 metrics.write(record)
                 log.info("round %d %s acc=%s", outcome.round, outcome.state, outcome.accuracy)
 
-            peer = Peer(settings, ledger=ledger, host=host, store=store, train_xy=train_xy, test_xy=test_xy,
-                        on_status=on_status)
+            peer = Peer(
+                settings, ledger=ledger, host=host, store=store, train_xy=train_xy, test_xy=test_xy, on_status=on_status
+            )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(registry.keep_fresh)
                 await peer.run(on_round=on_round)

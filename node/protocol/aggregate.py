@@ -20,6 +20,7 @@ order by SIMD width and thread count. So no rule here reduces floats in an order
 -0.0 is replaced by +0.0 on input, so a sort cannot leak the input order through the sign of zero.
 median, trimmed-mean and krum ignore the weights (they are checked, not used).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,9 @@ MAX_SCALE_BITS = 40  # finer than float32's resolution for any value above 2^-16
 SUM_BOUND_BITS = 61  # |sum of weight * quantized value| < 2^61, so 2 * sum + W fits in int64
 
 
-def aggregate(rule: str, vectors: list[torch.Tensor], weights: list[int], *,
-              trim_ratio: float = 0.1, krum_f: int = 1) -> torch.Tensor:
+def aggregate(
+    rule: str, vectors: list[torch.Tensor], weights: list[int], *, trim_ratio: float = 0.1, krum_f: int = 1
+) -> torch.Tensor:
     """Aggregate 1-D float32 `vectors` with per-vector sample counts `weights` by `rule`."""
     if rule not in RULES:
         raise ValueError(f"unknown aggregation rule {rule!r}; choose one of {', '.join(RULES)}")
@@ -46,8 +48,6 @@ def aggregate(rule: str, vectors: list[torch.Tensor], weights: list[int], *,
     if rule == "trimmed-mean":
         return _trimmed_mean(torch.stack(rows), trim_ratio)
     return _krum(rows, krum_f)
-
-
 
 
 def aggregate_digest(vector: torch.Tensor) -> bytes:
@@ -91,17 +91,19 @@ def _fixed_point_mean(rows, weights: list[int]) -> torch.Tensor:
     e = math.frexp(max_abs)[1] if max_abs > 0 else 0
     scale_bits = min(MAX_SCALE_BITS, SUM_BOUND_BITS - e - math.ceil(math.log2(total_weight)) - 1)
     if scale_bits < 0:
-        raise ValueError(f"values too large for exact fixed-point averaging: max |v| = {max_abs:.3g} "
-                         f"with total weight {total_weight}")
+        raise ValueError(
+            f"values too large for exact fixed-point averaging: max |v| = {max_abs:.3g} "
+            f"with total weight {total_weight}"
+        )
     total = torch.zeros(rows[0].shape[0], dtype=torch.int64)
     for row, w in zip(rows, weights):
         # v * 2^s is exact in float64 (a float32 times a power of two); rounding is half-to-even.
-        quantized = torch.round(row.to(torch.float64) * 2.0 ** scale_bits).to(torch.int64)
+        quantized = torch.round(row.to(torch.float64) * 2.0**scale_bits).to(torch.int64)
         total += quantized * int(w)  # sum |q * w| <= 2^(s+e) * W <= 2^60: exact, no overflow
     # Round half up: floor((2 * total + W) / (2 * W)).
     mean_q = torch.div(2 * total + total_weight, 2 * total_weight, rounding_mode="floor")
     # Two IEEE roundings (int64 -> float64 -> float32), both deterministic on any hardware.
-    return (mean_q.to(torch.float64) * 2.0 ** -scale_bits).to(torch.float32)
+    return (mean_q.to(torch.float64) * 2.0**-scale_bits).to(torch.float32)
 
 
 def _median(stacked: torch.Tensor) -> torch.Tensor:
@@ -118,7 +120,7 @@ def _trimmed_mean(stacked: torch.Tensor, trim_ratio: float) -> torch.Tensor:
     if not 0 <= trim_ratio < 0.5:
         raise ValueError(f"trim_ratio must be in [0, 0.5), got {trim_ratio!r}")
     trim = int(math.floor(trim_ratio * n))
-    kept = torch.sort(stacked, dim=0).values[trim:n - trim]
+    kept = torch.sort(stacked, dim=0).values[trim : n - trim]
     return _fixed_point_mean(list(kept), [1] * kept.shape[0])
 
 
@@ -129,8 +131,9 @@ def _krum(rows: list[torch.Tensor], f: int) -> torch.Tensor:
         raise ValueError(f"krum_f must be >= 0, got {f}")
     neighbours = n - f - 2
     if neighbours < 1:
-        raise ValueError(f"krum with krum_f={f} needs at least f + 3 = {f + 3} vectors, got {n} "
-                         f"(its guarantee needs n > 2f + 2)")
+        raise ValueError(
+            f"krum with krum_f={f} needs at least f + 3 = {f + 3} vectors, got {n} (its guarantee needs n > 2f + 2)"
+        )
     order = sorted(range(n), key=lambda i: hashlib.sha256(_le_bytes(rows[i])).digest())
     canonical = [rows[i].to(torch.float64).numpy() for i in order]
     distance = np.zeros((n, n))

@@ -8,6 +8,7 @@ sha256 on every peer and every version of the safetensors library. `decode_blob`
 the safetensors library (no code execution), then insists that re-encoding gives back the
 exact input bytes, so a blob has exactly one valid encoding.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -63,7 +64,7 @@ def unflatten(vector: torch.Tensor, spec: tuple[TensorSpec, ...]) -> dict[str, t
     state, offset = {}, 0
     for s in spec:
         size = int(np.prod(s.shape, dtype=np.int64))
-        state[s.name] = vector[offset:offset + size].reshape(s.shape).to(torch.float32).clone()
+        state[s.name] = vector[offset : offset + size].reshape(s.shape).to(torch.float32).clone()
         offset += size
     return state
 
@@ -88,8 +89,11 @@ def encode_blob(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes
         # numpy with an explicit little-endian dtype: the bytes do not depend on the host.
         array = tensor.detach().cpu().contiguous().numpy()
         data = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": _DTYPES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         chunks.append(data)
         offset += len(data)
     text = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
@@ -97,9 +101,9 @@ def encode_blob(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes
     return struct.pack("<Q", len(text)) + text + b"".join(chunks)
 
 
-def decode_blob(data: bytes, *, max_size: int,
-                expected: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
-                ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+def decode_blob(
+    data: bytes, *, max_size: int, expected: dict[str, tuple[tuple[int, ...], torch.dtype]] | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Parse and validate a blob: size cap, canonical encoding, names, shapes, dtypes, finite values."""
     if len(data) > max_size:
         raise BlobError(f"blob of {len(data)} bytes exceeds the {max_size}-byte limit")
@@ -109,7 +113,7 @@ def decode_blob(data: bytes, *, max_size: int,
     if header_len > min(_MAX_HEADER, len(data) - 8):
         raise BlobError(f"blob header length {header_len} is larger than the blob or the {_MAX_HEADER}-byte cap")
     try:
-        header = json.loads(data[8:8 + header_len])
+        header = json.loads(data[8 : 8 + header_len])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BlobError(f"blob header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):

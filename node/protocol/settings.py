@@ -49,8 +49,6 @@ class SharedSettings:
         )
 
 
-
-
 @dataclass(frozen=True)
 class DPSGDConfig:
     """DP-SGD inside local training (opacus): noise multiplier, per-sample clip norm, delta."""

@@ -1,5 +1,6 @@
 """A peer whose next commit would pass the swarm's eps cap stops contributing and says so, while
 the others go on; Ctrl-C on `swarm up` stops everything and keeps every finished round verifiable."""
+
 from __future__ import annotations
 
 import json
@@ -56,9 +57,24 @@ def processes_mentioning(text: str) -> list[int]:
 
 def test_ctrl_c_stops_the_swarm_and_keeps_finished_rounds(tmp_path):
     out = tmp_path / "run"
-    up = subprocess.Popen([sys.executable, "-m", "node.cli", "up", "--rounds", "6", "--out", str(out), "--json",
-                           "--set", "chain.min_peers=3"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "up",
+            "--rounds",
+            "6",
+            "--out",
+            str(out),
+            "--json",
+            "--set",
+            "chain.min_peers=3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     metrics = out / "peers" / "0" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
@@ -74,8 +90,12 @@ def test_ctrl_c_stops_the_swarm_and_keeps_finished_rounds(tmp_path):
     assert len(finished) >= 2
     assert (out / "chain" / "state.json").exists() and (out / "report.md").exists()
     assert processes_mentioning(str(out)) == []  # no peer process survives its swarm
-    check = subprocess.run([sys.executable, "-m", "node.cli", "verify", "--run", str(out), "--json"],
-                           capture_output=True, text=True, timeout=120)
+    check = subprocess.run(
+        [sys.executable, "-m", "node.cli", "verify", "--run", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert check.returncode == 0, check.stdout + check.stderr
     verified = [r for r in json.loads(check.stdout)["rounds"] if r["state"] == "finalized"]
     assert len(verified) >= len(finished) and all(r["aggregate_ok"] for r in verified)

@@ -1,6 +1,7 @@
 """The README's across-hosts workflow, on one machine: `swarm deploy --config` against a chain
 started like a testnet, then `swarm node` processes started from the CLI alone (keys from the
 environment, bootstrap multiaddrs), then `swarm verify --rpc-url --ledger --archive`."""
+
 from __future__ import annotations
 
 import json
@@ -20,13 +21,20 @@ from node.protocol.blob import sha256
 
 pytestmark = pytest.mark.slow
 
-SETS = ["swarm.rounds=2", "swarm.peers=3", "chain.min_peers=3", "chain.commit_window=400",
-        "chain.attest_window=400", "data.limit=600"]
+SETS = [
+    "swarm.rounds=2",
+    "swarm.peers=3",
+    "chain.min_peers=3",
+    "chain.commit_window=400",
+    "chain.attest_window=400",
+    "data.limit=600",
+]
 
 
 def cli(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
@@ -49,9 +57,24 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
             env = dict(os.environ, SWARM_PRIVATE_KEY=anvil.private_keys[i + 1], SWARM_P2P_PASSWORD=f"pw{i}")
             workdir = tmp_path / f"node{i}"
             # every node dials node 0; node 0's peer id is known once its key file exists
-            cmd = [sys.executable, "-m", "node.cli", "node", "--rpc-url", anvil.url, "--ledger", deployed["address"],
-                   "--config", str(config_file), "--workdir", str(workdir), "--partition", f"{i}/3",
-                   "--listen", f"/ip4/127.0.0.1/tcp/{ports[i]}"]
+            cmd = [
+                sys.executable,
+                "-m",
+                "node.cli",
+                "node",
+                "--rpc-url",
+                anvil.url,
+                "--ledger",
+                deployed["address"],
+                "--config",
+                str(config_file),
+                "--workdir",
+                str(workdir),
+                "--partition",
+                f"{i}/3",
+                "--listen",
+                f"/ip4/127.0.0.1/tcp/{ports[i]}",
+            ]
             if i > 0:
                 peer0 = json.loads((tmp_path / "node0" / "peer.json").read_text())["peer_id"]
                 cmd += ["--bootstrap", f"/ip4/127.0.0.1/tcp/{ports[0]}/p2p/{peer0}"]
@@ -71,8 +94,9 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
         for i in range(3):
             shutil.copytree(tmp_path / f"node{i}" / "blobs", archive, dirs_exist_ok=True)
         # peers serve genesis too; the verifier gets it from any of them
-        proc = cli("verify", "--rpc-url", anvil.url, "--ledger", deployed["address"], "--archive", str(archive),
-                   "--json")
+        proc = cli(
+            "verify", "--rpc-url", anvil.url, "--ledger", deployed["address"], "--archive", str(archive), "--json"
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert json.loads(proc.stdout)["ok"]
 

@@ -1,5 +1,6 @@
 """Robust aggregation against one of five peers sending a scaled update, through the same
 round code the peers run (node.learning.contribute.contribute + node.protocol.wire.next_global), without the network."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,11 +23,20 @@ PEERS, ROUNDS, ATTACKER, SCALE = 5, 4, 4, -20.0
 def run(rule: str, attack: bool) -> float:
     torch.manual_seed(0)
     train, test = load_dataset("digits", split="train"), load_dataset("digits", split="test")
-    shared = SharedSettings(model="logreg", dataset="digits", input_shape=tuple(train.input_shape),
-                                 num_classes=train.num_classes, share="update", aggregation=rule,
-                                 trim_ratio=0.2, krum_f=1, seed=7)
-    settings = PeerSettings(shared=shared, mechanism={}, epochs=2, batch_size=32, lr=0.1, lr_decay=1.0,
-                            momentum=0.0, rounds=ROUNDS)
+    shared = SharedSettings(
+        model="logreg",
+        dataset="digits",
+        input_shape=tuple(train.input_shape),
+        num_classes=train.num_classes,
+        share="update",
+        aggregation=rule,
+        trim_ratio=0.2,
+        krum_f=1,
+        seed=7,
+    )
+    settings = PeerSettings(
+        shared=shared, mechanism={}, epochs=2, batch_size=32, lr=0.1, lr_decay=1.0, momentum=0.0, rounds=ROUNDS
+    )
     model = init_model("logreg", input_shape=shared.input_shape, num_classes=shared.num_classes, seed=7)
     global_vector, spec = flatten(model)
     shards = partition(train.y.numpy(), PEERS, scheme="iid", seed=7)
@@ -34,9 +44,18 @@ def run(rule: str, attack: bool) -> float:
         vectors, weights = [], []
         for i, idx in enumerate(shards):
             idx = torch.as_tensor(idx)
-            c = contribute(model, spec, global_vector, train.x[idx], train.y[idx], settings=settings, mechanism=None,
-                           round_number=r, seed=round_seed(7, f"peer{i}", r),
-                           fault=f"scale:{SCALE}" if attack and i == ATTACKER else None)
+            c = contribute(
+                model,
+                spec,
+                global_vector,
+                train.x[idx],
+                train.y[idx],
+                settings=settings,
+                mechanism=None,
+                round_number=r,
+                seed=round_seed(7, f"peer{i}", r),
+                fault=f"scale:{SCALE}" if attack and i == ATTACKER else None,
+            )
             vectors.append(c.vector)
             weights.append(c.num_samples)
         global_vector = wire.next_global(shared, global_vector, vectors, weights)

@@ -2,6 +2,7 @@
 
 One `swarm up` run with the README's defaults is shared by the tests that only read its
 folder; the fault tests (SIGKILL, a byzantine peer) drive their own LocalSwarm."""
+
 from __future__ import annotations
 
 import json
@@ -75,6 +76,7 @@ def test_verify_names_an_altered_blob(demo_run, tmp_path):
     info = json.loads((run / "run.json").read_text())
     from node.chain.anvil import start_anvil
     from node.chain.client import LedgerClient, connect
+
     with start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"]) as anvil:
         c = LedgerClient(connect(anvil.url), info["ledger"]).commitments(2)[1]
     digest = bytes(c.digest).hex()
@@ -98,9 +100,16 @@ def small_config(**overrides):
 
 
 def failed_logs(swarm) -> str:
-    return "\n".join(f"--- peer {p.index} exit {p.process.returncode}\n" + "\n".join(
-        line for line in (p.workdir / "peer.log").read_text(errors="replace").splitlines()
-        if "Failed to open TCP" not in line)[-4000:] for p in swarm.peers if p.process.returncode)
+    return "\n".join(
+        f"--- peer {p.index} exit {p.process.returncode}\n"
+        + "\n".join(
+            line
+            for line in (p.workdir / "peer.log").read_text(errors="replace").splitlines()
+            if "Failed to open TCP" not in line
+        )[-4000:]
+        for p in swarm.peers
+        if p.process.returncode
+    )
 
 
 def wait_until(predicate, timeout: float, what: str):
@@ -118,8 +127,11 @@ def test_sigkilled_peer_round_still_finalizes_and_peer_catches_up(tmp_path):
         swarm.start()
         victim = swarm.peers[3]
         # kill it in round 2, right after it committed
-        wait_until(lambda: swarm.ledger.current_round() == 2 and
-                   victim.address in swarm.ledger.participants(2), 300, "peer 3 commits round 2")
+        wait_until(
+            lambda: swarm.ledger.current_round() == 2 and victim.address in swarm.ledger.participants(2),
+            300,
+            "peer 3 commits round 2",
+        )
         swarm.kill(3)
         wait_until(lambda: swarm.ledger.round_info(2).state.name == "FINALIZED", 300, "round 2 finalizes")
         assert victim.address in swarm.ledger.participants(2)  # it had committed: quorum 3 of 4 attested
@@ -148,6 +160,7 @@ def test_peer_serving_other_bytes_is_left_out(tmp_path):
             winning = [a for a in atts if a.aggregate_digest == final]
             assert len(winning) >= 3
             from node.protocol.wire import decode_bitmap
+
             included = decode_bitmap(winning[0].included, len(participants))
             assert included[participants.index(liar)] is False
             assert sum(included) == 3

@@ -5,6 +5,7 @@ Statistical tolerances: with n i.i.d. outputs, the sample mean has standard erro
 sample's fourth central moment); every check allows 5 standard errors (a fixed seed makes the
 test deterministic; 5 sd is where a correct implementation would fail with probability ~6e-7).
 """
+
 import math
 
 import pytest
@@ -15,8 +16,15 @@ from mechanisms.local import pnpm_t_variance
 
 N = 120_000
 Z = 5.0
-LOCAL = [("duchi", {}), ("pm", {}), ("hm", {}), ("ldp-fl", {"center": 0.1, "radius": 0.5}),
-         ("pnpm", {}), ("laplace", {}), ("exponential", {})]
+LOCAL = [
+    ("duchi", {}),
+    ("pm", {}),
+    ("hm", {}),
+    ("ldp-fl", {"center": 0.1, "radius": 0.5}),
+    ("pnpm", {}),
+    ("laplace", {}),
+    ("exponential", {}),
+]
 UNBIASED = {"duchi", "pm", "hm", "ldp-fl", "pnpm", "laplace"}
 
 
@@ -24,11 +32,14 @@ def gen(seed=0):
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("eps,duchi0,duchi1,pm0,pm1,pnpm", [
-    (0.5, 16.671, 15.671, 17.702, 21.223, 18.839),
-    (1.0, 4.683, 3.683, 3.682, 5.224, 4.134),
-    (2.0, 1.724, 0.724, 0.646, 1.228, 0.757),
-])
+@pytest.mark.parametrize(
+    "eps,duchi0,duchi1,pm0,pm1,pnpm",
+    [
+        (0.5, 16.671, 15.671, 17.702, 21.223, 18.839),
+        (1.0, 4.683, 3.683, 3.682, 5.224, 4.134),
+        (2.0, 1.724, 0.724, 0.646, 1.228, 0.757),
+    ],
+)
 def test_privacy_md_reference_variances(eps, duchi0, duchi1, pm0, pm1, pnpm):
     t = torch.tensor([0.0, 1.0], dtype=torch.float64)
     assert M.get("duchi", epsilon=eps).variance(t).tolist() == pytest.approx([duchi0, duchi1], abs=6e-4)
@@ -173,12 +184,13 @@ def test_sampled_wrapper_k_of_d_zero_elsewhere_unbiased():
     assert int((big != 0).sum()) == 8
 
 
-@pytest.mark.parametrize("name,extra", LOCAL + [("rr", {}), ("gaussian", {"clip_norm": 1.0}),
-                                                ("sampled", {"base": "hm"})])
+@pytest.mark.parametrize(
+    "name,extra", LOCAL + [("rr", {}), ("gaussian", {"clip_norm": 1.0}), ("sampled", {"base": "hm"})]
+)
 def test_determinism_and_shape(name, extra):
     kwargs = dict(extra, epsilon=2.0) if name != "gaussian" else dict(extra, epsilon=2.0, delta=1e-5)
     mech = M.get(name, **kwargs)
-    x = (torch.rand(3, 50, generator=gen(9)) if name == "rr" else torch.rand(3, 50, generator=gen(9)) * 2 - 1)
+    x = torch.rand(3, 50, generator=gen(9)) if name == "rr" else torch.rand(3, 50, generator=gen(9)) * 2 - 1
     if name == "rr":
         x = x.round()
     a = mech.perturb(x, generator=gen(42))
@@ -191,8 +203,18 @@ def test_determinism_and_shape(name, extra):
 
 
 def test_registry_and_canonical_json():
-    assert set(M.MECHANISMS) == {"duchi", "pm", "hm", "ldp-fl", "pnpm", "laplace", "gaussian", "rr",
-                                 "exponential", "sampled"}
+    assert set(M.MECHANISMS) == {
+        "duchi",
+        "pm",
+        "hm",
+        "ldp-fl",
+        "pnpm",
+        "laplace",
+        "gaussian",
+        "rr",
+        "exponential",
+        "sampled",
+    }
     assert M.canonical_json({"name": "pnpm", "epsilon": 1.0}) == b'{"epsilon":1.0,"name":"pnpm"}'
     assert M.canonical_json({"b": 0.1, "a": [1, 2]}) == b'{"a":[1,2],"b":0.1}'
     with pytest.raises(ValueError):
@@ -214,24 +236,28 @@ def test_bad_epsilon(name, extra, eps):
         M.get(name, epsilon=eps, **extra)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"clip_norm": 1.0, "epsilon": 1.0, "delta": 0.0}, "delta"),
-    ({"clip_norm": 1.0, "epsilon": 1.0, "delta": 1.0}, "delta"),
-    ({"clip_norm": 1.0, "epsilon": 1.0, "delta": float("nan")}, "delta"),
-    ({"clip_norm": 1.0, "epsilon": 1.0}, "delta"),
-    ({"clip_norm": 1.0, "epsilon": 0.0, "delta": 1e-5}, "epsilon"),
-    ({"clip_norm": 0.0, "noise_multiplier": 1.0}, "clip_norm"),
-    ({"clip_norm": 1.0, "noise_multiplier": -1.0}, "noise_multiplier"),
-    ({"clip_norm": 1.0}, "noise_multiplier"),
-    ({"clip_norm": 1.0, "noise_multiplier": 1.0, "epsilon": 1.0, "delta": 1e-5}, "exactly one"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"clip_norm": 1.0, "epsilon": 1.0, "delta": 0.0}, "delta"),
+        ({"clip_norm": 1.0, "epsilon": 1.0, "delta": 1.0}, "delta"),
+        ({"clip_norm": 1.0, "epsilon": 1.0, "delta": float("nan")}, "delta"),
+        ({"clip_norm": 1.0, "epsilon": 1.0}, "delta"),
+        ({"clip_norm": 1.0, "epsilon": 0.0, "delta": 1e-5}, "epsilon"),
+        ({"clip_norm": 0.0, "noise_multiplier": 1.0}, "clip_norm"),
+        ({"clip_norm": 1.0, "noise_multiplier": -1.0}, "noise_multiplier"),
+        ({"clip_norm": 1.0}, "noise_multiplier"),
+        ({"clip_norm": 1.0, "noise_multiplier": 1.0, "epsilon": 1.0, "delta": 1e-5}, "exactly one"),
+    ],
+)
 def test_bad_gaussian_params(kwargs, match):
     with pytest.raises(ValueError, match=match):
         M.get("gaussian", **kwargs)
 
 
-@pytest.mark.parametrize("name,extra", LOCAL + [("gaussian", {"clip_norm": 1.0, "delta": 1e-5}),
-                                                ("sampled", {"base": "duchi"}), ("rr", {})])
+@pytest.mark.parametrize(
+    "name,extra", LOCAL + [("gaussian", {"clip_norm": 1.0, "delta": 1e-5}), ("sampled", {"base": "duchi"}), ("rr", {})]
+)
 def test_bad_tensors(name, extra):
     mech = M.get(name, epsilon=1.0, **extra)
     for bad in (float("nan"), float("inf"), -float("inf")):

@@ -4,6 +4,7 @@ Histogram test: for neighbouring inputs x0, x1 and every bin with counts c0, c1 
 ln(c0/c1) estimates ln(P0/P1) with standard error about sqrt(1/c0 + 1/c1) (delta method); we
 require ln(c0/c1) <= eps + 5 * that error, on bins holding at least 200 draws.
 """
+
 import json
 import math
 import subprocess
@@ -36,11 +37,21 @@ def _max_log_ratio_excess(mech, x0, x1, eps, bins=30):
     return worst, top
 
 
-@pytest.mark.parametrize("name,extra,x0,x1", [
-    ("duchi", {}, -1.0, 1.0), ("pm", {}, -1.0, 1.0), ("hm", {}, -1.0, 1.0), ("hm", {}, -1.0, 0.2),
-    ("laplace", {}, -1.0, 1.0), ("exponential", {}, -1.0, 1.0), ("ldp-fl", {"radius": 0.5}, -3.0, 3.0),
-    ("rr", {"k": 3}, 0.0, 2.0), ("pnpm", {}, 0.7, -0.7), ("sampled", {"base": "pm"}, -1.0, 1.0),
-])
+@pytest.mark.parametrize(
+    "name,extra,x0,x1",
+    [
+        ("duchi", {}, -1.0, 1.0),
+        ("pm", {}, -1.0, 1.0),
+        ("hm", {}, -1.0, 1.0),
+        ("hm", {}, -1.0, 0.2),
+        ("laplace", {}, -1.0, 1.0),
+        ("exponential", {}, -1.0, 1.0),
+        ("ldp-fl", {"radius": 0.5}, -3.0, 3.0),
+        ("rr", {"k": 3}, 0.0, 2.0),
+        ("pnpm", {}, 0.7, -0.7),
+        ("sampled", {"base": "pm"}, -1.0, 1.0),
+    ],
+)
 @pytest.mark.parametrize("eps", [0.5, 2.0])
 def test_likelihood_ratio_within_e_eps(name, extra, x0, x1, eps):
     worst, top = _max_log_ratio_excess(M.get(name, epsilon=eps, **extra), x0, x1, eps)
@@ -57,8 +68,11 @@ def test_pnpm_value_is_not_protected():
 
 
 def test_audit_bounds_stay_below_claims():
-    for name, kw in [("duchi", {"epsilon": 1.0}), ("laplace", {"epsilon": 1.0}),
-                     ("gaussian", {"clip_norm": 1.0, "epsilon": 1.0, "delta": 1e-5})]:
+    for name, kw in [
+        ("duchi", {"epsilon": 1.0}),
+        ("laplace", {"epsilon": 1.0}),
+        ("gaussian", {"clip_norm": 1.0, "epsilon": 1.0, "delta": 1e-5}),
+    ]:
         r = audit_pair(M.get(name, **kw), -1.0, 1.0, trials=50_000, seed=3)
         assert 0.0 < r.epsilon_lower_bound <= 1.0 and r.confidence == 0.95
 
@@ -118,17 +132,43 @@ def test_cumulative_spend_is_whole_update():
 
 
 def test_swarm_audit_cli():
-    out = subprocess.run([sys.executable, "-m", "node.cli", "audit", "--mechanism", "pnpm", "--epsilon", "1",
-                          "--trials", "20000", "--seed", "5", "--json"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "audit",
+            "--mechanism",
+            "pnpm",
+            "--epsilon",
+            "1",
+            "--trials",
+            "20000",
+            "--seed",
+            "5",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["guarantee"]["protects"] == "sign"
     sign, value = report["audits"]
     assert sign["epsilon_lower_bound"] <= 1.0 and not sign["disjoint_support"]
     assert value["disjoint_support"] and value["epsilon_lower_bound"] > 5
-    text = subprocess.run([sys.executable, "-m", "node.cli", "audit", "--mechanism", "pnpm", "--epsilon", "1",
-                           "--trials", "5000"], capture_output=True, text=True, timeout=120)
+    text = subprocess.run(
+        [sys.executable, "-m", "node.cli", "audit", "--mechanism", "pnpm", "--epsilon", "1", "--trials", "5000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "DISJOINT SUPPORTS" in text.stdout and "sign of each weight only" in text.stdout
-    bad = subprocess.run([sys.executable, "-m", "node.cli", "audit", "--mechanism", "pnpm", "--epsilon", "-1"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "node.cli", "audit", "--mechanism", "pnpm", "--epsilon", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "epsilon must be finite and > 0" in bad.stderr

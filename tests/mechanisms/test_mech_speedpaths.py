@@ -6,6 +6,7 @@ seed the i-th decision must agree. Exact-threshold paths (PNPM, RR) must agree e
 whose threshold depends on t (Duchi, HM) may differ only where u sits within an ulp of it, which
 at 2^-24 per element is expected 0.01 times in 200k draws, so we allow at most 1.
 """
+
 import math
 
 import torch

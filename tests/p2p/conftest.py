@@ -1,5 +1,6 @@
 """Shared helpers for the p2p tests: real py-libp2p hosts on 127.0.0.1, driven by trio through
 anyio's pytest plugin. Timeouts are short so a broken test fails fast instead of hanging."""
+
 from __future__ import annotations
 
 import contextlib
@@ -54,8 +55,15 @@ def config():
     """Factory of fast test configurations (short timeouts, quick heartbeats)."""
 
     def make(topic: str = "test-swarm", **overrides) -> HostConfig:
-        fields = dict(key_pair=create_new_key_pair(), topic=topic, request_timeout=3.0, connect_timeout=3.0,
-                      reconnect_interval=0.3, hello_interval=1.0, gossip_heartbeat=0.3)
+        fields = dict(
+            key_pair=create_new_key_pair(),
+            topic=topic,
+            request_timeout=3.0,
+            connect_timeout=3.0,
+            reconnect_interval=0.3,
+            hello_interval=1.0,
+            gossip_heartbeat=0.3,
+        )
         fields.update(overrides)
         return HostConfig(**fields)
 

@@ -1,4 +1,5 @@
 """Chunked, verified blob exchange over `/swarm/blob/1.0.0` between real hosts on 127.0.0.1."""
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,9 @@ async def test_64mb_blob_fetched_intact_and_served_onwards(config, hosts, wait_u
     data = os.urandom(64 * MiB)
     holder_store = MemoryBlobStore()
     digest = holder_store.put(data)
-    async with hosts([(config(), holder_store, None), (config(), MemoryBlobStore(), None),
-                      (config(), MemoryBlobStore(), None)]) as (holder, fetcher, third):
+    async with hosts(
+        [(config(), holder_store, None), (config(), MemoryBlobStore(), None), (config(), MemoryBlobStore(), None)]
+    ) as (holder, fetcher, third):
         await fetcher.connect(holder.addrs[0])
         got = await fetcher.fetch(digest, providers=[holder.peer_id], timeout=60)
         assert hashlib.sha256(got).hexdigest() == digest and got == data
@@ -41,7 +43,9 @@ async def test_holder_killed_mid_transfer_fetch_completes_from_second_holder(con
     digest = first.put(data)
     second.put(data)
     async with hosts([(config(), second, None), (config(request_timeout=2.0), MemoryBlobStore(), None)]) as (
-            holder2, fetcher):
+        holder2,
+        fetcher,
+    ):
         async with trio.open_nursery() as nursery:
             first_addr: list[str] = []
             first_id: list[str] = []
@@ -85,7 +89,9 @@ async def test_requests_above_the_size_limit_are_refused(config, hosts):
     digest = holder_store.put(os.urandom(2 * MiB))
     fetcher_store = MemoryBlobStore()
     async with hosts([(config(), holder_store, None), (config(max_blob_size=MiB), fetcher_store, None)]) as (
-            holder, fetcher):
+        holder,
+        fetcher,
+    ):
         await fetcher.connect(holder.addrs[0])
         # Client side: the declared size is above the limit, so no chunk is even requested.
         with pytest.raises(BlobTooLarge, match="above the limit"):
@@ -108,8 +114,13 @@ async def test_non_allowed_peer_is_refused_on_the_stream_path(config, hosts):
     digest = holder_store.put(os.urandom(MiB))
     outsider_cfg = config()
     outsider = ID.from_pubkey(outsider_cfg.key_pair.public_key).to_base58()
-    async with hosts([(config(), holder_store, lambda p: p != outsider), (outsider_cfg, MemoryBlobStore(), None),
-                      (config(), MemoryBlobStore(), None)]) as (holder, out, member):
+    async with hosts(
+        [
+            (config(), holder_store, lambda p: p != outsider),
+            (outsider_cfg, MemoryBlobStore(), None),
+            (config(), MemoryBlobStore(), None),
+        ]
+    ) as (holder, out, member):
         await out.connect(holder.addrs[0])
         with pytest.raises(BlobNotFound, match="refused"):
             await out.fetch(digest, providers=[holder.peer_id], timeout=30)
@@ -122,8 +133,9 @@ async def test_fetch_finds_providers_through_announcements(config, hosts, wait_u
     """A peer that only hears an announcement (never given an address) dials the holder and fetches."""
     holder_store = MemoryBlobStore()
     digest = holder_store.put(os.urandom(MiB))
-    async with hosts([(config(), MemoryBlobStore(), None), (config(), holder_store, None),
-                      (config(), MemoryBlobStore(), None)]) as (hub, holder, seeker):
+    async with hosts(
+        [(config(), MemoryBlobStore(), None), (config(), holder_store, None), (config(), MemoryBlobStore(), None)]
+    ) as (hub, holder, seeker):
         await holder.connect(hub.addrs[0])
         await seeker.connect(hub.addrs[0])
         await wait_until(lambda: hub.peer_id in seeker.mesh_peers() and hub.peer_id in holder.mesh_peers())
@@ -147,8 +159,13 @@ async def test_private_network_psk(config, hosts):
     psk = bytes(range(32))
     holder_store = MemoryBlobStore()
     digest = holder_store.put(b"members only")
-    async with hosts([(config(psk=psk), holder_store, None), (config(psk=psk), MemoryBlobStore(), None),
-                      (config(psk=bytes(32)), MemoryBlobStore(), None)]) as (holder, member, stranger):
+    async with hosts(
+        [
+            (config(psk=psk), holder_store, None),
+            (config(psk=psk), MemoryBlobStore(), None),
+            (config(psk=bytes(32)), MemoryBlobStore(), None),
+        ]
+    ) as (holder, member, stranger):
         await member.connect(holder.addrs[0])
         assert await member.fetch(digest, providers=[holder.peer_id], timeout=10) == b"members only"
         with pytest.raises(P2PError, match="cannot connect|timed out"):

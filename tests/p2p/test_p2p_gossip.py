@@ -1,4 +1,5 @@
 """GossipSub announcements over real hosts: relayed along a line, filtered by admission."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,7 @@ async def _link_line(peers, wait_until):
         await right.connect(left.addrs[0])
     for i, peer in enumerate(peers):
         neighbours = {p.peer_id for p in peers[max(0, i - 1) : i + 2] if p is not peer}
-        await wait_until(lambda: neighbours <= set(peer.mesh_peers()), what=f"mesh of peer {i}")
+        await wait_until(lambda n=neighbours, p=peer: n <= set(p.mesh_peers()), what=f"mesh of peer {i}")
 
 
 async def test_announcements_reach_all_peers_of_a_line(config, hosts, wait_until):

@@ -1,4 +1,5 @@
 """Persistent, encrypted Ed25519 identity; a restarted peer keeps its peer id."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """The host's lifecycle: the caller's own errors always propagate out of `open_host` (only
 py-libp2p's shutdown races after a finished body are logged instead, see p2p/host.py), and the
 byte counters the node reports per round count chunk payloads both ways."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Blob stores: content addressing, range reads, and atomic writes that survive a crash."""
+
 from __future__ import annotations
 
 import hashlib

@@ -14,9 +14,8 @@ def test_round_trip_and_append(tmp_path):
     with MetricsWriter(path) as w:
         w.write({"round": 1, "eps": 2.0})
     assert [r["round"] for r in read_metrics(path)] == [0, 1]
-    with pytest.raises(ValueError):
-        with MetricsWriter(path) as w:
-            w.write({"loss": float("nan")})
+    with pytest.raises(ValueError), MetricsWriter(path) as w:
+        w.write({"loss": float("nan")})
 
 
 def test_torn_last_line_ignored_but_bad_middle_line_is_an_error(tmp_path):

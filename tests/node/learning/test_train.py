@@ -1,4 +1,5 @@
 """Local training on scikit-learn's digits: it learns, it is reproducible, DP-SGD accounts."""
+
 import math
 
 import pytest
@@ -58,16 +59,18 @@ def test_dpsgd_runs_with_opacus_and_accounts():
     accountant = RDPAccountant()
     model = fresh()
     keys = list(model.state_dict())
-    first = train_local(model, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, seed=0,
-                        dp=dp, accountant=accountant)
+    first = train_local(
+        model, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, seed=0, dp=dp, accountant=accountant
+    )
     # Reference: the same Poisson-sampled steps accounted by a fresh RDP accountant.
     reference = RDPAccountant()
     steps = epochs * math.ceil(n / batch)
     for _ in range(steps):
         reference.step(noise_multiplier=1.1, sample_rate=batch / n)
     assert first.dp_epsilon == pytest.approx(reference.get_epsilon(1e-5), rel=1e-12)
-    second = train_local(model, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, seed=1,
-                         dp=dp, accountant=accountant)
+    second = train_local(
+        model, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, seed=1, dp=dp, accountant=accountant
+    )
     assert second.dp_epsilon > first.dp_epsilon  # cumulative across rounds
     # opacus is detached again: same parameter names, no hooks left behind, finite weights.
     assert list(model.state_dict()) == keys
@@ -83,7 +86,7 @@ def test_dpsgd_runs_with_opacus_and_accounts():
 
 def test_round_lr_and_errors():
     assert round_lr(0.01, 0.95, 0) == 0.01
-    assert round_lr(0.01, 0.95, 3) == pytest.approx(0.01 * 0.95 ** 3)
+    assert round_lr(0.01, 0.95, 3) == pytest.approx(0.01 * 0.95**3)
     with pytest.raises(ValueError, match="decay"):
         round_lr(0.01, 1.5, 1)
     with pytest.raises(ValueError, match="epochs"):
@@ -100,7 +103,7 @@ def _standard_layout_training(x, y, dtype):
     for _ in range(2):
         order = torch.randperm(64, generator=generator)
         for start in range(0, 64, 16):
-            batch = order[start:start + 16]
+            batch = order[start : start + 16]
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(x[batch].to(dtype)), y[batch]).backward()
             optimizer.step()
@@ -129,8 +132,9 @@ def test_channels_last_training_matches_standard_layout_and_leaves_it_standard()
     exact = _standard_layout_training(x, y, torch.float64)
     with torch.no_grad():
         fast_error = max(float((p.double() - q).abs().max()) for p, q in zip(fast.parameters(), exact.parameters()))
-        standard_error = max(float((p.double() - q).abs().max())
-                             for p, q in zip(standard.parameters(), exact.parameters()))
+        standard_error = max(
+            float((p.double() - q).abs().max()) for p, q in zip(standard.parameters(), exact.parameters())
+        )
         scale = max(float(q.abs().max()) for q in exact.parameters())
     steps = 2 * 64 // 16
     longest_sum = 16 * 32 * 32  # the first conv's weight gradient sums over batch x height x width

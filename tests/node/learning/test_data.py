@@ -1,4 +1,5 @@
 """Dataset readers on tiny files written here, plus the bundled and Debian-provided sets."""
+
 import gzip
 import struct
 
@@ -28,8 +29,10 @@ def write_idx_set(folder, n_train=12, n_test=5, gz=True, seed=0):
     for prefix, n in (("train", n_train), ("t10k", n_test)):
         images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
         labels = rng.integers(0, 10, size=n, dtype=np.uint8)
-        for stem, array, magic in ((f"{prefix}-images-idx3-ubyte", images, IDX_IMAGES_MAGIC),
-                                   (f"{prefix}-labels-idx1-ubyte", labels, IDX_LABELS_MAGIC)):
+        for stem, array, magic in (
+            (f"{prefix}-images-idx3-ubyte", images, IDX_IMAGES_MAGIC),
+            (f"{prefix}-labels-idx1-ubyte", labels, IDX_LABELS_MAGIC),
+        ):
             data = idx_bytes(array, magic)
             if gz:
                 (folder / f"{stem}.gz").write_bytes(gzip.compress(data))

@@ -5,11 +5,14 @@ from node.learning.models import MODELS, count_parameters, count_weights, defaul
 from node.protocol.blob import flatten
 
 
-@pytest.mark.parametrize("name,shape,weights,total", [
-    ("pnpm-mnist", (1, 28, 28), 21_750, 21_840),
-    ("pnpm-fmnist", (1, 28, 28), 41_936, 42_090),
-    ("pnpm-cifar10", (3, 32, 32), 56_560, 56_714),
-])
+@pytest.mark.parametrize(
+    "name,shape,weights,total",
+    [
+        ("pnpm-mnist", (1, 28, 28), 21_750, 21_840),
+        ("pnpm-fmnist", (1, 28, 28), 41_936, 42_090),
+        ("pnpm-cifar10", (3, 32, 32), 56_560, 56_714),
+    ],
+)
 def test_pnpm_paper_weight_counts_exact(name, shape, weights, total):
     model = init_model(name, input_shape=shape, num_classes=10, seed=0)
     assert count_weights(model) == weights and count_parameters(model) == total

@@ -1,4 +1,5 @@
 """Aggregation: exact values, the same bits under every permutation, robustness to an outlier."""
+
 import itertools
 from fractions import Fraction
 
@@ -48,7 +49,7 @@ def test_fedavg_matches_rational_mean_within_quantization():
     for j in range(0, D, 97):
         exact = sum(Fraction(float(v[j])) * w for v, w in zip(vectors, weights)) / total
         # Quantization 2^-41 per input (scale 2^40) plus one float32 rounding of the result.
-        tolerance = Fraction(1, 2 ** 40) + abs(exact) * Fraction(1, 2 ** 23)
+        tolerance = Fraction(1, 2**40) + abs(exact) * Fraction(1, 2**23)
         assert abs(Fraction(float(out[j])) - exact) <= tolerance
 
 
@@ -117,6 +118,8 @@ def test_errors():
 def test_all_permutations_small_case():
     vectors, weights = inputs(n=4, seed=5, d=50)
     for rule in RULES:
-        digests = {aggregate_digest(aggregate(rule, [vectors[i] for i in p], [weights[i] for i in p], krum_f=1))
-                   for p in itertools.permutations(range(4))}
+        digests = {
+            aggregate_digest(aggregate(rule, [vectors[i] for i in p], [weights[i] for i in p], krum_f=1))
+            for p in itertools.permutations(range(4))
+        }
         assert len(digests) == 1, rule

@@ -1,4 +1,5 @@
 """Every rule and every custom error of SwarmLedger, on a real Anvil (automine)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,16 @@ def test_constructor_rejects_bad_params(automine_chain, kit):
     with pytest.raises(errors.InvalidParams, match="genesisDigest"):
         tx.send(factory.constructor(1, 5, 5, 10, 0, bytes(32), []), "deploy")
     with pytest.raises(ValueError, match="min_peers"):  # the client checks before sending
-        client.LedgerClient.deploy(swarm.w3, swarm.accounts[0], min_peers=0, commit_window=1, attest_window=1,
-                              eps_cap_micro=1, delta=0.0, genesis_digest=GENESIS)
+        client.LedgerClient.deploy(
+            swarm.w3,
+            swarm.accounts[0],
+            min_peers=0,
+            commit_window=1,
+            attest_window=1,
+            eps_cap_micro=1,
+            delta=0.0,
+            genesis_digest=GENESIS,
+        )
 
 
 def test_registration_rules(make_swarm):

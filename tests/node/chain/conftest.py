@@ -5,6 +5,7 @@ and "testnet" (Anvil started like a testnet: chain id 11155111, a block every se
 receipt is awaited for real). Tests that need many blocks to pass only run on automine; the
 testnet run covers the same rule tests (make_swarm is parametrized over both chains).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,13 +50,15 @@ class Swarm:
         self.anvil = anvil
         self.w3 = connect(anvil.url)
         self.accounts = [Account.from_key(k) for k in anvil.private_keys[:n_accounts]]
-        defaults = dict(min_peers=2, commit_window=20, attest_window=20, eps_cap_micro=5_000_000, delta=1e-5,
-                        genesis_digest=GENESIS)
+        defaults = dict(
+            min_peers=2, commit_window=20, attest_window=20, eps_cap_micro=5_000_000, delta=1e-5, genesis_digest=GENESIS
+        )
         self.params = defaults | params
         self.deployer = LedgerClient.deploy(self.w3, self.accounts[0], tx_timeout=30, **self.params)
         self.address = self.deployer.address
-        self.peers = [self.deployer] + [LedgerClient(self.w3, self.address, a, tx_timeout=30)
-                                        for a in self.accounts[1:]]
+        self.peers = [self.deployer] + [
+            LedgerClient(self.w3, self.address, a, tx_timeout=30) for a in self.accounts[1:]
+        ]
         self.reader = LedgerClient(self.w3, self.address)
 
     def register(self, n: int) -> None:

@@ -1,4 +1,5 @@
 """The compile pipeline, the in-process provider, the Anvil launcher and the key loading."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,8 +26,9 @@ def _compile_module():
 def test_committed_artifact_is_fresh():
     compiler = _compile_module()
     committed = json.loads(compiler.ARTIFACT.read_text())
-    assert committed["sourceSha256"] == compiler.hashlib.sha256(compiler.SOURCE.read_bytes()).hexdigest(), \
+    assert committed["sourceSha256"] == compiler.hashlib.sha256(compiler.SOURCE.read_bytes()).hexdigest(), (
         "contracts/SwarmLedger.sol changed: run python scripts/compile_contracts.py"
+    )
     fresh = compiler.compile_artifact()
     assert compiler.same_build(committed, fresh), "stale artifact: run python scripts/compile_contracts.py"
     assert committed["compiler"]["version"].startswith("0.8.28")
@@ -43,8 +45,16 @@ def test_in_process_provider_smoke():
     for account in keys_:
         w3.eth.send_transaction({"from": w3.eth.accounts[0], "to": account.address, "value": 10**20})
     genesis = bytes.fromhex("ab" * 32)
-    deployer = client.LedgerClient.deploy(w3, keys_[0], min_peers=2, commit_window=10, attest_window=2,
-                                     eps_cap_micro=10, delta=1e-5, genesis_digest=genesis)
+    deployer = client.LedgerClient.deploy(
+        w3,
+        keys_[0],
+        min_peers=2,
+        commit_window=10,
+        attest_window=2,
+        eps_cap_micro=10,
+        delta=1e-5,
+        genesis_digest=genesis,
+    )
     peers = [deployer, client.LedgerClient(w3, deployer.address, keys_[1])]
     for i, peer in enumerate(peers):
         peer.register(b"p%d" % i)

@@ -1,5 +1,6 @@
 """A full round with 3 accounts, registration to finalization, on automine Anvil and on Anvil
 started like a testnet (chain id 11155111, one block per second: receipts awaited for real)."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Blobs: canonical safetensors bytes, strict decoding, every validation error."""
+
 import json
 import struct
 
@@ -24,7 +25,7 @@ def test_round_trip_is_canonical_and_readable_by_safetensors():
     assert all(torch.equal(out[k], v) for k, v in tensors().items())
     assert all(torch.equal(st_load(data)[k], v) for k, v in tensors().items())  # the library agrees
     (header_len,) = struct.unpack("<Q", data[:8])
-    assert header_len % 8 == 0 and list(json.loads(data[8:8 + header_len])) == ["__metadata__", "a", "b"]
+    assert header_len % 8 == 0 and list(json.loads(data[8 : 8 + header_len])) == ["__metadata__", "a", "b"]
 
 
 def test_flatten_unflatten_model():
@@ -36,8 +37,11 @@ def test_flatten_unflatten_model():
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     other = init_model("digits-cnn", input_shape=(1, 8, 8), num_classes=10, seed=1)
     other.load_state_dict(state)
-    assert model_digest(other) == model_digest(model) != model_digest(init_model(
-        "digits-cnn", input_shape=(1, 8, 8), num_classes=10, seed=2))
+    assert (
+        model_digest(other)
+        == model_digest(model)
+        != model_digest(init_model("digits-cnn", input_shape=(1, 8, 8), num_classes=10, seed=2))
+    )
     assert len(sha256(b"x")) == 32
     with pytest.raises(ValueError, match="spec needs"):
         unflatten(vector[:-1], spec)
@@ -46,11 +50,11 @@ def test_flatten_unflatten_model():
 def reencode(data: bytes, edit) -> bytes:
     """Rewrite a blob's header with `edit(header)` and keep its data bytes."""
     (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     edit(header)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text + data[8 + n:]
+    return struct.pack("<Q", len(text)) + text + data[8 + n :]
 
 
 def test_validation_errors():
@@ -59,7 +63,7 @@ def test_validation_errors():
     cases = [
         (good, {"max_size": len(good) - 1}, "exceeds the"),
         (good[:5], {}, "shorter than"),
-        (struct.pack("<Q", 10 ** 9) + good[8:], {}, "header length"),
+        (struct.pack("<Q", 10**9) + good[8:], {}, "header length"),
         (struct.pack("<Q", 8) + b"{not json" + good[17:], {}, "not valid JSON"),
         (good[:-4], {}, "not valid safetensors"),
         (good, {"expected": {"a": ((2,), torch.float32)}}, r"holds tensors \['a', 'b'\]"),
@@ -77,9 +81,9 @@ def test_validation_errors():
 def test_non_canonical_encoding_refused():
     good = encode_blob(tensors(), {})
     (n,) = struct.unpack("<Q", good[:8])
-    spaced = json.dumps(json.loads(good[8:8 + n])).encode()  # ", " and ": " separators
+    spaced = json.dumps(json.loads(good[8 : 8 + n])).encode()  # ", " and ": " separators
     spaced += b" " * (-len(spaced) % 8)
-    data = struct.pack("<Q", len(spaced)) + spaced + good[8 + n:]
+    data = struct.pack("<Q", len(spaced)) + spaced + good[8 + n :]
     assert st_load(data)["a"].tolist() == [1.5, -2.0]  # valid safetensors ...
     with pytest.raises(BlobError, match="canonical"):  # ... but a second encoding of the same blob
         decode_blob(data, max_size=MAX)

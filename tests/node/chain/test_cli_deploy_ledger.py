@@ -1,4 +1,5 @@
 """`swarm deploy` and `swarm ledger` against a real Anvil, in-process through node.cli.main."""
+
 from __future__ import annotations
 
 import json
@@ -9,14 +10,32 @@ from node.cli import main
 def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("SWARM_PRIVATE_KEY", automine_chain.private_keys[5])
     genesis = kit.GENESIS.hex()
-    assert main(["deploy", "--rpc-url", automine_chain.url, "--genesis-digest", genesis, "--min-peers", "1",
-                 "--eps-cap", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "deploy",
+                "--rpc-url",
+                automine_chain.url,
+                "--genesis-digest",
+                genesis,
+                "--min-peers",
+                "1",
+                "--eps-cap",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     deployed = json.loads(capsys.readouterr().out)
     assert deployed["chain_id"] == automine_chain.chain_id and deployed["gas_used"] > 0
     from eth_account import Account
 
     from node.chain.client import LedgerClient, connect
-    peer = LedgerClient(connect(automine_chain.url), deployed["address"], Account.from_key(automine_chain.private_keys[6]))
+
+    peer = LedgerClient(
+        connect(automine_chain.url), deployed["address"], Account.from_key(automine_chain.private_keys[6])
+    )
     peer.register(b"cli-peer")
     peer.commit(1, kit.digest("cli"), 9, 1_500_000, kit.MECHANISM)
     assert main(["ledger", "--rpc-url", automine_chain.url, "--ledger", deployed["address"]]) == 0

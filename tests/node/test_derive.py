@@ -1,5 +1,6 @@
 """From config to what a peer commits: every registered mechanism works from plain settings,
 its committed parameters rebuild it, and the recorded spend is the whole-update figure."""
+
 from __future__ import annotations
 
 import json

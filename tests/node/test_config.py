@@ -19,9 +19,20 @@ def test_defaults_load_and_round_trip_through_toml(tmp_path):
 def test_file_then_overrides(tmp_path):
     path = tmp_path / "swarm.toml"
     path.write_text('[swarm]\npeers = 8\n[train]\nlr = 1\n[p2p]\nbootstrap = ["/ip4/127.0.0.1/tcp/1"]\n')
-    config = load_config(path, ["swarm.rounds=3", "train.lr=0.02", "data.partition=dirichlet",
-                                "train.dp_sgd=true", "privacy.params.clip=0.5", "data.data_dir=/data/fm",
-                                "data.limit=600", "model.name=pnpm-fmnist", "p2p.bootstrap=a,b"])
+    config = load_config(
+        path,
+        [
+            "swarm.rounds=3",
+            "train.lr=0.02",
+            "data.partition=dirichlet",
+            "train.dp_sgd=true",
+            "privacy.params.clip=0.5",
+            "data.data_dir=/data/fm",
+            "data.limit=600",
+            "model.name=pnpm-fmnist",
+            "p2p.bootstrap=a,b",
+        ],
+    )
     assert config.swarm.peers == 8 and config.swarm.rounds == 3
     assert config.train.lr == 0.02 and isinstance(config.train.lr, float) and config.train.dp_sgd is True
     assert config.data.partition == "dirichlet" and config.data.data_dir == "/data/fm" and config.data.limit == 600
@@ -31,24 +42,27 @@ def test_file_then_overrides(tmp_path):
     assert load_config(path, []).train.lr == 1.0  # an int is accepted for a float
 
 
-@pytest.mark.parametrize("override,message", [
-    ("swarm.peerz=3", "unknown key swarm.peerz"),
-    ("swarms.peers=3", "unknown section 'swarms'"),
-    ("swarm.peers", "must look like section.key=value"),
-    ("swarm.peers=three", "swarm.peers must be an integer"),
-    ("swarm.peers=2.5", "swarm.peers must be an integer"),
-    ("train.lr=fast", "train.lr must be a finite number"),
-    ("train.lr=nan", "train.lr must be a finite number"),
-    ("train.dp_sgd=yes", "train.dp_sgd must be true or false"),
-    ("swarm.peers=0", "swarm.peers must be >= 1, got 0"),
-    ("aggregation.rule=mean", "aggregation.rule must be one of"),
-    ("aggregation.trim_ratio=0.5", r"aggregation.trim_ratio must be in \[0, 0.5\)"),
-    ("data.dataset=svhn", "data.dataset must be one of"),
-    ("privacy.perturb=grads", "privacy.perturb must be weights or update"),
-    ("privacy.params=3", "set one entry as privacy.params.NAME=value"),
-    ("privacy.params.k=big", r"privacy.params.k must be a finite number"),
-    ("swarm.peers.x=1", "has no sub-keys"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("swarm.peerz=3", "unknown key swarm.peerz"),
+        ("swarms.peers=3", "unknown section 'swarms'"),
+        ("swarm.peers", "must look like section.key=value"),
+        ("swarm.peers=three", "swarm.peers must be an integer"),
+        ("swarm.peers=2.5", "swarm.peers must be an integer"),
+        ("train.lr=fast", "train.lr must be a finite number"),
+        ("train.lr=nan", "train.lr must be a finite number"),
+        ("train.dp_sgd=yes", "train.dp_sgd must be true or false"),
+        ("swarm.peers=0", "swarm.peers must be >= 1, got 0"),
+        ("aggregation.rule=mean", "aggregation.rule must be one of"),
+        ("aggregation.trim_ratio=0.5", r"aggregation.trim_ratio must be in \[0, 0.5\)"),
+        ("data.dataset=svhn", "data.dataset must be one of"),
+        ("privacy.perturb=grads", "privacy.perturb must be weights or update"),
+        ("privacy.params=3", "set one entry as privacy.params.NAME=value"),
+        ("privacy.params.k=big", r"privacy.params.k must be a finite number"),
+        ("swarm.peers.x=1", "has no sub-keys"),
+    ],
+)
 def test_override_errors(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
