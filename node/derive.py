@@ -7,7 +7,7 @@ import torch
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
-from node.learning.data import load_dataset
+from node.learning.data import dataset_meta, load_dataset
 from node.learning.models import build_model, init_model
 from node.learning.partition import partition as split
 from node.protocol import wire
@@ -41,19 +41,14 @@ def mechanism_params(config) -> dict:
     return mechanism.params()
 
 
-def dataset_meta(config) -> tuple[tuple[int, ...], int]:
-    test = load_dataset(config.data.dataset, data_dir=config.data.data_dir or None, split="test")
-    return tuple(test.input_shape), int(test.num_classes)
-
-
 def shared_settings(config) -> SharedSettings:
-    input_shape, num_classes = dataset_meta(config)
+    meta = dataset_meta(config.data.dataset)
     model = config.model_name
     return SharedSettings(
         model=model,
         dataset=config.data.dataset,
-        input_shape=input_shape,
-        num_classes=num_classes,
+        input_shape=meta.input_shape,
+        num_classes=meta.num_classes,
         share=config.privacy.perturb,
         aggregation=config.aggregation.rule,
         trim_ratio=config.aggregation.trim_ratio,

@@ -19,6 +19,36 @@ from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.model_selection import train_test_split
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "breast-cancer")
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """What a swarm must agree on about a dataset without reading it: one sample's shape and the
+    number of classes (the genesis model is built from these)."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+# Static, so `swarm deploy` and the genesis need no data files; a test checks every entry
+# against the loaded data.
+DATASET_META: dict[str, DatasetMeta] = {
+    "fashion-mnist": DatasetMeta((1, 28, 28), 10),
+    "mnist": DatasetMeta((1, 28, 28), 10),
+    "cifar10": DatasetMeta((3, 32, 32), 10),
+    "digits": DatasetMeta((1, 8, 8), 10),
+    "breast-cancer": DatasetMeta((30,), 2),
+}
+
+
+def dataset_meta(name: str) -> DatasetMeta:
+    """The static shape and class count of dataset `name` (one of `DATASETS`)."""
+    try:
+        return DATASET_META[name]
+    except KeyError:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}") from None
+
+
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 SKLEARN_SPLIT_SEED = 20240613  # fixed: every peer and verifier gets the same train/test split
 SKLEARN_TEST_FRACTION = 0.25

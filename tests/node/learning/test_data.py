@@ -9,9 +9,12 @@ import torch
 
 from node.learning.data import (
     CIFAR_RECORD,
+    DATASET_META,
+    DATASETS,
     IDX_IMAGES_MAGIC,
     IDX_LABELS_MAGIC,
     DatasetError,
+    dataset_meta,
     load_dataset,
     read_cifar_batch,
     read_idx,
@@ -155,3 +158,21 @@ def test_unknown_name_and_bad_split():
         load_dataset("svhn")
     with pytest.raises(ValueError, match="split must be"):
         load_dataset("digits", split="valid")
+
+
+def test_static_metadata_matches_every_reader(tmp_path):
+    """DATASET_META lets deploy and the genesis skip reading data: it must say what the readers load."""
+    write_idx_set(tmp_path / "idx")
+    write_cifar(tmp_path / "cifar")
+    folders = {"mnist": tmp_path / "idx", "fashion-mnist": tmp_path / "idx", "cifar10": tmp_path / "cifar"}
+    assert set(DATASET_META) == set(DATASETS)
+    for name in DATASETS:
+        for split in ("train", "test"):
+            ds = load_dataset(name, data_dir=folders.get(name), split=split)
+            assert (tuple(ds.input_shape), ds.num_classes) == (
+                DATASET_META[name].input_shape,
+                DATASET_META[name].num_classes,
+            ), (name, split)
+    assert dataset_meta("digits") is DATASET_META["digits"]
+    with pytest.raises(ValueError, match="unknown dataset 'svhn'"):
+        dataset_meta("svhn")
