@@ -27,13 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"node.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"node.cli.{name}":
-                raise
-            continue  # subcommand not built yet
-        module.register(sub)
+        importlib.import_module(f"node.cli.{name}").register(sub)
     return parser
 
 

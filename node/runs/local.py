@@ -11,6 +11,7 @@ run folder that `swarm verify --run DIR` re-checks after the chain has stopped:
     report.md         the final report with the ledger address and the verify command
     peers/<i>/        each peer's own log, metrics, status and blob store
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -24,27 +25,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from node.protocol.blob import sha256
-from node.chain.anvil import free_port
-from node.peer.runner import P2P_PASSWORD_ENV
-from node.runfiles import write_json_atomic
-import mechanisms
-from node.chain.records import PROTECTS_WORDS
-from node.derive import mechanism_params
+from libp2p.peer.id import ID
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from p2p.store import DiskBlobStore
-from node.runfiles import read_metrics
-from eth_account import Account
-from node.chain.anvil import start_anvil
-from node.chain.client import LedgerClient, connect
+
+import mechanisms
+from node.chain.anvil import free_port
+from node.chain.client import LedgerClient
+from node.chain.records import PROTECTS_WORDS
 from node.config import quorum
-from node.derive import eps_cap_micro, genesis
-from libp2p.peer.id import ID
+from node.derive import eps_cap_micro, genesis, mechanism_params
+from node.peer.runner import P2P_PASSWORD_ENV
+from node.runfiles import read_metrics
+from node.runs.chainrun import LedgerTerms, RunChain
+from node.runs.report import write_report
 from p2p import peer_id_to_bytes
 from p2p.identity import load_or_create_identity
-from node.runs.report import write_report
+from p2p.store import DiskBlobStore
 
 
 def _protects(config) -> str:
@@ -53,6 +51,7 @@ def _protects(config) -> str:
 
     kind = mechanisms.from_params(mechanism_params(config)).guarantee.protects
     return PROTECTS_WORDS.get(kind, kind)
+
 
 @dataclass
 class PeerProcess:
@@ -83,8 +82,15 @@ class LocalSwarm:
     """Anvil, the deployed ledger and N peer processes in one run folder. `swarm up` and the
     end-to-end tests drive swarms through this one class."""
 
-    def __init__(self, config, out: Path, *, faults: dict[int, str] | None = None,
-                 peer_overrides: dict[int, list[str]] | None = None, say=None):
+    def __init__(
+        self,
+        config,
+        out: Path,
+        *,
+        faults: dict[int, str] | None = None,
+        peer_overrides: dict[int, list[str]] | None = None,
+        say=None,
+    ):
         out = Path(out)
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"--out {out} exists and is not empty: choose a new folder")
@@ -94,63 +100,83 @@ class LocalSwarm:
         self.say = say or (lambda msg: None)
         self.peers: list[PeerProcess] = []
         self._password = secrets.token_hex(16)
-        self._anvil_cm = None
 
-    def __enter__(self) -> "LocalSwarm":
+    def __enter__(self) -> LocalSwarm:
         config, out = self.config, self.out
         attest_seconds = config.chain.attest_window * config.chain.block_time
         if config.chain.fetch_timeout * 2 > attest_seconds:
-            raise ValueError(f"chain.fetch_timeout ({config.chain.fetch_timeout} s) must be at most half the "
-                             f"attestation window ({config.chain.attest_window} blocks x {config.chain.block_time} s "
-                             f"= {attest_seconds:g} s), or a round that waits for a missing blob is aborted")
-        (out / "chain").mkdir(parents=True, exist_ok=True)
+            raise ValueError(
+                f"chain.fetch_timeout ({config.chain.fetch_timeout} s) must be at most half the "
+                f"attestation window ({config.chain.attest_window} blocks x {config.chain.block_time} s "
+                f"= {attest_seconds:g} s), or a round that waits for a missing blob is aborted"
+            )
+        out.mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(config.to_toml())
-        self.archive = DiskBlobStore(out / "archive")
         n = config.swarm.peers
+        terms = LedgerTerms(
+            min_peers=quorum(config),
+            commit_window=config.chain.commit_window,
+            attest_window=config.chain.attest_window,
+            eps_cap_micro=eps_cap_micro(config),
+            delta=config.privacy.delta,
+        )
         # Mixed mining: transactions land at once, and blocks still tick so windows pass.
-        self._anvil_cm = start_anvil(block_time=config.chain.block_time, accounts=n + 1, mixed_mining=True)
-        self.anvil = self._anvil_cm.__enter__()
+        self.chain = RunChain(
+            out, genesis(config), terms, peers=n, block_time=config.chain.block_time, mixed_mining=True
+        )
+        self.anvil, self.w3, self.ledger, self.archive = (
+            self.chain.anvil,
+            self.chain.w3,
+            self.chain.ledger,
+            self.chain.archive,
+        )
         try:
-            self.w3 = connect(self.anvil.url)
-            deployer = Account.from_key(self.anvil.private_keys[0])
-            genesis_blob = genesis(config)
-            self.archive.put(genesis_blob)
-            self.ledger = LedgerClient.deploy(
-                self.w3, deployer, min_peers=quorum(config), commit_window=config.chain.commit_window,
-                attest_window=config.chain.attest_window, eps_cap_micro=eps_cap_micro(config),
-                delta=config.privacy.delta, genesis_digest=sha256(genesis_blob))
-            self.say(f"ledger {self.ledger.address} on {self.anvil.url} (chain id {self.w3.eth.chain_id})")
+            self.say(f"ledger {self.ledger.address} on {self.anvil.url} (chain id {self.chain.chain_id})")
             for i in range(n):
                 workdir = out / "peers" / str(i)
                 workdir.mkdir(parents=True)
                 key_pair = load_or_create_identity(workdir / "p2p.key", self._password.encode())
                 peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
-                self.peers.append(PeerProcess(i, workdir, Account.from_key(self.anvil.private_keys[i + 1]).address,
-                                              peer_id, f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"))
+                multiaddr = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"
+                self.peers.append(PeerProcess(i, workdir, self.chain.peer_account(i).address, peer_id, multiaddr))
             for p in self.peers:  # registered up front: a round may close as soon as all committed
-                LedgerClient(self.w3, self.ledger.address, Account.from_key(self.anvil.private_keys[p.index + 1])) \
-                    .register(peer_id_to_bytes(p.peer_id))
-            self.run_info = {"ledger": self.ledger.address, "chain_id": self.w3.eth.chain_id, "rpc_url": self.anvil.url,
-                             "peers": [{"index": p.index, "address": p.address, "peer_id": p.peer_id}
-                                       for p in self.peers],
-                             "started": time.time(), "config": config.to_dict(),
-                             "protects": _protects(config)}
-            write_json_atomic(out / "run.json", self.run_info)
+                client = LedgerClient(self.w3, self.ledger.address, self.chain.peer_account(p.index))
+                client.register(peer_id_to_bytes(p.peer_id))
+            self.run_info = self.chain.write_run_info(
+                peers=[{"index": p.index, "address": p.address, "peer_id": p.peer_id} for p in self.peers],
+                config=config.to_dict(),
+                protects=_protects(config),
+            )
         except BaseException:
-            self._anvil_cm.__exit__(None, None, None)
+            self.chain.close()
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
-        self._anvil_cm.__exit__(*exc)
+        self.chain.close()
 
     def start_peer(self, i: int) -> None:
         p = self.peers[i]
-        env = dict(os.environ, SWARM_PRIVATE_KEY=self.anvil.private_keys[i + 1], **{P2P_PASSWORD_ENV: self._password})
-        cmd = [sys.executable, "-m", "node.cli", "node", "--rpc-url", self.anvil.url, "--ledger", self.ledger.address,
-               "--config", str(self.out / "config.toml"), "--workdir", str(p.workdir),
-               "--listen", p.multiaddr.rsplit("/p2p/", 1)[0], "--partition", f"{i}/{len(self.peers)}"]
+        env = dict(os.environ, SWARM_PRIVATE_KEY=self.chain.peer_key(i), **{P2P_PASSWORD_ENV: self._password})
+        cmd = [
+            sys.executable,
+            "-m",
+            "node.cli",
+            "node",
+            "--rpc-url",
+            self.anvil.url,
+            "--ledger",
+            self.ledger.address,
+            "--config",
+            str(self.out / "config.toml"),
+            "--workdir",
+            str(p.workdir),
+            "--listen",
+            p.multiaddr.rsplit("/p2p/", 1)[0],
+            "--partition",
+            f"{i}/{len(self.peers)}",
+        ]
         for q in self.peers:
             if q is not p:
                 cmd += ["--bootstrap", q.multiaddr]
@@ -160,8 +186,9 @@ class LocalSwarm:
             cmd += ["--set", override]
         with open(p.workdir / "peer.log", "ab") as log:
             # A session of its own: Ctrl-C reaches only us, and we stop the peers in order.
-            p.process = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            p.process = subprocess.Popen(
+                cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            )
 
     def start(self) -> None:
         for i in range(len(self.peers)):
@@ -192,7 +219,7 @@ class LocalSwarm:
                 last_dumped = done
 
     def save_chain(self) -> None:
-        self.anvil.dump_state(self.out / "chain" / "state.json")
+        self.chain.save_state()
 
     def stop(self, grace: float = 10.0) -> None:
         _stop(self.peers, grace)

@@ -1,5 +1,6 @@
 """The run folder's summary: per-round metrics (JSONL), a plot, and a report that names the
 ledger and the command that verifies the run. PNPM's eps is labelled sign-only everywhere."""
+
 from __future__ import annotations
 
 import time
@@ -17,9 +18,21 @@ def round_rows(peers) -> list[dict]:
     by_round: dict[int, dict] = {}
     for p in peers:
         for m in p.metrics():
-            row = by_round.setdefault(m["round"], {"round": m["round"], "state": m["state"], "accuracy": None,
-                                                   "loss": None, "eps": {}, "gas": 0, "bytes_fetched": 0,
-                                                   "committed": 0, "train_seconds": [], "round_seconds": []})
+            row = by_round.setdefault(
+                m["round"],
+                {
+                    "round": m["round"],
+                    "state": m["state"],
+                    "accuracy": None,
+                    "loss": None,
+                    "eps": {},
+                    "gas": 0,
+                    "bytes_fetched": 0,
+                    "committed": 0,
+                    "train_seconds": [],
+                    "round_seconds": [],
+                },
+            )
             row["state"] = m["state"]
             if m.get("accuracy") is not None:
                 row["accuracy"], row["loss"] = m["accuracy"], m["loss"]
@@ -73,16 +86,31 @@ def write_report(out: Path, peers, ledger, run_info: dict, interrupted: bool) ->
         except Exception:  # the chain may be gone after a hard stop; metrics still hold the figures
             eps_spent[p.address] = None
     verify_cmd = f"swarm verify --run {out}"
-    report = {"run": str(out), "ledger": run_info["ledger"], "chain_id": run_info["chain_id"],
-              "interrupted": interrupted, "rounds": rows, "eps_spent": eps_spent, "mechanism": mechanism,
-              "protects": protects, "peer_exit_codes": [p.returncode for p in peers],
-              "verify_command": verify_cmd, "finished": time.time()}
+    report = {
+        "run": str(out),
+        "ledger": run_info["ledger"],
+        "chain_id": run_info["chain_id"],
+        "interrupted": interrupted,
+        "rounds": rows,
+        "eps_spent": eps_spent,
+        "mechanism": mechanism,
+        "protects": protects,
+        "peer_exit_codes": [p.returncode for p in peers],
+        "verify_command": verify_cmd,
+        "finished": time.time(),
+    }
     write_json_atomic(out / "report.json", report)
-    lines = [f"# Swarm run {out.name}", "", f"- ledger: `{run_info['ledger']}` (chain id {run_info['chain_id']})",
-             f"- mechanism: `{mechanism}`; the eps below protects {protects}",
-             f"- peers: {len(peers)}, exit codes {report['peer_exit_codes']}" + (" (interrupted)" if interrupted else ""),
-             f"- verify: `{verify_cmd}`", "", "| round | state | accuracy | max eps per peer | gas | bytes fetched |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Swarm run {out.name}",
+        "",
+        f"- ledger: `{run_info['ledger']}` (chain id {run_info['chain_id']})",
+        f"- mechanism: `{mechanism}`; the eps below protects {protects}",
+        f"- peers: {len(peers)}, exit codes {report['peer_exit_codes']}" + (" (interrupted)" if interrupted else ""),
+        f"- verify: `{verify_cmd}`",
+        "",
+        "| round | state | accuracy | max eps per peer | gas | bytes fetched |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         acc = f"{r['accuracy']:.4f}" if r["accuracy"] is not None else "-"
         eps = f"{max(r['eps'].values()):.6g}" if r["eps"] else "-"

@@ -16,42 +16,34 @@ Privacy: every round, each participant's cumulative eps for its whole shared vec
 `mechanisms.accounting.cumulative_spend(params, d, k)` (k = rounds it has contributed in), never
 the per-coordinate figure; `protects` says what it covers ("sign" for PNPM).
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 import hashlib
-import json
+import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
-
-from node.protocol import wire
-from node.protocol.blob import sha256
-from node.protocol.wire import encode_bitmap
-from node.derive import peer_settings
-import math
 from opacus.accountants import RDPAccountant
+
 import mechanisms
-from node.protocol.blob import flatten
+from mechanisms.accounting import cumulative_spend
+from node.derive import peer_settings
+from node.learning.contribute import contribute, round_seed
 from node.learning.data import load_dataset
 from node.learning.models import init_model
 from node.learning.partition import partition
-from mechanisms.accounting import cumulative_spend
-from node.protocol.blob import unflatten
-from node.learning.contribute import contribute, round_seed
 from node.learning.train import evaluate
-from node.runfiles import MetricsWriter
-from node.runfiles import write_json_atomic
-from eth_account import Account
-from node.chain.anvil import start_anvil
-from node.chain.client import LedgerClient, connect
-from p2p.store import DiskBlobStore
-from node.chain.client import LedgerClient
+from node.protocol import wire
+from node.protocol.blob import flatten, unflatten
+from node.runfiles import MetricsWriter, write_json_atomic
+from node.runs.recorder import ChainRecorder, DigestOnly
 
 NO_MECHANISM = "none"  # the non-private baseline: simulate only, never on a ledger
 DIVERGENCE_BOUND = 1e6  # a global model with a weight beyond this has exploded (the PNPM paper's "gradient explosion")
@@ -126,16 +118,26 @@ class Simulation:
     with `out`, writes metrics.jsonl, summary.json, config.toml (and with `ledger` a folder that
     `swarm verify --run` checks)."""
 
-    def __init__(self, config, *, fraction: float = 1.0, out: Path | None = None, ledger: bool = False,
-                 threads: int | None = 1, on_progress: Callable[[dict], None] | None = None,
-                 mechanism_params: dict | None = None):
+    def __init__(
+        self,
+        config,
+        *,
+        fraction: float = 1.0,
+        out: Path | None = None,
+        ledger: bool = False,
+        threads: int | None = 1,
+        on_progress: Callable[[dict], None] | None = None,
+        mechanism_params: dict | None = None,
+    ):
         if not 0 < fraction <= 1:
             raise SimulationError(f"fraction must be in (0, 1], got {fraction!r}")
         if threads is not None and threads < 1:
             raise SimulationError(f"threads must be >= 1, got {threads!r}")
         if ledger and config.privacy.mechanism == NO_MECHANISM:
-            raise SimulationError("mechanism none (the non-private baseline) cannot be recorded on a ledger: the "
-                                  "ledger records every contribution's eps; choose a mechanism or drop --ledger")
+            raise SimulationError(
+                "mechanism none (the non-private baseline) cannot be recorded on a ledger: the "
+                "ledger records every contribution's eps; choose a mechanism or drop --ledger"
+            )
         self.config = config
         self.fraction = float(fraction)
         self.out = Path(out) if out is not None else None
@@ -161,8 +163,9 @@ class Simulation:
         c = self.config
         self.settings = simulation_settings(c, self.mechanism_override)
         self.mechanism_params = dict(self.settings.mechanism)
-        self.mechanism = (None if self.mechanism_params.get("name") == NO_MECHANISM
-                          else mechanisms.from_params(self.mechanism_params))
+        self.mechanism = (
+            None if self.mechanism_params.get("name") == NO_MECHANISM else mechanisms.from_params(self.mechanism_params)
+        )
         sh = self.settings.shared
         self.model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
         self.genesis_vector, self.spec = flatten(self.model)
@@ -171,8 +174,14 @@ class Simulation:
         train = load_dataset(d.dataset, data_dir=d.data_dir or None, split="train", limit=d.limit or None)
         test = load_dataset(d.dataset, data_dir=d.data_dir or None, split="test", limit=d.test_limit or None)
         # The same call node.derive.load_shard makes: peer i here holds what `--partition i/N` would give.
-        shards = partition(train.y.numpy(), c.swarm.peers, scheme=d.partition, alpha=d.alpha,
-                           shards_per_peer=d.shards_per_peer, seed=c.swarm.seed)
+        shards = partition(
+            train.y.numpy(),
+            c.swarm.peers,
+            scheme=d.partition,
+            alpha=d.alpha,
+            shards_per_peer=d.shards_per_peer,
+            seed=c.swarm.seed,
+        )
         self.peers = []
         for i, idx in enumerate(shards):
             index = torch.as_tensor(idx, dtype=torch.long)
@@ -221,9 +230,17 @@ class Simulation:
                         peer = self.peers[i]
                         t0 = time.perf_counter()
                         try:
-                            contribution = contribute(self.model, self.spec, global_vector, peer.x, peer.y,
-                                                      settings=self.settings, mechanism=self.mechanism,
-                                                      round_number=r, seed=round_seed(seed, peer.name, r))
+                            contribution = contribute(
+                                self.model,
+                                self.spec,
+                                global_vector,
+                                peer.x,
+                                peer.y,
+                                settings=self.settings,
+                                mechanism=self.mechanism,
+                                round_number=r,
+                                seed=round_seed(seed, peer.name, r),
+                            )
                         except ValueError as exc:
                             if "nan" not in str(exc).lower() and "inf" not in str(exc).lower():
                                 raise
@@ -284,8 +301,9 @@ class Simulation:
         if self.use_ledger:
             if self.out is None:
                 raise SimulationError("a simulation with the ledger needs an output folder (--out)")
-            return ChainRecorder(self.out)
-        return _DigestOnly()
+            # registrations and commits of one round, one block each, plus room to close
+            return ChainRecorder(self.out, window=2 * sample_size(len(self.peers), self.fraction) + 3)
+        return DigestOnly()
 
     # ------------------------------------------------------------- reporting
     def _record(self, r, chosen, accuracy, loss, train_losses, model_digest, *, diverged: bool) -> dict:
@@ -333,7 +351,9 @@ class Simulation:
             "final_accuracy": done[-1]["accuracy"] if done else None,
             "best_accuracy": max(r["accuracy"] for r in done) if done else None,
             "diverged": stop_reason,
-            "privacy": None if spend is None else {
+            "privacy": None
+            if spend is None
+            else {
                 "per_contribution_eps": float(spend.epsilon),
                 "max_contributions": max_commits,
                 "eps_whole_update_max": float(final_spend.epsilon) if final_spend else None,
@@ -344,12 +364,17 @@ class Simulation:
             "dp_sgd": self._dp_sgd_summary(),
             "peer_rounds": peer_rounds,
             "threads": self.threads,
-            "seconds": {"total": seconds, "train": timing.train, "aggregate": timing.aggregate,
-                        "evaluate": timing.evaluate, "ledger": timing.ledger, "rounds": timing.rounds,
-                        "evaluations": timing.evaluations},
+            "seconds": {
+                "total": seconds,
+                "train": timing.train,
+                "aggregate": timing.aggregate,
+                "evaluate": timing.evaluate,
+                "ledger": timing.ledger,
+                "rounds": timing.rounds,
+                "evaluations": timing.evaluations,
+            },
             "ledger": recorder.info(),
         }
-
 
     def _dp_sgd_summary(self) -> dict | None:
         """With DP-SGD in local training: each peer's cumulative record-level eps over every step
@@ -361,10 +386,16 @@ class Simulation:
         worst = 0.0
         for peer in self.peers:
             if peer.commits:
-                worst = max(worst, dp_sgd_epsilon(dp, len(peer.y), self.settings.batch_size, self.settings.epochs,
-                                                  peer.commits))
-        return {"epsilon": worst, "delta": dp.delta, "protects": "each training record (DP-SGD, RDP accountant)",
-                "noise_multiplier": dp.noise_multiplier, "max_grad_norm": dp.max_grad_norm}
+                worst = max(
+                    worst, dp_sgd_epsilon(dp, len(peer.y), self.settings.batch_size, self.settings.epochs, peer.commits)
+                )
+        return {
+            "epsilon": worst,
+            "delta": dp.delta,
+            "protects": "each training record (DP-SGD, RDP accountant)",
+            "noise_multiplier": dp.noise_multiplier,
+            "max_grad_norm": dp.max_grad_norm,
+        }
 
 
 def dp_sgd_epsilon(dp, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:
@@ -375,121 +406,6 @@ def dp_sgd_epsilon(dp, num_samples: int, batch_size: int, epochs: int, rounds: i
     accountant = RDPAccountant()
     accountant.history = [(dp.noise_multiplier, rate, max(1, math.ceil(1 / rate)) * epochs * rounds)]
     return float(accountant.get_epsilon(dp.delta))
-
-
-class _DigestOnly:
-    """Without a ledger: nothing to record but the model digest each round (the sha256 of the
-    model blob, what participants would attest), which makes reproducibility checkable."""
-
-    def start(self, sim) -> None:
-        pass
-
-    def round(self, sim, r, chosen, vectors, weights, global_vector) -> str:
-        return sha256(wire.model_blob(global_vector, r)).hex()
-
-    def finish(self, sim) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def info(self):
-        return None
-
-
-class ChainRecorder:
-    """Records a simulated run on a real Anvil exactly as `swarm up` would: one funded account
-    per simulated peer (registered when first sampled), per round each participant's update blob
-    committed from its own account (digest, samples, cumulative eps, mechanism JSON), the round
-    closed, and every participant attesting the aggregate's digest with the all-included bitmap.
-    Leaves run.json, chain/state.json and archive/ so that `swarm verify --run OUT` re-checks it.
-
-    The contract counts windows in blocks and Anvil mines one block per transaction: the commit
-    window is sized so that every participant of a round fits in it, and the recorder mines empty
-    blocks up to the window's end before closing."""
-
-    def __init__(self, out: Path):
-        self.out = Path(out)
-        self._anvil = None
-        self.gas: dict[str, int] = {}
-
-    def start(self, sim) -> None:
-        c = sim.config
-        n = len(sim.peers)
-        self.window = 2 * sample_size(n, sim.fraction) + 3  # registrations + commits of a round, one block each
-        (self.out / "chain").mkdir(parents=True, exist_ok=True)
-        self.archive = DiskBlobStore(self.out / "archive")
-        genesis = wire.genesis_blob(sim.genesis_vector, sim.settings.shared.to_dict())
-        self.archive.put(genesis)
-        self._anvil = start_anvil(accounts=n + 1)
-        self.w3 = connect(self._anvil.url)
-        keys = self._anvil.private_keys
-        # The cap is exactly what `rounds` contributions spend: no simulated peer can reach past it.
-        cap = wire.eps_to_micro(cumulative_spend(sim.mechanism_params, sim.num_params, c.swarm.rounds).epsilon)
-        self.ledger = LedgerClient.deploy(self.w3, Account.from_key(keys[0]), min_peers=1, commit_window=self.window,
-                                          attest_window=self.window, eps_cap_micro=cap, delta=c.privacy.delta,
-                                          genesis_digest=sha256(genesis))
-        self.accounts = [Account.from_key(k) for k in keys[1:n + 1]]
-        self.clients: dict[int, object] = {}
-        self.mechanism_json = wire.canonical(sim.mechanism_params)
-        self.run_info = {"ledger": self.ledger.address, "chain_id": self.w3.eth.chain_id, "rpc_url": self._anvil.url,
-                         "simulated": True,
-                         "peers": [{"index": i, "address": a.address, "peer_id": _sim_peer_id(i).hex()}
-                                   for i, a in enumerate(self.accounts)],
-                         "started": time.time(), "config": c.to_dict(), "fraction": sim.fraction}
-        write_json_atomic(self.out / "run.json", self.run_info)
-
-    def _client(self, i: int):
-        if i not in self.clients:
-            client = LedgerClient(self.w3, self.ledger.address, self.accounts[i])
-            self._add_gas("register", client.register(_sim_peer_id(i)))
-            self.clients[i] = client
-        return self.clients[i]
-
-    def _add_gas(self, what: str, receipt) -> None:
-        self.gas[what] = self.gas.get(what, 0) + int(receipt["gasUsed"])
-
-    def round(self, sim, r, chosen, vectors, weights, global_vector) -> str:
-        if self.ledger.current_round() != r:
-            raise RuntimeError(f"ledger is in round {self.ledger.current_round()}, the simulation in round {r}")
-        for i, vector, samples in zip(chosen, vectors, weights):
-            blob = wire.update_blob(vector, r, self.mechanism_json)
-            digest = self.archive.put(blob)
-            eps_micro = wire.eps_to_micro(sim.peers[i].eps)
-            self._add_gas("commit", self._client(i).commit(r, bytes.fromhex(digest), samples, eps_micro,
-                                                           self.mechanism_json.encode()))
-        last_block = self.ledger.round_info(r).opened_block + self.window
-        # One past the window's last block: the close must already hold when it is estimated.
-        self._anvil.mine(max(0, last_block + 1 - self.ledger.block_number()))
-        self._add_gas("close", self.ledger.close_round(r))
-        model = wire.model_blob(global_vector, r)
-        digest = self.archive.put(model)
-        included = encode_bitmap([True] * len(chosen))
-        for i in chosen:
-            if self.ledger.round_info(r).state.name == "FINALIZED":
-                break  # a strict majority already attested: the rest would be refused
-            self._add_gas("attest", self._client(i).attest(r, bytes.fromhex(digest), included))
-        if self.ledger.finalized_digest(r) != bytes.fromhex(digest):
-            raise RuntimeError(f"round {r} did not finalize with the simulated aggregate {digest[:16]}...")
-        self._anvil.dump_state(self.out / "chain" / "state.json")
-        return digest
-
-    def finish(self, sim) -> None:
-        self._anvil.dump_state(self.out / "chain" / "state.json")
-
-    def close(self) -> None:
-        if self._anvil is not None:
-            self._anvil.stop()
-            self._anvil = None
-
-    def info(self) -> dict:
-        return {"ledger": self.run_info["ledger"], "chain_id": self.run_info["chain_id"], "gas": dict(self.gas),
-                "verify_command": f"swarm verify --run {self.out}"}
-
-
-def _sim_peer_id(index: int) -> bytes:
-    """A stand-in for a libp2p peer id (simulated peers have no host): 32 bytes, unique per peer."""
-    return hashlib.sha256(peer_name(index).encode()).digest()
 
 
 def sample_size(num_peers: int, fraction: float) -> int:
@@ -503,12 +419,14 @@ def summary_line(summary: dict) -> str:
     records = "" if not dp else (f"; DP-SGD: ({dp['epsilon']:.4g}, {dp['delta']:g})-DP for {dp['protects']}")
     if p is None:
         return ("no local DP on the shared vector" + records) if dp else "no privacy: non-private baseline"
-    note = " (sign only: PNPM never randomizes |w|, so the value itself has no finite eps)" if p["protects"] == "sign" else ""
-    return (f"eps per peer, whole shared vector of {summary['num_params']} coordinates, after "
-            f"{p['max_contributions']} contributions: {p['eps_whole_update_max']:.6g} "
-            f"(per contribution {p['per_contribution_eps']:.6g}; per coordinate {p['per_coordinate_eps']}); "
-            f"protects {p['protects']}{note}{records}")
-
-
-def load_summary(out: Path) -> dict:
-    return json.loads((Path(out) / "summary.json").read_text())
+    note = (
+        " (sign only: PNPM never randomizes |w|, so the value itself has no finite eps)"
+        if p["protects"] == "sign"
+        else ""
+    )
+    return (
+        f"eps per peer, whole shared vector of {summary['num_params']} coordinates, after "
+        f"{p['max_contributions']} contributions: {p['eps_whole_update_max']:.6g} "
+        f"(per contribution {p['per_contribution_eps']:.6g}; per coordinate {p['per_coordinate_eps']}); "
+        f"protects {p['protects']}{note}{records}"
+    )

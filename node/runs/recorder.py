@@ -1,0 +1,152 @@
+"""What `swarm simulate` records of each round: without a ledger only the model digest
+(`DigestOnly`); with `--ledger` the whole round on a real Anvil (`ChainRecorder`), exactly as
+`swarm up` would, so `swarm verify --run OUT` re-checks a simulated run."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mechanisms.accounting import cumulative_spend
+from node.chain.client import LedgerClient
+from node.chain.records import RoundState
+from node.protocol import wire
+from node.protocol.blob import sha256
+from node.runs.chainrun import LedgerTerms, RunChain
+
+
+def simulated_peer_id(name: str) -> bytes:
+    """A stand-in for a libp2p peer id (simulated peers have no host): 32 bytes, unique per name."""
+    return hashlib.sha256(name.encode()).digest()
+
+
+class DigestOnly:
+    """Without a ledger: nothing to record but the model digest each round (the sha256 of the
+    model blob, what participants would attest), which makes reproducibility checkable."""
+
+    def start(self, sim: Any) -> None:
+        pass
+
+    def round(
+        self,
+        sim: Any,
+        r: int,
+        chosen: list[int],
+        vectors: list[torch.Tensor],
+        weights: list[int],
+        global_vector: torch.Tensor,
+    ) -> str:
+        return sha256(wire.model_blob(global_vector, r)).hex()
+
+    def finish(self, sim: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def info(self) -> dict | None:
+        return None
+
+
+class ChainRecorder:
+    """Records a simulated run on a real Anvil exactly as `swarm up` would: one funded account
+    per simulated peer (registered when first sampled), per round each participant's update blob
+    committed from its own account (digest, samples, cumulative eps, mechanism JSON), the round
+    closed, and every participant attesting the aggregate's digest with the all-included bitmap.
+    The run folder (run.json, chain/state.json, archive/) comes from `RunChain`, as for `swarm up`.
+
+    The contract counts windows in blocks and Anvil mines one block per transaction: `window`
+    must fit every registration and commit of a round, and the recorder mines empty blocks up to
+    the window's end before closing."""
+
+    def __init__(self, out: Path, *, window: int) -> None:
+        self.out = Path(out)
+        self.window = window
+        self.chain: RunChain | None = None
+        self.gas: dict[str, int] = {}
+        self.clients: dict[int, LedgerClient] = {}
+
+    def start(self, sim: Any) -> None:
+        c = sim.config
+        genesis = wire.genesis_blob(sim.genesis_vector, sim.settings.shared.to_dict())
+        # The cap is exactly what `rounds` contributions spend: no simulated peer can reach past it.
+        cap = wire.eps_to_micro(cumulative_spend(sim.mechanism_params, sim.num_params, c.swarm.rounds).epsilon)
+        terms = LedgerTerms(
+            min_peers=1, commit_window=self.window, attest_window=self.window, eps_cap_micro=cap, delta=c.privacy.delta
+        )
+        self.chain = RunChain(self.out, genesis, terms, peers=len(sim.peers))
+        self.ledger = self.chain.ledger
+        self.peer_ids = [simulated_peer_id(peer.name) for peer in sim.peers]
+        self.mechanism_json = wire.canonical(sim.mechanism_params)
+        self.run_info = self.chain.write_run_info(
+            simulated=True,
+            peers=[
+                {"index": i, "address": self.chain.peer_account(i).address, "peer_id": pid.hex()}
+                for i, pid in enumerate(self.peer_ids)
+            ],
+            config=c.to_dict(),
+            fraction=sim.fraction,
+        )
+
+    def _client(self, i: int) -> LedgerClient:
+        assert self.chain is not None
+        if i not in self.clients:
+            client = LedgerClient(self.chain.w3, self.ledger.address, self.chain.peer_account(i))
+            self._add_gas("register", client.register(self.peer_ids[i]))
+            self.clients[i] = client
+        return self.clients[i]
+
+    def _add_gas(self, what: str, receipt: Any) -> None:
+        self.gas[what] = self.gas.get(what, 0) + int(receipt["gasUsed"])
+
+    def round(
+        self,
+        sim: Any,
+        r: int,
+        chosen: list[int],
+        vectors: list[torch.Tensor],
+        weights: list[int],
+        global_vector: torch.Tensor,
+    ) -> str:
+        assert self.chain is not None
+        if self.ledger.current_round() != r:
+            raise RuntimeError(f"ledger is in round {self.ledger.current_round()}, the simulation in round {r}")
+        for i, vector, samples in zip(chosen, vectors, weights):
+            digest = self.chain.archive.put(wire.update_blob(vector, r, self.mechanism_json))
+            eps_micro = wire.eps_to_micro(sim.peers[i].eps)
+            receipt = self._client(i).commit(r, bytes.fromhex(digest), samples, eps_micro, self.mechanism_json.encode())
+            self._add_gas("commit", receipt)
+        last_block = self.ledger.round_info(r).opened_block + self.window
+        # One past the window's last block: the close must already hold when it is estimated.
+        self.chain.anvil.mine(max(0, last_block + 1 - self.ledger.block_number()))
+        self._add_gas("close", self.ledger.close_round(r))
+        digest = self.chain.archive.put(wire.model_blob(global_vector, r))
+        included = wire.encode_bitmap([True] * len(chosen))
+        for i in chosen:
+            if self.ledger.round_info(r).state is RoundState.FINALIZED:
+                break  # a strict majority already attested: the rest would be refused
+            self._add_gas("attest", self._client(i).attest(r, bytes.fromhex(digest), included))
+        if self.ledger.finalized_digest(r) != bytes.fromhex(digest):
+            raise RuntimeError(f"round {r} did not finalize with the simulated aggregate {digest[:16]}...")
+        self.chain.save_state()
+        return digest
+
+    def finish(self, sim: Any) -> None:
+        if self.chain is not None:
+            self.chain.save_state()
+
+    def close(self) -> None:
+        if self.chain is not None:
+            self.chain.close()
+            self.chain = None
+
+    def info(self) -> dict:
+        return {
+            "ledger": self.run_info["ledger"],
+            "chain_id": self.run_info["chain_id"],
+            "gas": dict(self.gas),
+            "verify_command": f"swarm verify --run {self.out}",
+        }
