@@ -120,3 +120,18 @@ def test_imports_point_down_and_are_at_module_top(module, path):
 
 def test_every_module_is_checked():
     assert len(MODULES) > 40 and {_unit(m) for m, _ in MODULES} == set(ALLOWED)
+
+
+def test_simulation_and_verify_do_not_load_the_peer_runtime():
+    """`swarm simulate` and `swarm verify` share the round code but not the network: importing them
+    must not pull in trio, libp2p or the peer's state machine (a fresh interpreter, so earlier
+    tests' imports cannot hide it)."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, node.runs.simulate, node.verify; "
+        "print(sorted(m for m in ('trio', 'libp2p', 'node.peer.peer', 'node.peer.runner') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
