@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from typing import Protocol
 
 import torch
 
 from mechanisms.accounting import cumulative_spend
+from node.chain.client import LedgerClient
 from node.protocol import wire
 from node.protocol.blob import BlobError, decode_blob, sha256
 from node.protocol.settings import SharedSettings
@@ -61,7 +63,13 @@ class VerifyReport:
         }
 
 
-def verify(ledger, archive) -> VerifyReport:
+class BlobSource(Protocol):
+    """Where verify reads blobs: an archive folder's store, or any store with `get`."""
+
+    def get(self, digest: str) -> bytes | None: ...
+
+
+def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
     """`ledger`: a read-only LedgerClient; `archive`: a blob store holding the run's blobs."""
 
     report = VerifyReport(ledger=ledger.address)
@@ -139,7 +147,11 @@ def verify(ledger, archive) -> VerifyReport:
 
         if info.state.name != "FINALIZED":
             continue
-        finalized = bytes(ledger.finalized_digest(r))
+        finalized = info.finalized_digest  # set for every finalized round (RoundInfo)
+        if finalized is None:
+            report.failures.append(Failure(r, "-", "aggregate", "finalized round without a finalized digest"))
+            check.aggregate_ok = False
+            continue
         bitmap = _finalizing_bitmap(ledger, r, finalized, len(commitments))
         if bitmap is None:
             report.failures.append(
@@ -166,7 +178,7 @@ def verify(ledger, archive) -> VerifyReport:
         recomputed = wire.next_global(
             shared,
             global_vector,
-            [v for v, inc in zip(vectors, included) if inc],
+            [v for v, inc in zip(vectors, included) if inc and v is not None],  # none missing: checked above
             [int(c.num_samples) for c, inc in zip(commitments, included) if inc],
         )
         digest = sha256(wire.model_blob(recomputed, r))
@@ -194,7 +206,7 @@ def verify(ledger, archive) -> VerifyReport:
     return report
 
 
-def _finalizing_bitmap(ledger, r: int, digest: bytes, n: int) -> bytes | None:
+def _finalizing_bitmap(ledger: LedgerClient, r: int, digest: bytes, n: int) -> bytes | None:
     counts: dict[tuple[bytes, bytes], int] = {}
     for a in ledger.attestations(r):
         key = (bytes(a.aggregate_digest), bytes(a.included))

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from mechanisms.base import Mechanism
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "audit",
         help="empirically lower-bound a mechanism's epsilon",
@@ -27,7 +31,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=handler)
 
 
-def _build(args: argparse.Namespace):
+def _build(args: argparse.Namespace) -> Mechanism:
     import mechanisms
 
     params = {"epsilon": args.epsilon}

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from node.config import Config
 
 
-def add_config_options(parser) -> None:
+def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="TOML", help="a swarm.toml; defaults come from node/defaults.toml")
     parser.add_argument(
         "--set",
@@ -19,7 +24,7 @@ def add_config_options(parser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document for scripts")
 
 
-def load(args, shortcuts: dict[str, str]):
+def load(args: argparse.Namespace, shortcuts: dict[str, str]) -> Config:
     """Config file, then --set overrides, then the command's own shortcut flags
     (`shortcuts` maps an argparse dest to a config key) which win over both."""
     from node.cli import CLIError
@@ -36,6 +41,6 @@ def load(args, shortcuts: dict[str, str]):
         raise CLIError(str(exc)) from exc
 
 
-def emit_json(obj) -> None:
+def emit_json(obj: object) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")

@@ -6,7 +6,7 @@ import argparse
 import json
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "deploy",
         help="deploy the swarm's ledger contract and print its address",

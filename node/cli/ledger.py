@@ -6,7 +6,7 @@ import argparse
 import json
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("ledger", help="show a ledger: rounds, participants, digests, eps per peer")
     p.add_argument("--rpc-url", required=True, help="EVM JSON-RPC URL (http or https)")
     p.add_argument("--ledger", required=True, metavar="ADDR", help="the SwarmLedger contract address")

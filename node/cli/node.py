@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
 from node.cli import common
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("node", help="run one peer against a deployed ledger")
     p.add_argument("--rpc-url", help="the chain's JSON-RPC URL (default: the config's chain.rpc_url)")
     p.add_argument("--ledger", help="the SwarmLedger contract address (default: the config's chain.ledger)")
@@ -35,19 +36,13 @@ def register(sub) -> None:
     )
     p.add_argument("--partition", metavar="i/N", help="take shard i of N of the dataset (seeded by swarm.seed)")
     p.add_argument("--data-dir", help="folder holding this peer's dataset files")
-    p.add_argument("--fault", help=argparse_suppress())
+    p.add_argument("--fault", help=argparse.SUPPRESS)  # testing hook (node/peer/faults.py): never for real runs
     p.add_argument("-v", "--verbose", action="store_true")
     common.add_config_options(p)
     p.set_defaults(func=handle)
 
 
-def argparse_suppress():
-    import argparse
-
-    return argparse.SUPPRESS  # testing hook (node/faults.py): a byzantine peer, never for real runs
-
-
-def handle(args) -> int:
+def handle(args: argparse.Namespace) -> int:
     import trio
 
     from node.cli import CLIError

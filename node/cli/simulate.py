@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from node.cli import common
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from collections.abc import Callable
 
 SHORTCUTS = {
     "peers": "swarm.peers",
@@ -38,7 +43,7 @@ QUICK = [
 ]
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="simulate a swarm of many peers in one process (papers, privacy sweeps)")
     p.add_argument("--peers", type=int, help="number of simulated peers, each with its own shard (default 4)")
     p.add_argument("--fraction", type=float, default=1.0, help="fraction of the peers sampled each round (default 1)")
@@ -71,7 +76,7 @@ def register(sub) -> None:
     p.set_defaults(func=handle)
 
 
-def handle(args) -> int:
+def handle(args: argparse.Namespace) -> int:
     from node.cli import CLIError
     from node.runs.simulate import Simulation, SimulationError
 
@@ -106,10 +111,10 @@ def handle(args) -> int:
 class _progress:
     """A rich progress bar over peer-rounds on stderr (silent with --json)."""
 
-    def __init__(self, quiet: bool, rounds: int):
+    def __init__(self, quiet: bool, rounds: int) -> None:
         self.quiet, self.rounds = quiet, rounds
 
-    def __enter__(self):
+    def __enter__(self) -> Callable[[dict], None]:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -139,11 +144,11 @@ class _progress:
 
         return on_progress
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.bar.__exit__(*exc)
 
 
-def _print(records, summary, out) -> None:
+def _print(records: list[dict], summary: dict, out: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 

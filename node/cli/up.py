@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from node.cli import common
@@ -16,7 +17,7 @@ SHORTCUTS = {
 }
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run a local swarm: Anvil, the ledger and N peers, with a verifiable run folder")
     p.add_argument("--peers", type=int, help="number of peer processes (default 4)")
     p.add_argument("--rounds", type=int, help="rounds to run (default 5)")
@@ -29,7 +30,7 @@ def register(sub) -> None:
     p.set_defaults(func=handle)
 
 
-def handle(args) -> int:
+def handle(args: argparse.Namespace) -> int:
     from node.cli import CLIError
     from node.runs.local import run_up
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node.cli import common
 
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from node.chain.client import LedgerClient
+    from node.verify import VerifyReport
 
-def register(sub) -> None:
+
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="re-check every round: blobs vs commitments, aggregates, eps per peer")
     p.add_argument("--rpc-url", help="the chain's JSON-RPC URL")
     p.add_argument("--ledger", help="the SwarmLedger contract address")
@@ -18,7 +24,7 @@ def register(sub) -> None:
     p.set_defaults(func=handle)
 
 
-def handle(args) -> int:
+def handle(args: argparse.Namespace) -> int:
     from node.cli import CLIError
 
     if args.run:
@@ -50,7 +56,7 @@ def _verify_run(run: Path, archive: Path | None, as_json: bool) -> int:
         return _verify(ledger, archive or run / "archive", as_json)
 
 
-def _verify(ledger, archive_dir: Path, as_json: bool) -> int:
+def _verify(ledger: LedgerClient, archive_dir: Path, as_json: bool) -> int:
     from node.cli import CLIError
     from node.verify import verify
     from p2p.store import DiskBlobStore
@@ -65,7 +71,7 @@ def _verify(ledger, archive_dir: Path, as_json: bool) -> int:
     return 0 if report.ok else 1
 
 
-def _print(report) -> None:
+def _print(report: VerifyReport) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ import mechanisms
 from node.chain.anvil import free_port
 from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
-from node.config import quorum
+from node.config import Config, quorum
 from node.derive import eps_cap_micro, genesis, mechanism_params
 from node.peer.runner import P2P_PASSWORD_ENV
 from node.runfiles import read_metrics
@@ -45,7 +46,7 @@ from p2p.identity import load_or_create_identity
 from p2p.store import DiskBlobStore
 
 
-def _protects(config) -> str:
+def _protects(config: Config) -> str:
     """What the run's eps protects, in words, from the mechanism's own guarantee ("sign" for
     PNPM, "value" for the others), never from its name."""
 
@@ -84,12 +85,12 @@ class LocalSwarm:
 
     def __init__(
         self,
-        config,
+        config: Config,
         out: Path,
         *,
         faults: dict[int, str] | None = None,
         peer_overrides: dict[int, list[str]] | None = None,
-        say=None,
+        say: Callable[[str], None] | None = None,
     ):
         out = Path(out)
         if out.exists() and any(out.iterdir()):
@@ -194,15 +195,17 @@ class LocalSwarm:
         for i in range(len(self.peers)):
             self.start_peer(i)
 
-    def kill(self, i: int, sig=signal.SIGKILL) -> None:
-        p = self.peers[i]
-        p.process.send_signal(sig)
-        p.process.wait()
+    def kill(self, i: int, sig: int = signal.SIGKILL) -> None:
+        process = self.peers[i].process
+        if process is None:
+            raise RuntimeError(f"peer {i} was never started")
+        process.send_signal(sig)
+        process.wait()
 
     def running(self) -> bool:
         return any(p.process and p.process.poll() is None for p in self.peers)
 
-    def wait(self, timeout: float, on_tick=None) -> None:
+    def wait(self, timeout: float, on_tick: Callable[[], None] | None = None) -> None:
         """Until every peer process has exited; dumps the chain after every finished round so
         a hard kill of this process still leaves a verifiable folder."""
         deadline = time.monotonic() + timeout
@@ -232,7 +235,7 @@ class LocalSwarm:
         return write_report(self.out, self.peers, self.ledger, self.run_info, interrupted)
 
 
-def run_up(config, *, out: Path | None, json_output: bool) -> dict:
+def run_up(config: Config, *, out: Path | None, json_output: bool) -> dict:
     """Run a local swarm to the end (or Ctrl-C) and return the report as a dict."""
     say = (lambda *a: None) if json_output else (lambda msg: print(msg, flush=True))
     out = out or (Path(config.output.dir) / default_out_dir().name if config.output.dir else default_out_dir())
@@ -261,7 +264,8 @@ def _watch(swarm: LocalSwarm, json_output: bool) -> None:
             last = m[-1] if m else {}
             acc = f"{last['accuracy']:.3f}" if last.get("accuracy") is not None else "-"
             eps = f"{last['eps_cumulative']:.4g}" if last.get("eps_cumulative") is not None else "-"
-            state = "running" if p.process.poll() is None else f"exit {p.process.returncode}"
+            code = p.process.poll() if p.process else None
+            state = "running" if p.process and code is None else f"exit {code}"
             t.add_row(str(p.index), str(st.get("round", "-")), st.get("phase", "starting"), acc, eps, state)
         return t
 
@@ -270,7 +274,7 @@ def _watch(swarm: LocalSwarm, json_output: bool) -> None:
         swarm.wait(config.chain.run_timeout, on_tick=lambda: live.update(table()))
 
 
-def _stop(peers, grace: float = 10.0) -> None:
+def _stop(peers: list[PeerProcess], grace: float = 10.0) -> None:
     for p in peers:
         if p.process and p.process.poll() is None:
             p.process.send_signal(signal.SIGTERM)
@@ -285,7 +289,7 @@ def _stop(peers, grace: float = 10.0) -> None:
             p.returncode = p.process.returncode
 
 
-def _collect_archive(peers, archive) -> None:
+def _collect_archive(peers: list[PeerProcess], archive: DiskBlobStore) -> None:
     for p in peers:
         store = DiskBlobStore(p.workdir / "blobs")
         for digest in store.digests():

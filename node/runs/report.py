@@ -4,15 +4,27 @@ ledger and the command that verifies the run. PNPM's eps is labelled sign-only e
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from matplotlib.figure import Figure
 
+from node.chain.client import LedgerClient
 from node.protocol.wire import eps_from_micro
 from node.runfiles import MetricsWriter, write_json_atomic
 
 
-def round_rows(peers) -> list[dict]:
+class PeerRecord(Protocol):
+    """What the report reads of a peer: its address, exit code and metrics."""
+
+    address: str
+    returncode: int | None
+
+    def metrics(self) -> list[dict]: ...
+
+
+def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
     """One row per round from every peer's metrics: the global model is the same on every
     peer, so accuracy is taken from any peer that evaluated it (they agree bit for bit)."""
     by_round: dict[int, dict] = {}
@@ -70,7 +82,9 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_report(out: Path, peers, ledger, run_info: dict, interrupted: bool) -> dict:
+def write_report(
+    out: Path, peers: Sequence[PeerRecord], ledger: LedgerClient, run_info: dict, interrupted: bool
+) -> dict:
     rows = round_rows(peers)
     with MetricsWriter(out / "metrics.jsonl") as metrics:
         for row in rows:
@@ -79,7 +93,7 @@ def write_report(out: Path, peers, ledger, run_info: dict, interrupted: bool) ->
         plot(rows, out / "progress.png")
     mechanism = run_info["config"]["privacy"]["mechanism"]
     protects = run_info["protects"]  # from the mechanism's guarantee (node.runs.local)
-    eps_spent = {}
+    eps_spent: dict[str, float | None] = {}
     for p in peers:
         try:
             eps_spent[p.address] = eps_from_micro(ledger.eps_spent(p.address))

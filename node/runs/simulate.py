@@ -33,7 +33,8 @@ import torch
 from opacus.accountants import RDPAccountant
 
 import mechanisms
-from mechanisms.accounting import cumulative_spend
+from mechanisms.accounting import Spend, cumulative_spend
+from node.config import Config
 from node.derive import peer_settings
 from node.learning.contribute import contribute, round_seed
 from node.learning.data import load_dataset
@@ -42,6 +43,7 @@ from node.learning.partition import partition
 from node.learning.train import evaluate
 from node.protocol import wire
 from node.protocol.blob import flatten, unflatten
+from node.protocol.settings import DPSGDConfig, PeerSettings
 from node.runfiles import MetricsWriter, write_json_atomic
 from node.runs.recorder import ChainRecorder, DigestOnly
 
@@ -99,7 +101,7 @@ class _Timing:
     evaluations: list[float] = field(default_factory=list)  # the test evaluation's share of each round
 
 
-def simulation_settings(config, mechanism_params: dict | None = None):
+def simulation_settings(config: Config, mechanism_params: dict | None = None) -> PeerSettings:
     """The PeerSettings every simulated peer runs with (node.derive.peer_settings). The baseline
     "none" gets parameters {"name": "none"} (no mechanism); `mechanism_params`, when given,
     replaces the config's mechanism (for parameters the config's float-only table cannot hold)."""
@@ -120,7 +122,7 @@ class Simulation:
 
     def __init__(
         self,
-        config,
+        config: Config,
         *,
         fraction: float = 1.0,
         out: Path | None = None,
@@ -159,7 +161,7 @@ class Simulation:
         self._prepare()
         self._prepared = True
 
-    def _prepare(self):
+    def _prepare(self) -> None:
         c = self.config
         self.settings = simulation_settings(c, self.mechanism_override)
         self.mechanism_params = dict(self.settings.mechanism)
@@ -187,9 +189,9 @@ class Simulation:
             index = torch.as_tensor(idx, dtype=torch.long)
             self.peers.append(_Peer(peer_name(i), train.x[index].contiguous(), train.y[index].contiguous()))
         self.test_x, self.test_y = test.x, test.y
-        self._spend_cache: dict[int, object] = {}
+        self._spend_cache: dict[int, Spend] = {}
 
-    def _spend(self, commits: int):
+    def _spend(self, commits: int) -> Spend | None:
         """Cumulative spend after `commits` contributions: depends on k only, so computed once per k."""
         if self.mechanism is None:
             return None
@@ -248,7 +250,7 @@ class Simulation:
                         timing.train += time.perf_counter() - t0
                         if contribution is not None and not bool(torch.isfinite(contribution.vector).all()):
                             diverged = f"peer {i}: non-finite contribution"
-                        if diverged:
+                        if diverged or contribution is None:  # None only when diverged
                             break
                         vectors.append(contribution.vector)
                         weights.append(contribution.num_samples)
@@ -297,7 +299,7 @@ class Simulation:
         finally:
             torch.set_num_threads(previous_threads)
 
-    def _recorder(self):
+    def _recorder(self) -> ChainRecorder | DigestOnly:
         if self.use_ledger:
             if self.out is None:
                 raise SimulationError("a simulation with the ledger needs an output folder (--out)")
@@ -306,7 +308,17 @@ class Simulation:
         return DigestOnly()
 
     # ------------------------------------------------------------- reporting
-    def _record(self, r, chosen, accuracy, loss, train_losses, model_digest, *, diverged: bool) -> dict:
+    def _record(
+        self,
+        r: int,
+        chosen: list[int],
+        accuracy: float | None,
+        loss: float | None,
+        train_losses: list[float],
+        model_digest: str | None,
+        *,
+        diverged: bool,
+    ) -> dict:
         """One metrics line: only deterministic values (timings go to summary.json)."""
         eps = [p.eps for p in self.peers if p.eps is not None]
         spend = self._spend(1)
@@ -325,7 +337,14 @@ class Simulation:
             "protects": "nothing (non-private baseline)" if spend is None else spend.protects,
         }
 
-    def _summary(self, records, timing: _Timing, seconds: float, stop_reason, recorder) -> dict:
+    def _summary(
+        self,
+        records: list[dict],
+        timing: _Timing,
+        seconds: float,
+        stop_reason: str | None,
+        recorder: ChainRecorder | DigestOnly,
+    ) -> dict:
         c = self.config
         done = [r for r in records if r["accuracy"] is not None]
         peer_rounds = sum(r["participants"] for r in records)
@@ -398,7 +417,7 @@ class Simulation:
         }
 
 
-def dp_sgd_epsilon(dp, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:
+def dp_sgd_epsilon(dp: DPSGDConfig, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:
     """Record-level eps of a peer after `rounds` rounds of DP-SGD as node.learning.train runs it: Poisson
     sampling at rate q = batch/N, ceil(1/q) steps per epoch, every step accounted."""
 
