@@ -6,7 +6,7 @@ node/chain/artifacts/SwarmLedger.json (package data, so an installed wheel deplo
 
 Compiler: a native `solc` 0.8.28 on PATH or installed by py-solc-x if there is one, else the
 pinned npm solcjs (node_modules/.bin/solcjs) through scripts/solcjs_wrapper.sh, which drops the
-">>> ..." lines solcjs prints before its JSON (see PLATFORM.md). Both produce the same bytecode:
+">>> ..." lines solcjs prints before its JSON (they break py-solc-x's JSON parsing). Both produce the same bytecode:
 the version, optimizer settings and EVM version are pinned here.
 """
 
