@@ -32,7 +32,7 @@ MECHANISMS: dict[str, type[Mechanism]] = {
 }
 
 
-def get(name: str, **params) -> Mechanism:
+def get(name: str, **params: object) -> Mechanism:
     """Build the mechanism registered as `name` (lower-case) with its parameters."""
     try:
         cls = MECHANISMS[name]
@@ -44,15 +44,15 @@ def get(name: str, **params) -> Mechanism:
         raise ValueError(f"bad parameters for {name}: {exc}") from None
 
 
-def from_params(params: dict) -> Mechanism:
+def from_params(params: dict[str, object]) -> Mechanism:
     """Inverse of `Mechanism.params()`."""
     if not isinstance(params, dict) or "name" not in params:
         raise ValueError("params must be a dict with a 'name' key")
     rest = {k: v for k, v in params.items() if k != "name"}
-    return get(params["name"], **rest)
+    return get(params["name"], **rest)  # type: ignore[arg-type]  # get() refuses a non-str name
 
 
-def _check_json_value(value, path: str) -> None:
+def _check_json_value(value: object, path: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"params{path} is not finite: {value!r}")
     if isinstance(value, dict):
@@ -67,9 +67,10 @@ def _check_json_value(value, path: str) -> None:
         raise ValueError(f"params{path} is not JSON-able: {type(value).__name__}")
 
 
-def canonical_json(params: dict) -> bytes:
-    """Canonical bytes of a parameter dict: sorted keys, no spaces, UTF-8, floats in Python's
-    shortest round-trip repr (the same on every platform), NaN/inf refused."""
+def canonical_json(params: object) -> bytes:
+    """Canonical bytes of a parameter dict (or any JSON value): sorted keys, no spaces, UTF-8, floats
+    in Python's shortest round-trip repr (the same on every platform); NaN/inf, non-string keys and
+    non-JSON values refused with ValueError."""
     _check_json_value(params, "")
     return json.dumps(params, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
         "utf-8"

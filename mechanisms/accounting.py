@@ -14,6 +14,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from .base import check_delta, check_epsilon
+from .gaussian import Gaussian
 
 
 def basic_composition(epsilon: float, releases: int, delta: float = 0.0) -> tuple[float, float]:
@@ -33,7 +34,7 @@ class Accountant:
 
     name = "accountant"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.releases = 0
 
     def step(self, releases: int = 1) -> None:
@@ -50,12 +51,12 @@ class BasicCompositionAccountant(Accountant):
 
     name = "basic"
 
-    def __init__(self, epsilon: float, delta: float = 0.0):
+    def __init__(self, epsilon: float, delta: float = 0.0) -> None:
         super().__init__()
         self.epsilon = check_epsilon(epsilon)
         self.delta = 0.0 if delta == 0 else check_delta(delta)
 
-    def get_privacy_spent(self, delta=None):
+    def get_privacy_spent(self, delta: float | None = None) -> tuple[float, float]:
         return basic_composition(self.epsilon, self.releases, self.delta)
 
 
@@ -64,12 +65,12 @@ class AdvancedCompositionAccountant(Accountant):
 
     name = "advanced"
 
-    def __init__(self, epsilon: float, delta: float = 0.0):
+    def __init__(self, epsilon: float, delta: float = 0.0) -> None:
         super().__init__()
         self.epsilon = check_epsilon(epsilon)
         self.delta = 0.0 if delta == 0 else check_delta(delta)
 
-    def get_privacy_spent(self, delta=None):
+    def get_privacy_spent(self, delta: float | None = None) -> tuple[float, float]:
         if delta is None:
             raise ValueError("delta is required for advanced composition")
         delta = check_delta(delta)
@@ -87,7 +88,7 @@ class RDPGaussianAccountant(Accountant):
 
     name = "rdp"
 
-    def __init__(self, noise_multiplier: float, sample_rate: float = 1.0):
+    def __init__(self, noise_multiplier: float, sample_rate: float = 1.0) -> None:
         super().__init__()
         if not (
             isinstance(noise_multiplier, (int, float)) and math.isfinite(noise_multiplier) and noise_multiplier > 0
@@ -98,7 +99,7 @@ class RDPGaussianAccountant(Accountant):
         self.noise_multiplier = float(noise_multiplier)
         self.sample_rate = float(sample_rate)
 
-    def get_privacy_spent(self, delta=None):
+    def get_privacy_spent(self, delta: float | None = None) -> tuple[float, float]:
         from opacus.accountants import RDPAccountant
 
         if delta is None:
@@ -122,12 +123,17 @@ class Spend:
     statement: str
     method: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
 def cumulative_spend(
-    params: dict, num_coordinates: int, rounds: int, *, sample_rate: float = 1.0, target_delta: float | None = None
+    params: dict[str, object],
+    num_coordinates: int,
+    rounds: int,
+    *,
+    sample_rate: float = 1.0,
+    target_delta: float | None = None,
 ) -> Spend:
     """The cumulative (eps, delta) of a peer that released its whole update `rounds` times with the
     mechanism `params` (as committed on chain) over `num_coordinates` shared coordinates.
@@ -156,7 +162,7 @@ def cumulative_spend(
         "the sign of each weight only (no finite eps for the values)" if g.protects == "sign" else "the update's values"
     )
 
-    if mech.name == "gaussian":
+    if isinstance(mech, Gaussian):
         delta = mech.delta if target_delta is None else target_delta
         rdp = RDPGaussianAccountant(mech.sigma / mech.sensitivity, sample_rate)
         rdp.step(rounds)

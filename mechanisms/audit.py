@@ -14,11 +14,14 @@ only one input can produce the bound grows without limit as trials grow (`disjoi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 
 from .base import Mechanism, check_epsilon
+from .gaussian import Gaussian
+from .local import LDPFL
 
 _DISCRETE_LIMIT = 64
 
@@ -62,7 +65,8 @@ def betainc(a: float, b: float, x: float) -> float:
     return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
 
 
-def _solve_increasing(f, target: float) -> float:
+def _solve_increasing(f: Callable[[float], float], target: float) -> tuple[float, float]:
+    """The final bracket [lo, hi] of a bisection on [0, 1] for f(p) = target, f increasing."""
     lo, hi = 0.0, 1.0
     for _ in range(80):
         mid = 0.5 * (lo + hi)
@@ -95,11 +99,12 @@ class AuditResult:
     disjoint_support: bool
     method: str = "Clopper-Pearson, Bonferroni over all events"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-def _event_counts(a: torch.Tensor, b: torch.Tensor, bins: int):
+def _event_counts(a: torch.Tensor, b: torch.Tensor, bins: int) -> list[tuple[str, int, int]]:
+    """(label, count in a, count in b) of every event the audit tests."""
     both = torch.cat([a, b])
     values = torch.unique(both)
     if values.numel() <= _DISCRETE_LIMIT:
@@ -142,7 +147,7 @@ def audit_pair(
     events = _event_counts(out0, out1, bins)
     alpha = (1.0 - confidence) / (2 * 2 * len(events))  # two bounds per test, two directions per event
     # Exact bounds only for the few most promising tests: the union bound already covers all.
-    candidates = []
+    candidates: list[tuple[float, str, int, int, str]] = []
     for label, c0, c1 in events:
         for num, den, direction in ((c0, c1, "x0/x1"), (c1, c0, "x1/x0")):
             if num > 0:
@@ -171,9 +176,9 @@ def neighbouring_inputs(mechanism: Mechanism) -> list[tuple[str, float, float]]:
         return [("sign (+w vs -w)", 0.5, -0.5), ("value (w vs 2w)", 0.25, 0.5)]
     if name == "rr":
         return [("category 0 vs 1", 0.0, 1.0)]
-    if name == "ldp-fl":
+    if isinstance(mechanism, LDPFL):
         return [("c-r vs c+r", mechanism.center - mechanism.radius, mechanism.center + mechanism.radius)]
-    if name == "gaussian":
+    if isinstance(mechanism, Gaussian):
         return [("-S vs +S", -mechanism.clip_norm, mechanism.clip_norm)]
     return [("-1 vs +1", -1.0, 1.0)]
 

@@ -2,7 +2,7 @@
 
 Perturb paths draw ONE uniform per coordinate into the output buffer and transform it in place
 with whole-tensor ops and at most a few scratch buffers, so a mechanism costs little more than
-its random numbers (see docs/BENCHMARKS.md, section "mechanisms"). The scratch buffers are kept
+its random numbers (docs/BENCHMARKS.md, section "Mechanisms"). The scratch buffers are kept
 per thread and reused across calls: fresh 40 MB allocations cost more page faults than the
 arithmetic (and small chunks cost more in per-op overhead on a loaded 2-core machine).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import ClassVar, SupportsFloat, cast
 
 import torch
 
@@ -36,57 +36,54 @@ class Guarantee:
     scope: str
     statement: str
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
-def check_epsilon(epsilon, name: str = "epsilon") -> float:
+def _as_float(value: object, name: str) -> float:
+    """float(value), or ValueError naming `name` when it is not a number (nor a numeric string)."""
     try:
-        value = float(epsilon)
+        return float(cast(SupportsFloat, value))  # float() itself refuses anything else
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {epsilon!r}") from None
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+
+
+def check_epsilon(epsilon: object, name: str = "epsilon") -> float:
+    value = _as_float(epsilon, name)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {epsilon!r}")
     return value
 
 
-def check_delta(delta, name: str = "delta") -> float:
-    try:
-        value = float(delta)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {delta!r}") from None
+def check_delta(delta: object, name: str = "delta") -> float:
+    value = _as_float(delta, name)
     if not (0.0 < value < 1.0):
         raise ValueError(f"{name} must lie in (0, 1), got {delta!r}")
     return value
 
 
-def check_positive(value, name: str) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
+def check_positive(value: object, name: str) -> float:
+    out = _as_float(value, name)
     if not math.isfinite(out) or out <= 0:
         raise ValueError(f"{name} must be finite and > 0, got {value!r}")
     return out
 
 
-def check_finite(value, name: str) -> float:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
+def check_finite(value: object, name: str) -> float:
+    out = _as_float(value, name)
     if not math.isfinite(out):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return out
 
 
 def check_tensor(
-    x, *, low: float | None = None, high: float | None = None, clip: bool = False, what: str = "x"
+    x: torch.Tensor, *, low: float | None = None, high: float | None = None, clip: bool = False, what: str = "x"
 ) -> torch.Tensor:
     """Validate `x` and return it flat and contiguous.
 
     Refuses non-float32/64 tensors and NaN/inf. With bounds, values outside [low, high] are refused
-    (ValueError) unless `clip` is set, in which case they are clamped to the bounds.
+    (ValueError) unless `clip` is set, in which case they are clamped to the bounds (a bound left
+    None is no bound).
     """
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
@@ -95,11 +92,11 @@ def check_tensor(
     flat = x.detach().reshape(-1).contiguous()
     if flat.numel() == 0:
         return flat
-    lo, hi = torch.aminmax(flat)  # one pass; NaN propagates into the result
-    lo, hi = float(lo), float(hi)
+    lo_t, hi_t = torch.aminmax(flat)  # one pass; NaN propagates into the result
+    lo, hi = float(lo_t), float(hi_t)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"{what} contains NaN or infinite values")
-    if low is not None and (lo < low or hi > high):
+    if (low is not None and lo < low) or (high is not None and hi > high):
         if not clip:
             raise ValueError(
                 f"{what} has values in [{lo:.6g}, {hi:.6g}], outside the domain [{low}, {high}] "
@@ -127,7 +124,7 @@ def half_grid_threshold(q: float, dtype: torch.dtype) -> float:
 
 def scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
     """A per-thread buffer of n elements, reused across calls (slot tells a caller's buffers apart)."""
-    cache = getattr(_WORKSPACE, "buffers", None)
+    cache: dict[tuple[torch.dtype, int], torch.Tensor] | None = getattr(_WORKSPACE, "buffers", None)
     if cache is None:
         cache = _WORKSPACE.buffers = {}
     buf = cache.get((dtype, slot))
@@ -168,7 +165,8 @@ class Mechanism:
     def guarantee(self) -> Guarantee:
         raise NotImplementedError
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, object]:
+        """The constructor's parameters plus "name": what `mechanisms.from_params` rebuilds from."""
         raise NotImplementedError
 
     def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -183,7 +181,7 @@ class Mechanism:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.params().items() if k != "name")
         return f"{type(self).__name__}({inner})"
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Mechanism) and self.params() == other.params()
 
     def __hash__(self) -> int:

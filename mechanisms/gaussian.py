@@ -15,6 +15,7 @@ convention sigma = z * S; the (eps, delta) stated are for D = 2S, i.e. a unit no
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -36,7 +37,7 @@ def analytic_gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1
     return max(first - second, 0.0)
 
 
-def _bisect_decreasing(f, target: float, lo: float, hi: float) -> float:
+def _bisect_decreasing(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
     """Smallest x in [lo, hi] (to float precision) with f(x) <= target, f decreasing; returns the
     upper end of the final bracket so the answer is always on the safe side."""
     while f(hi) > target:
@@ -114,14 +115,20 @@ class Gaussian(Mechanism):
 
     name = "gaussian"
 
-    def __init__(self, clip_norm, noise_multiplier=None, epsilon=None, delta=None):
+    def __init__(
+        self,
+        clip_norm: float,
+        noise_multiplier: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+    ) -> None:
         self.clip_norm = check_positive(clip_norm, "clip_norm")
         if (noise_multiplier is None) == (epsilon is None):
             raise ValueError("give exactly one of noise_multiplier or epsilon (with delta)")
         if noise_multiplier is not None:
             self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
             self.delta = check_delta(1e-5 if delta is None else delta)
-            self._given_epsilon = None
+            self._given_epsilon: float | None = None
             self.sigma = self.noise_multiplier * self.clip_norm
             self.epsilon = analytic_gaussian_epsilon(self.sigma, self.delta, self.sensitivity)
         else:
@@ -136,7 +143,7 @@ class Gaussian(Mechanism):
     def sensitivity(self) -> float:
         return 2.0 * self.clip_norm
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         flat = check_tensor(x)
         norm = l2_norm(flat)
         scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
@@ -144,13 +151,13 @@ class Gaussian(Mechanism):
         out.add_(flat, alpha=scale)
         return out.view(x.shape)
 
-    def perturb_independent(self, x, *, generator=None):
+    def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Each element as a one-coordinate update: clip to [-S, S], add N(0, sigma^2)."""
         flat = check_tensor(x).clamp(-self.clip_norm, self.clip_norm)
         out = torch.empty_like(flat).normal_(0.0, self.sigma, generator=generator)
         return out.add_(flat).view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         return torch.full_like(check_tensor(x), self.sigma**2).view(x.shape)
 
     @property
@@ -165,7 +172,7 @@ class Gaussian(Mechanism):
             "analytic calibration, sensitivity 2*clip_norm)",
         )
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, object]:
         if self._given_epsilon is not None:
             return {"name": self.name, "clip_norm": self.clip_norm, "epsilon": self._given_epsilon, "delta": self.delta}
         return {

@@ -13,6 +13,7 @@ papers in docs/MECHANISMS.md.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 
@@ -33,7 +34,7 @@ from .base import (
 MAX_EPSILON = 700.0
 
 
-def _epsilon(epsilon) -> float:
+def _epsilon(epsilon: object) -> float:
     eps = check_epsilon(epsilon)
     if eps > MAX_EPSILON:
         raise ValueError(f"epsilon must be <= {MAX_EPSILON}, got {epsilon!r}")
@@ -52,7 +53,7 @@ _BLOCK = 1 << 18
 _MINUS_ONE = torch.tensor(-1.0, dtype=torch.float64)
 
 
-def _blocks(n: int):
+def _blocks(n: int) -> Iterator[tuple[int, int]]:
     """(start, stop) of consecutive blocks covering range(n)."""
     return ((lo, min(n, lo + _BLOCK)) for lo in range(0, n, _BLOCK))
 
@@ -106,16 +107,16 @@ class _PureLocal(Mechanism):
     protects = "value"
     domain = "[-1, 1]"
 
-    def __init__(self, epsilon, clip: bool = False):
+    def __init__(self, epsilon: float, clip: bool = False) -> None:
         self.epsilon = _epsilon(epsilon)
         if not isinstance(clip, bool):
             raise ValueError(f"clip must be True or False, got {clip!r}")
         self.clip = clip
 
-    def _input(self, x):
+    def _input(self, x: torch.Tensor) -> torch.Tensor:
         return check_tensor(x, low=-1.0, high=1.0, clip=self.clip)
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon, "clip": self.clip}
 
     @property
@@ -148,18 +149,18 @@ class Duchi(_PureLocal):
 
     name = "duchi"
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
         y = uniform_draw(_output(t), -0.5, 0.5, generator)  # u - 1/2, exact
         y.sub_(t, alpha=_duchi_slope(self.epsilon))
         bound = duchi_bound(self.epsilon)
         return _duchi_(y, -bound, bound).view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         return duchi_variance(self._input(x), self.epsilon).view(x.shape)
 
 
-def _piecewise_constants(epsilon: float):
+def _piecewise_constants(epsilon: float) -> tuple[float, float, float, float, float]:
     """Inverse CDF of PM as F^-1(u) = -C + k1 u + k2 clamp(u - a(t), 0, m).
 
     Density is p_low on [-C, l(t)), p_high on [l(t), r(t)], p_low on (r(t), C]; the CDF reaches
@@ -203,14 +204,14 @@ class Piecewise(_PureLocal):
 
     name = "pm"
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
         low, high = _piecewise_draw_range(self.epsilon)
         v = uniform_draw(_output(t), low, high, generator)
         c = piecewise_bound(self.epsilon)
         return _piecewise_(v, t, self.epsilon, scratch(t.numel(), t.dtype, 0)).clamp_(-c, c).view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         return piecewise_variance(self._input(x), self.epsilon).view(x.shape)
 
 
@@ -224,7 +225,7 @@ class Hybrid(_PureLocal):
 
     name = "hm"
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
         bound = duchi_bound(self.epsilon)
         k = _duchi_slope(self.epsilon)
@@ -246,7 +247,7 @@ class Hybrid(_PureLocal):
         # -C - (B + C)(-1) = B and C - (B + C) = -B
         return z.add_(branch, alpha=-(bound + c)).clamp_(-c, c).view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         t = self._input(x)
         beta = hybrid_pm_probability(self.epsilon)
         # Both branches are unbiased, so the mixture's variance is the mixture of variances.
@@ -263,16 +264,16 @@ class LDPFL(Mechanism):
 
     name = "ldp-fl"
 
-    def __init__(self, epsilon, center=0.0, radius=1.0):
+    def __init__(self, epsilon: float, center: float = 0.0, radius: float = 1.0) -> None:
         self.epsilon = _epsilon(epsilon)
         self.center = check_finite(center, "center")
         self.radius = check_positive(radius, "radius")
 
-    def _clamped(self, x):
+    def _clamped(self, x: torch.Tensor) -> torch.Tensor:
         w = check_tensor(x)
         return w.clamp(self.center - self.radius, self.center + self.radius)
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         w = check_tensor(x)
         c, r = self.center, self.radius
         shifted = scratch(w.numel(), w.dtype, 0)
@@ -287,7 +288,7 @@ class LDPFL(Mechanism):
         bound = r * duchi_bound(self.epsilon)
         return _duchi_(y, c - bound, c + bound).view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         w = self._clamped(x)
         return ((self.radius * duchi_bound(self.epsilon)) ** 2 - (w - self.center) ** 2).view(x.shape)
 
@@ -303,13 +304,13 @@ class LDPFL(Mechanism):
             "a tensor of d weights costs d*eps",
         )
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon, "center": self.center, "radius": self.radius}
 
 
 class PNPM(Mechanism):
-    """Positive and Negative Piecewise Mechanism (seed paper 004, Algorithm 2), applied as
-    w <- |w| * PNPM(w / |w|) (Algorithm 1, line 20).
+    """Positive and Negative Piecewise Mechanism (the PNPM paper's Algorithm 2, see
+    docs/MECHANISMS.md), applied as w <- |w| * PNPM(w / |w|) (its Algorithm 1, line 20).
 
     t = sign(w); t* is uniform on the same-sign interval ([1, C] for t = 1) w.p. e/(e+1), else on
     the opposite one; C = (e+3)/(e-1). Unbiased; Var = w^2 * 4(e + 1/3)/(e-1)^2.
@@ -319,10 +320,10 @@ class PNPM(Mechanism):
 
     name = "pnpm"
 
-    def __init__(self, epsilon):
+    def __init__(self, epsilon: float) -> None:
         self.epsilon = _epsilon(epsilon)
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         w = check_tensor(x)
         e = math.exp(self.epsilon)
         c = pnpm_bound(self.epsilon)
@@ -340,7 +341,7 @@ class PNPM(Mechanism):
         torch.add(jump, s, alpha=k_keep, out=s)
         return s.mul_(w).view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         w = check_tensor(x)
         return (w * w * pnpm_t_variance(self.epsilon)).view(x.shape)
 
@@ -356,7 +357,7 @@ class PNPM(Mechanism):
             "there is no finite eps for the weight's value",
         )
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon}
 
 
@@ -370,7 +371,7 @@ class Laplace(_PureLocal):
     name = "laplace"
     domain = "[-1, 1]"
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
         out = _output(t)
         for lo, hi in _blocks(t.numel()):
@@ -384,7 +385,7 @@ class Laplace(_PureLocal):
             out[lo:hi].copy_(g)  # the sum in float64, rounded once into the output
         return out.view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         t = self._input(x)
         return torch.full_like(t, 8.0 / self.epsilon**2).view(x.shape)
 
@@ -397,7 +398,7 @@ class Exponential(_PureLocal):
 
     name = "exponential"
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
         b = 4.0 / self.epsilon
         c = math.exp(-1.0 / b)
@@ -419,11 +420,12 @@ class Exponential(_PureLocal):
             out[lo:hi].copy_(distance)
         return out.view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         t = self._input(x).to(torch.float64)
         b = 4.0 / self.epsilon
 
-        def moments(length):  # integrals of s^k exp(-s/b) over [0, length], k = 0, 1, 2
+        def moments(length: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            """Integrals of s^k exp(-s/b) over [0, length], k = 0, 1, 2."""
             g = torch.exp(-length / b)
             l_b = length / b
             return (b * (1 - g), b**2 * (1 - g * (1 + l_b)), b**3 * (2 - g * (l_b * l_b + 2 * l_b + 2)))
@@ -443,7 +445,7 @@ class RandomizedResponse(Mechanism):
 
     name = "rr"
 
-    def __init__(self, epsilon, k=2):
+    def __init__(self, epsilon: float, k: int = 2) -> None:
         self.epsilon = _epsilon(epsilon)
         if isinstance(k, bool) or not isinstance(k, int) or k < 2:
             raise ValueError(f"k must be an integer >= 2, got {k!r}")
@@ -453,7 +455,7 @@ class RandomizedResponse(Mechanism):
         e = math.exp(self.epsilon)
         return e / (e + self.k - 1)
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         v = check_tensor(x, low=0.0, high=float(self.k - 1))
         k = self.k
         frac = torch.frac(v, out=scratch(v.numel(), v.dtype, 0))
@@ -472,7 +474,7 @@ class RandomizedResponse(Mechanism):
         wraps = torch.div(shift, k, out=frac).floor_()
         return shift.add_(wraps, alpha=-k).view(x.shape)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         v = check_tensor(x, low=0.0, high=float(self.k - 1)).to(torch.float64)
         keep = self.keep_probability()
         other = (1.0 - keep) / (self.k - 1)
@@ -493,5 +495,5 @@ class RandomizedResponse(Mechanism):
             f"0..{self.k - 1}; a tensor of d coordinates costs d*eps",
         )
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon, "k": self.k}

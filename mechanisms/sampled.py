@@ -13,9 +13,9 @@ import math
 import torch
 
 from .base import Guarantee, Mechanism, check_tensor
-from .local import Duchi, Hybrid, Piecewise, _epsilon
+from .local import Duchi, Hybrid, Piecewise, _epsilon, _PureLocal
 
-BASES = {"duchi": Duchi, "pm": Piecewise, "hm": Hybrid}
+BASES: dict[str, type[_PureLocal]] = {"duchi": Duchi, "pm": Piecewise, "hm": Hybrid}
 # Above this many samples one randperm is cheaper than Floyd's loop of scalar draws.
 _FLOYD_LIMIT = 4096
 
@@ -42,7 +42,7 @@ def sample_without_replacement(d: int, k: int, generator: torch.Generator | None
 class Sampled(Mechanism):
     name = "sampled"
 
-    def __init__(self, base, epsilon, clip: bool = False):
+    def __init__(self, base: str, epsilon: float, clip: bool = False) -> None:
         if base not in BASES:
             raise ValueError(f"base must be one of {sorted(BASES)}, got {base!r}")
         self.base = base
@@ -54,7 +54,7 @@ class Sampled(Mechanism):
     def base_mechanism(self, d: int) -> Mechanism:
         return BASES[self.base](self.epsilon / sample_count(self.epsilon, d), clip=self.clip)
 
-    def perturb(self, x, *, generator=None):
+    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = check_tensor(x, low=-1.0, high=1.0, clip=self.clip)
         d = t.numel()
         out = torch.zeros_like(t)
@@ -65,11 +65,11 @@ class Sampled(Mechanism):
         out[idx] = self.base_mechanism(d).perturb(t[idx], generator=generator).mul_(d / k)
         return out.view(x.shape)
 
-    def perturb_independent(self, x, *, generator=None):
+    def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Each element as a one-coordinate tensor: k = 1, the base mechanism at the full eps."""
         return self.base_mechanism(1).perturb(x, generator=generator)
 
-    def variance(self, x):
+    def variance(self, x: torch.Tensor) -> torch.Tensor:
         t = check_tensor(x, low=-1.0, high=1.0, clip=self.clip)
         d = max(t.numel(), 1)
         k = sample_count(self.epsilon, d)
@@ -88,5 +88,5 @@ class Sampled(Mechanism):
             f"eps={self.epsilon:g}-LDP (k of d coordinates at eps/k, the rest 0)",
         )
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, object]:
         return {"name": self.name, "base": self.base, "epsilon": self.epsilon, "clip": self.clip}

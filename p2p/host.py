@@ -22,12 +22,14 @@ from dataclasses import dataclass
 import multiaddr
 import trio
 from libp2p import new_host
+from libp2p.abc import IHost, INetStream, ISecureTransport, ISubscriptionAPI
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -116,7 +118,16 @@ class _ProviderFailed(Exception):
 class SwarmHost:
     """A running host. Create it with `open_host`; do not construct directly."""
 
-    def __init__(self, config: HostConfig, store: BlobStore, allowed, libp2p_host, pubsub, gossipsub, nursery):
+    def __init__(
+        self,
+        config: HostConfig,
+        store: BlobStore,
+        allowed: Callable[[str], bool] | None,
+        libp2p_host: IHost,
+        pubsub: Pubsub,
+        gossipsub: GossipSub,
+        nursery: trio.Nursery,
+    ) -> None:
         self.config = config
         self.store = store
         self._allowed = allowed or (lambda _peer_id: True)
@@ -157,10 +168,6 @@ class SwarmHost:
 
     def connected_peers(self) -> list[str]:
         return [p.to_base58() for p in self.libp2p_host.get_connected_peers()]
-
-    def topic_peers(self) -> list[str]:
-        """Peers known to be subscribed to the topic (directly connected)."""
-        return [p.to_base58() for p in self._pubsub.peer_topics.get(self.config.topic, ())]
 
     def mesh_peers(self) -> list[str]:
         return [p.to_base58() for p in self._gossipsub.mesh.get(self.config.topic, ())]
@@ -247,7 +254,7 @@ class SwarmHost:
                 log.debug("hello publish failed: %s", exc)
             await trio.sleep(self.config.hello_interval)
 
-    def _validate_gossip(self, _forwarder: ID, msg) -> bool:
+    def _validate_gossip(self, _forwarder: ID, msg: rpc_pb2.Message) -> bool:
         """Topic validator: accept only small messages whose signed source is us or an allowed peer."""
         if len(msg.data) > self.config.max_announcement_size + 4096:
             return False
@@ -257,7 +264,7 @@ class SwarmHost:
             return False
         return source == self.libp2p_host.get_id() or self.allowed(source.to_base58())
 
-    async def _read_gossip(self, subscription) -> None:
+    async def _read_gossip(self, subscription: ISubscriptionAPI) -> None:
         """Deliver topic messages. Waits for messages without a deadline on purpose (silence is normal);
         the loop ends when the host's nursery is cancelled at close."""
         me = self.libp2p_host.get_id()
@@ -322,7 +329,7 @@ class SwarmHost:
         return list(self._providers.get(check_digest(digest), {}))
 
     # ---- serving blobs ----------------------------------------------------------------------
-    async def _serve_blob_stream(self, stream) -> None:
+    async def _serve_blob_stream(self, stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id.to_base58()
         timeout = self.config.request_timeout
         try:
@@ -458,7 +465,7 @@ class SwarmHost:
         except Exception:
             raise _ProviderFailed("malformed peer id") from None
         await self._ensure_connected(peer_id)
-        stream = None
+        stream: INetStream | None = None
         try:
             with trio.fail_after(timeout):
                 stream = await self.libp2p_host.new_stream(peer_id, [TProtocol(wire.BLOB_PROTOCOL)])
@@ -503,7 +510,7 @@ class SwarmHost:
                         await stream.close()
 
 
-def _security_options(key_pair: KeyPair) -> dict:
+def _security_options(key_pair: KeyPair) -> dict[TProtocol, ISecureTransport]:
     """Noise only: py-libp2p's defaults also offer plaintext, which a swarm must never accept."""
     return {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)}
 
@@ -525,7 +532,8 @@ async def open_host(
         degree=6,
         degree_low=4,
         degree_high=12,
-        heartbeat_interval=config.gossip_heartbeat,
+        # py-libp2p 0.8.1 annotates int, but only sleeps on it (trio.sleep takes float seconds).
+        heartbeat_interval=config.gossip_heartbeat,  # type: ignore[arg-type]
         # All test peers share 127.0.0.1: the IP-diversity guard would keep the mesh empty there.
         eclipse_protection_enabled=False,
         max_messages_per_topic_per_second=config.max_announcements_per_second,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -27,7 +28,7 @@ def _derive_key(password: bytes, salt: bytes, n: int, r: int, p: int) -> bytes:
     return Scrypt(salt=salt, length=32, n=n, r=r, p=p).derive(password)
 
 
-def _seal(seed: bytes, password: bytes) -> dict:
+def _seal(seed: bytes, password: bytes) -> dict[str, object]:
     salt, nonce = os.urandom(16), os.urandom(12)
     key = _derive_key(password, salt, _SCRYPT_N, _SCRYPT_R, _SCRYPT_P)
     ciphertext = AESGCM(key).encrypt(nonce, seed, FORMAT.encode())
@@ -39,7 +40,8 @@ def _seal(seed: bytes, password: bytes) -> dict:
     }
 
 
-def _open(record: dict, password: bytes, path: Path) -> bytes:
+def _open(record: dict[str, Any], password: bytes, path: Path) -> bytes:
+    """The seed sealed in `record` (parsed JSON of unchecked shape: every field is validated here)."""
     try:
         if record["format"] != FORMAT:
             raise IdentityError(f"key file {path} has format {record['format']!r}, expected {FORMAT!r}")
@@ -54,7 +56,7 @@ def _open(record: dict, password: bytes, path: Path) -> bytes:
         raise IdentityError(f"key file {path} is malformed: {exc}") from None
 
 
-def _write_new(path: Path, record: dict) -> None:
+def _write_new(path: Path, record: dict[str, object]) -> None:
     """Create the file with mode 0600 from the start (never world-readable, even briefly), atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -70,10 +72,11 @@ def _write_new(path: Path, record: dict) -> None:
         raise
 
 
-def load_or_create_identity(path: str | os.PathLike, password: bytes) -> KeyPair:
+def load_or_create_identity(path: str | os.PathLike[str], password: bytes | str) -> KeyPair:
     """Return the Ed25519 key pair stored at `path`, creating it (mode 0600) on first run.
 
-    Raises ValueError for an empty password, IdentityError for a wrong password or a bad file.
+    A str password is UTF-8 encoded. Raises ValueError for an empty password, IdentityError for a
+    wrong password or a bad file.
     """
     if isinstance(password, str):
         password = password.encode()

@@ -70,7 +70,7 @@ class MemoryBlobStore:
 class DiskBlobStore:
     """Blobs as files `<directory>/<first 2 hex>/<digest>`, written atomically."""
 
-    def __init__(self, directory: str | os.PathLike) -> None:
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()

@@ -1,7 +1,7 @@
 """Wire formats: the `/swarm/blob/1.0.0` frames and the gossip envelope.
 
-Blob protocol (one stream per blob; every message is a frame `u32 big-endian length || body`, because a
-py-libp2p reader waiting for EOF after the writer's close() hangs, see PLATFORM.md):
+Blob protocol (one stream per blob; every message is a frame `u32 big-endian length || body`, because in
+py-libp2p a reader waiting for EOF after the writer's close() hangs; see docs/P2P.md):
 
     client -> server  OPEN  b"O" || digest(32)          server -> client  SIZE  b"S" || u64 size
                       READ  b"R" || u64 offset || u32 length             DATA  b"D" || bytes
@@ -17,6 +17,7 @@ Kinds: b"A" application payload, b"H" "I hold digest(32)", b"P" hello (addresses
 from __future__ import annotations
 
 import struct
+from typing import NoReturn, Protocol
 
 BLOB_PROTOCOL = "/swarm/blob/1.0.0"
 MAX_CHUNK = 1 << 20  # 1 MiB: chunks stay well below the 8 MB single-message failures seen in py-libp2p
@@ -37,9 +38,22 @@ class StreamEnded(Exception):
     """The peer closed or reset the stream, or the connection went away."""
 
 
-async def read_exactly(stream, n: int) -> bytes:
+class ByteReader(Protocol):
+    """What the frame reader needs of a stream (a py-libp2p `INetStream` is one)."""
+
+    async def read(self, n: int, /) -> bytes: ...
+
+
+class ByteWriter(Protocol):
+    """What the frame writer needs of a stream (a py-libp2p `INetStream` is one)."""
+
+    async def write(self, data: bytes, /) -> None: ...
+
+
+async def read_exactly(stream: ByteReader, n: int) -> bytes:
     """Read exactly n bytes; callers bound the wait with trio.fail_after / move_on_after."""
-    parts, got = [], 0
+    parts: list[bytes] = []
+    got = 0
     while got < n:
         try:
             part = await stream.read(n - got)
@@ -52,14 +66,16 @@ async def read_exactly(stream, n: int) -> bytes:
     return b"".join(parts)
 
 
-async def read_frame(stream, max_frame: int = MAX_FRAME) -> bytes:
+async def read_frame(stream: ByteReader, max_frame: int = MAX_FRAME) -> bytes:
+    """Read one frame's body; WireError if its declared length exceeds `max_frame`."""
     (length,) = _FRAME_HEADER.unpack(await read_exactly(stream, _FRAME_HEADER.size))
     if length > max_frame:
         raise WireError(f"frame of {length} bytes exceeds the limit of {max_frame}")
     return await read_exactly(stream, length)
 
 
-async def write_frame(stream, body: bytes) -> None:
+async def write_frame(stream: ByteWriter, body: bytes) -> None:
+    """Write `body` as one frame; StreamEnded if the stream is gone."""
     try:
         await stream.write(_FRAME_HEADER.pack(len(body)) + body)
     except Exception as exc:
@@ -96,7 +112,7 @@ def parse_size(body: bytes) -> int:
     raise_status(body, "SIZE")
 
 
-def raise_status(body: bytes, expected: str):
+def raise_status(body: bytes, expected: str) -> NoReturn:
     """Turn a NOT_FOUND / REFUSED / ERROR answer (or garbage) into WireError with the peer's reason."""
     reason = body[1:200].decode("utf-8", "replace")
     kind = {NOT_FOUND: "not found", REFUSED: "refused", ERROR: "error"}.get(body[:1])
