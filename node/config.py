@@ -12,8 +12,10 @@ import math
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
@@ -120,13 +122,13 @@ class Config:
     p2p: P2PConfig
     output: OutputConfig
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def to_toml(self) -> str:
         """TOML text that `load_config` reads back to an equal Config (None values are left out)."""
 
-        def drop_none(d):
+        def drop_none(d: Mapping[str, Any]) -> dict[str, Any]:
             return {k: drop_none(v) if isinstance(v, dict) else v for k, v in d.items() if v is not None}
 
         return tomli_w.dumps(drop_none(self.to_dict()))
@@ -164,7 +166,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return config
 
 
-def _merge(base: dict, user: dict, *, source: str) -> None:
+def _merge(base: dict[str, Any], user: Mapping[str, Any], *, source: str) -> None:
     sections = _section_types()
     for section, values in user.items():
         if section not in sections:
@@ -178,12 +180,12 @@ def _merge(base: dict, user: dict, *, source: str) -> None:
             base.setdefault(section, {})[key] = value
 
 
-def _build(merged: dict) -> Config:
-    sections = {}
+def _build(merged: Mapping[str, Any]) -> Config:
+    sections: dict[str, Any] = {}
     for section, cls in _section_types().items():
         values = merged.get(section, {})
         hints = typing.get_type_hints(cls)
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name in values:
                 kwargs[f.name] = _coerce(values[f.name], hints[f.name], f"{section}.{f.name}")
@@ -193,7 +195,7 @@ def _build(merged: dict) -> Config:
     return Config(**sections)
 
 
-def _coerce(value, hint, where: str):
+def _coerce(value: Any, hint: Any, where: str) -> Any:
     """Check a TOML value against a field type (ints are accepted for floats)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
@@ -230,7 +232,7 @@ def _coerce(value, hint, where: str):
     raise ConfigError(f"{where}: unsupported field type {hint!r}")
 
 
-def _parse_text(text: str, hint, where: str):
+def _parse_text(text: str, hint: Any, where: str) -> Any:
     """An override's text as a value of the field's type: TOML syntax, or a bare string."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType) and text.strip().lower() in ("none", "null", ""):
@@ -326,6 +328,6 @@ def quorum(c: Config) -> int:
     return c.chain.min_peers or max(1, (2 * c.swarm.peers + 2) // 3)
 
 
-def _get(c: Config, dotted: str):
+def _get(c: Config, dotted: str) -> Any:
     section, key = dotted.split(".")
     return getattr(getattr(c, section), key)

@@ -7,6 +7,7 @@ import torch
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
+from node.config import Config
 from node.learning.data import dataset_meta, load_dataset
 from node.learning.models import build_model, init_model
 from node.learning.partition import partition as split
@@ -15,10 +16,10 @@ from node.protocol.blob import flatten
 from node.protocol.settings import DPSGDConfig, PeerSettings, SharedSettings
 
 
-def mechanism_params(config) -> dict:
+def mechanism_params(config: Config) -> dict[str, object]:
     """The parameters the peer commits on chain (canonical JSON) and rebuilds its mechanism from."""
 
-    extra = dict(config.privacy.params or {})
+    extra: dict[str, object] = dict(config.privacy.params or {})
     name = config.privacy.mechanism
     if name == "none":
         raise ValueError(
@@ -41,7 +42,7 @@ def mechanism_params(config) -> dict:
     return mechanism.params()
 
 
-def shared_settings(config) -> SharedSettings:
+def shared_settings(config: Config) -> SharedSettings:
     meta = dataset_meta(config.data.dataset)
     model = config.model_name
     return SharedSettings(
@@ -57,20 +58,20 @@ def shared_settings(config) -> SharedSettings:
     )
 
 
-def genesis(config) -> bytes:
+def genesis(config: Config) -> bytes:
     sh = shared_settings(config)
     model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
     vector, _ = flatten(model)
     return wire.genesis_blob(vector, sh.to_dict())
 
 
-def num_params(config) -> int:
+def num_params(config: Config) -> int:
     sh = shared_settings(config)
     model = build_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes)
     return sum(p.numel() for p in model.state_dict().values())
 
 
-def eps_cap_micro(config) -> int:
+def eps_cap_micro(config: Config) -> int:
     """The swarm's per-peer cap. 0 in the config means: exactly what `rounds` rounds of the
     configured mechanism spend, so the demo never silently stops a peer."""
 
@@ -80,7 +81,7 @@ def eps_cap_micro(config) -> int:
     return wire.eps_to_micro(spend.epsilon)
 
 
-def peer_settings(config, *, fault: str | None = None):
+def peer_settings(config: Config, *, fault: str | None = None) -> PeerSettings:
     t = config.train
     dp = None
     if t.dp_sgd:
@@ -100,7 +101,9 @@ def peer_settings(config, *, fault: str | None = None):
     )
 
 
-def load_shard(config, partition: tuple[int, int] | None):
+def load_shard(
+    config: Config, partition: tuple[int, int] | None
+) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """This peer's training shard and the shared test set."""
 
     d = config.data

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 
 class MetricsWriter:
     """Append records to a JSONL file. Use as a context manager, or call `close()`."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", encoding="utf-8")
 
-    def write(self, record: dict) -> None:
+    def write(self, record: Mapping[str, Any]) -> None:
         if self._file.closed:
             raise ValueError(f"metrics file {self.path} is closed")
         # allow_nan=False: NaN/inf are not JSON; a record holding one is a bug to surface now.
@@ -32,15 +34,15 @@ class MetricsWriter:
     def __enter__(self) -> MetricsWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def read_metrics(path: str | Path) -> list[dict]:
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Every record of a metrics file. A last line cut short by a crash is ignored; a bad line
     anywhere else is an error naming its line number."""
     lines = Path(path).read_text(encoding="utf-8").split("\n")
-    records = []
+    records: list[dict[str, Any]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue

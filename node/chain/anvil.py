@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from eth_account import Account
 
@@ -67,7 +68,8 @@ def find_anvil() -> str:
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def dev_private_keys(n: int) -> list[str]:
@@ -80,7 +82,9 @@ def dev_private_keys(n: int) -> list[str]:
 class Anvil:
     """A running Anvil child process. Use as a context manager or call `stop()`."""
 
-    def __init__(self, process: subprocess.Popen, port: int, chain_id: int, accounts: int, log_path: Path):
+    def __init__(
+        self, process: subprocess.Popen[bytes], port: int, chain_id: int, accounts: int, log_path: Path
+    ) -> None:
         self.process = process
         self.port = port
         self.chain_id = chain_id
@@ -96,7 +100,7 @@ class Anvil:
             self._keys = dev_private_keys(self._accounts)
         return self._keys
 
-    def rpc(self, method: str, params: list | None = None, timeout: float = 10.0):
+    def rpc(self, method: str, params: list[Any] | None = None, timeout: float = 10.0) -> Any:
         """One JSON-RPC call; raises AnvilError on an error answer."""
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or []}).encode()
         request = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
@@ -116,7 +120,7 @@ class Anvil:
     def block_number(self) -> int:
         return int(self.rpc("eth_blockNumber"), 16)
 
-    def dump_state(self, path: str | os.PathLike) -> Path:
+    def dump_state(self, path: str | os.PathLike[str]) -> Path:
         """Write the chain state (anvil_dumpState) as JSON that `start_anvil(load_state=path)` reloads."""
         raw = bytes.fromhex(self.rpc("anvil_dumpState", timeout=60.0)[2:])
         state = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
@@ -144,7 +148,7 @@ class Anvil:
     def __enter__(self) -> Anvil:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
@@ -153,7 +157,7 @@ def start_anvil(
     port: int | None = None,
     chain_id: int = 31337,
     block_time: float | None = None,
-    load_state: str | os.PathLike | None = None,
+    load_state: str | os.PathLike[str] | None = None,
     accounts: int = 10,
     timeout: float = START_TIMEOUT_S,
     mixed_mining: bool = False,

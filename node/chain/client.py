@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import resources
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from eth_account.signers.local import LocalAccount
 from web3 import HTTPProvider, Web3
+from web3.types import EventData, TxReceipt
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError
@@ -46,11 +48,12 @@ T = TypeVar("T")
 
 
 @lru_cache(maxsize=1)
-def load_artifact() -> dict:
+def load_artifact() -> dict[str, Any]:
     """The compiled contract (ABI, bytecode, compiler settings, source hash) shipped inside the package."""
     path = resources.files("node.chain") / "artifacts" / ARTIFACT_NAME
     try:
-        return json.loads(path.read_text())
+        artifact: dict[str, Any] = json.loads(path.read_text())
+        return artifact
     except OSError as exc:
         raise LedgerError(f"contract artifact missing ({path}): run python scripts/compile_contracts.py") from exc
 
@@ -68,7 +71,9 @@ def connect(rpc_url: str, *, timeout: float = 10.0) -> Web3:
 class LedgerClient:
     """One SwarmLedger deployment. `account` None gives a read-only client."""
 
-    def __init__(self, w3, address: str, account=None, *, tx_timeout: float = DEFAULT_TX_TIMEOUT_S):
+    def __init__(
+        self, w3: Web3, address: str, account: LocalAccount | None = None, *, tx_timeout: float = DEFAULT_TX_TIMEOUT_S
+    ) -> None:
         artifact = load_artifact()
         self.w3 = w3
         self.address = Web3.to_checksum_address(address)
@@ -89,8 +94,8 @@ class LedgerClient:
     @classmethod
     def deploy(
         cls,
-        w3,
-        account,
+        w3: Web3,
+        account: LocalAccount,
         *,
         min_peers: int,
         commit_window: int,
@@ -127,42 +132,45 @@ class LedgerClient:
         )
         sender = TransactionSender(w3, account, RevertDecoder(artifact["abi"]), tx_timeout)
         receipt = sender.send(constructor, "deploy")
-        client = cls(w3, receipt["contractAddress"], account, tx_timeout=tx_timeout)
+        address = receipt["contractAddress"]
+        if address is None:
+            raise LedgerError(f"deploy: receipt 0x{bytes(receipt['transactionHash']).hex()} holds no contract address")
+        client = cls(w3, address, account, tx_timeout=tx_timeout)
         client._tx = sender  # keeps its nonce count
         client.gas_used["deploy"] = receipt["gasUsed"]
         return client
 
     # ---------------------------------------------------------------- transactions
 
-    def register(self, peer_id: bytes):
+    def register(self, peer_id: bytes) -> TxReceipt:
         """Register this account with its libp2p peer id bytes."""
         return self._transact("register", bytes(peer_id))
 
-    def commit(self, round: int, digest: bytes, num_samples: int, eps_micro: int, mechanism: bytes):
+    def commit(self, round: int, digest: bytes, num_samples: int, eps_micro: int, mechanism: bytes) -> TxReceipt:
         """Commit the digest of this round's published update and the cumulative eps after it."""
         return self._transact("commit", round, bytes(digest), num_samples, eps_micro, bytes(mechanism))
 
-    def close_round(self, round: int):
+    def close_round(self, round: int) -> TxReceipt:
         """Close the round (anyone) once its window has passed with quorum."""
         return self._transact("closeRound", round)
 
-    def attest(self, round: int, aggregate_digest: bytes, included: bytes):
+    def attest(self, round: int, aggregate_digest: bytes, included: bytes) -> TxReceipt:
         """Attest the aggregate computed for a closed round and the bitmap of included blobs."""
         return self._transact("attest", round, bytes(aggregate_digest), bytes(included))
 
-    def abort_round(self, round: int):
+    def abort_round(self, round: int) -> TxReceipt:
         """Abort a closed round whose attestation window passed without a majority (anyone)."""
         return self._transact("abortRound", round)
 
-    def allow(self, accounts: list[str]):
+    def allow(self, accounts: list[str]) -> TxReceipt:
         """Deployer only: add accounts to the allowlist."""
         return self._transact("allow", [Web3.to_checksum_address(a) for a in accounts])
 
-    def disallow(self, account: str):
+    def disallow(self, account: str) -> TxReceipt:
         """Deployer only: remove an account from the allowlist (it can no longer commit)."""
         return self._transact("disallow", Web3.to_checksum_address(account))
 
-    def _transact(self, fn_name: str, *args):
+    def _transact(self, fn_name: str, *args: Any) -> TxReceipt:
         if self._tx is None:
             raise LedgerError("this client is read-only (no account): it cannot send transactions")
         receipt = self._tx.send(getattr(self.contract.functions, fn_name)(*args), fn_name)
@@ -174,7 +182,7 @@ class LedgerClient:
     def _read(self, call: Callable[[], T], what: str) -> T:
         return with_retries(call, what=what)
 
-    def _view(self, fn_name: str, *args):
+    def _view(self, fn_name: str, *args: Any) -> Any:
         fn = getattr(self.contract.functions, fn_name)(*args)
         try:
             return self._read(fn.call, fn_name)
@@ -229,13 +237,13 @@ class LedgerClient:
         found = sorted(
             (
                 Commitment(
-                    e.args.peer,
-                    e.args.index,
-                    bytes(e.args.digest),
-                    e.args.numSamples,
-                    e.args.epsMicro,
-                    bytes(e.args.mechanism),
-                    e.blockNumber,
+                    e["args"]["peer"],
+                    e["args"]["index"],
+                    bytes(e["args"]["digest"]),
+                    e["args"]["numSamples"],
+                    e["args"]["epsMicro"],
+                    bytes(e["args"]["mechanism"]),
+                    e["blockNumber"],
                 )
                 for e in logs
             ),
@@ -253,7 +261,13 @@ class LedgerClient:
         to_block = info.ended_block or self.block_number()
         logs = self._logs("Attested", info.closed_block, to_block, {"round": round})
         return [
-            Attestation(e.args.peer, bytes(e.args.aggregateDigest), bytes(e.args.included), e.args.votes, e.blockNumber)
+            Attestation(
+                e["args"]["peer"],
+                bytes(e["args"]["aggregateDigest"]),
+                bytes(e["args"]["included"]),
+                e["args"]["votes"],
+                e["blockNumber"],
+            )
             for e in logs
         ]
 
@@ -284,29 +298,26 @@ class LedgerClient:
     def registered_peers(self) -> list[tuple[str, bytes]]:
         """(address, peer id) of every registration, in order (from the Registered events)."""
         logs = self._logs("Registered", self.params().deploy_block, self.block_number(), None)
-        return [(e.args.peer, bytes(e.args.peerId)) for e in logs]
+        return [(e["args"]["peer"], bytes(e["args"]["peerId"])) for e in logs]
 
-    def _logs(self, event: str, from_block: int, to_block: int, filters: dict | None) -> list:
-        found = []
+    def _logs(self, event: str, from_block: int, to_block: int, filters: dict[str, Any] | None) -> list[EventData]:
+        found: list[EventData] = []
         for start in range(from_block, to_block + 1, LOG_CHUNK_BLOCKS):
             end = min(to_block, start + LOG_CHUNK_BLOCKS - 1)
             getter = getattr(self.contract.events, event).get_logs
             found += self._read(
-                lambda getter=getter, start=start, end=end: getter(
-                    argument_filters=filters, from_block=start, to_block=end
-                ),
-                f"get_logs {event}",
+                partial(getter, argument_filters=filters, from_block=start, to_block=end), f"get_logs {event}"
             )
-        return sorted(found, key=lambda e: (e.blockNumber, e.logIndex))
+        return sorted(found, key=lambda e: (e["blockNumber"], e["logIndex"]))
 
     # ---------------------------------------------------------------- snapshot
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """Everything a verifier needs, JSON-able: parameters, every round with its commitments
         (mechanism and what it protects), attestations and outcome, and every peer's eps."""
         p = self.params()
         current = self.current_round()
-        rounds = []
+        rounds: list[dict[str, Any]] = []
         for r in range(1, current + 1):
             info = self.round_info(r)
             rounds.append(

@@ -15,8 +15,8 @@ from node.chain.records import RoundState
 class RevertDecoder:
     """Maps 4-byte selectors of the ABI's custom errors to LedgerError subclasses."""
 
-    def __init__(self, abi: list[dict]):
-        self._by_selector = {}
+    def __init__(self, abi: list[dict[str, Any]]) -> None:
+        self._by_selector: dict[bytes, tuple[str, list[str], list[str]]] = {}
         for item in abi:
             if item["type"] != "error":
                 continue
@@ -34,7 +34,7 @@ class RevertDecoder:
             return None
         name, types, names = self._by_selector[bytes(data[:4])]
         values = abi_decode(types, bytes(data[4:]))
-        fields = {
+        fields: dict[str, Any] = {
             n: to_checksum_address(v) if t == "address" else _hex_field(v) for n, t, v in zip(names, types, values)
         }
         if "state" in fields:

@@ -9,7 +9,7 @@ from typing import Any
 class LedgerError(Exception):
     """A ledger operation failed. Contract refusals are subclasses named after the custom error."""
 
-    def __init__(self, message: str, **fields: Any):
+    def __init__(self, message: str, **fields: Any) -> None:
         super().__init__(message)
         self.fields = fields
 
@@ -31,7 +31,7 @@ class ContractRefusal(LedgerError):
 
     template = "{name}"
 
-    def __init__(self, **fields: Any):
+    def __init__(self, **fields: Any) -> None:
         super().__init__(self.template.format(**fields), **fields)
 
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from eth_account import Account
+from eth_account.signers.local import LocalAccount
 
 PRIVATE_KEY_ENV = "SWARM_PRIVATE_KEY"
 PASSWORD_ENV = "SWARM_KEYSTORE_PASSWORD"
@@ -36,8 +37,8 @@ def _password(confirm: bool) -> str:
     return first
 
 
-def load_account(keystore_path: str | os.PathLike | None = None, *, create: bool = False):
-    """Return an eth_account LocalAccount.
+def load_account(keystore_path: str | os.PathLike[str] | None = None, *, create: bool = False) -> LocalAccount:
+    """The node's account.
 
     keystore_path defaults to ~/.swarm/keystore.json. With create=True a missing keystore is
     created with a fresh random key (its address is printed by the caller, not the key).
@@ -64,7 +65,7 @@ def load_account(keystore_path: str | os.PathLike | None = None, *, create: bool
         raise AccountLoadError(f"wrong password for keystore {path} (or the file is corrupt)") from None
 
 
-def create_keystore(path: str | os.PathLike, password: str):
+def create_keystore(path: str | os.PathLike[str], password: str) -> LocalAccount:
     """Write a new random account to an encrypted keystore file with mode 0600; return it."""
 
     if not password:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from node.protocol.wire import eps_from_micro
 
@@ -76,14 +77,14 @@ class Attestation:
 
 
 # Which part of the shared update a mechanism's eps bounds, when its JSON does not say.
-# PRIVACY.md: PNPM's density ratio holds between the two signs only; |w| is released exactly.
+# PNPM's density ratio holds between the two signs only; |w| is released exactly (docs/MECHANISMS.md).
 PROTECTS_BY_NAME = {"pnpm": "sign only (no eps for the values)"}
 # The mechanisms package's own vocabulary (Guarantee.protects), spelled out.
 PROTECTS_WORDS = {"sign": PROTECTS_BY_NAME["pnpm"], "value": "the values"}
 UNKNOWN_PROTECTS = "not stated by the mechanism"
 
 
-def describe_mechanism(raw: bytes) -> dict:
+def describe_mechanism(raw: bytes) -> dict[str, Any]:
     """Parse committed mechanism bytes: {"name", "protects", "params"}, tolerant of anything.
 
     "protects" comes from the JSON's own "protects" field if present, else from the known names

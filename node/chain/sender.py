@@ -7,8 +7,15 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import TypeAlias
 
+from eth_account.datastructures import SignedTransaction
+from eth_account.signers.local import LocalAccount
+from hexbytes import HexBytes
+from web3 import Web3
+from web3.contract.contract import ContractConstructor, ContractFunction
 from web3.exceptions import TimeExhausted
+from web3.types import Nonce, TxReceipt
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, LedgerTimeout, TransactionFailed
@@ -17,11 +24,14 @@ from node.chain.retries import BACKOFF_S, RETRIES, is_transient, with_retries
 GAS_MARGIN = 1.25  # multiply estimates: Anvil's deployment estimate came out 2% short
 GAS_PAD = 20_000  # plus a constant, for small transactions whose estimate is tight
 
+# What `send` sends: a bound contract function call, or a deployment.
+ContractCall: TypeAlias = ContractFunction | ContractConstructor
+
 
 class TransactionSender:
     """Signs and sends one account's transactions: nonce tracking, gas margin, receipt wait."""
 
-    def __init__(self, w3, account, errors: RevertDecoder, tx_timeout: float):
+    def __init__(self, w3: Web3, account: LocalAccount, errors: RevertDecoder, tx_timeout: float) -> None:
         self.w3 = w3
         self.account = account
         self.errors = errors
@@ -32,7 +42,7 @@ class TransactionSender:
     def _refusal(self, exc: Exception) -> LedgerError | None:
         return self.errors.from_exception(exc)
 
-    def _estimate(self, fn, label: str) -> int:
+    def _estimate(self, fn: ContractCall, label: str) -> int:
         """Estimate on the "pending" block, whose block.number is the one the transaction will
         see (window checks are off by one on "latest"); nodes without it (eth-tester) get "latest"."""
         sender = self.account.address
@@ -45,7 +55,7 @@ class TransactionSender:
                 raise
         return with_retries(lambda: fn.estimate_gas({"from": sender}), what=f"estimate {label}")
 
-    def send(self, fn, label: str) -> dict:
+    def send(self, fn: ContractCall, label: str) -> TxReceipt:
         """Estimate (raising the contract's refusal), send with margin, await, check status."""
         sender = self.account.address
         with self._lock:
@@ -60,21 +70,23 @@ class TransactionSender:
                 raise LedgerError(f"{label}: the node refused the call: {exc}") from exc
             if self._nonce is None:
                 self._nonce = with_retries(lambda: self.w3.eth.get_transaction_count(sender, "pending"), what="nonce")
+            nonce = Nonce(self._nonce)
             tx = with_retries(
                 lambda: fn.build_transaction(
-                    {"from": sender, "nonce": self._nonce, "gas": int(estimate * GAS_MARGIN) + GAS_PAD}
+                    {"from": sender, "nonce": nonce, "gas": int(estimate * GAS_MARGIN) + GAS_PAD}
                 ),
                 what=f"build {label}",
             )
-            signed = self.account.sign_transaction(tx)
+            # web3's TxParams is the transaction dict eth_account signs; their annotations disagree.
+            signed = self.account.sign_transaction(tx)  # type: ignore[arg-type]
             tx_hash = self._send_raw(signed, label)
-            self._nonce += 1
+            self._nonce = nonce + 1
         receipt = self._wait(tx_hash, label)
         if receipt["status"] != 1:
             raise self._explain_failure(fn, receipt, label)
         return receipt
 
-    def _send_raw(self, signed, label: str):
+    def _send_raw(self, signed: SignedTransaction, label: str) -> HexBytes:
         for attempt in range(RETRIES + 1):
             try:
                 return self.w3.eth.send_raw_transaction(signed.raw_transaction)
@@ -94,7 +106,7 @@ class TransactionSender:
                 time.sleep(BACKOFF_S * 2**attempt)
         raise AssertionError("unreachable")
 
-    def _wait(self, tx_hash, label: str) -> dict:
+    def _wait(self, tx_hash: HexBytes, label: str) -> TxReceipt:
         deadline = time.monotonic() + self.tx_timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -109,16 +121,17 @@ class TransactionSender:
                     raise
                 time.sleep(BACKOFF_S)
 
-    def _explain_failure(self, fn, receipt, label: str) -> LedgerError:
+    def _explain_failure(self, fn: ContractCall, receipt: TxReceipt, label: str) -> LedgerError:
         """Status 0: replay the call on the block's resulting state to name the reason (the usual
         cause is a transaction earlier in the same block, e.g. someone else closed the round)."""
         block = receipt["blockNumber"]
-        try:
-            fn.call({"from": self.account.address}, block_identifier=block)
-        except Exception as exc:
-            refusal = self._refusal(exc)
-            if refusal:
-                return refusal
+        if isinstance(fn, ContractFunction):  # a deployment cannot be replayed as a call
+            try:
+                fn.call({"from": self.account.address}, block_identifier=block)
+            except Exception as exc:
+                refusal = self._refusal(exc)
+                if refusal:
+                    return refusal
         return TransactionFailed(
             f"{label}: transaction 0x{bytes(receipt['transactionHash']).hex()} reverted in block {block} "
             f"(gas used {receipt['gasUsed']} of the limit sent)"

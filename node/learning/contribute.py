@@ -7,9 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
+from mechanisms.base import Mechanism
 from node.learning.train import round_lr, train_local
-from node.protocol.blob import flatten, sha256, unflatten
+from node.protocol.blob import TensorSpec, flatten, sha256, unflatten
+from node.protocol.settings import PeerSettings
 
 
 @dataclass
@@ -27,21 +30,20 @@ def round_seed(seed: int, peer: str, round_number: int) -> int:
 
 
 def contribute(
-    model,
-    spec,
+    model: nn.Module,
+    spec: tuple[TensorSpec, ...],
     global_vector: torch.Tensor,
     x: torch.Tensor,
     y: torch.Tensor,
     *,
-    settings,
-    mechanism,
+    settings: PeerSettings,
+    mechanism: Mechanism | None,
     round_number: int,
     seed: int,
     fault: str | None = None,
 ) -> Contribution:
     """Train `model` (reused as scratch space) from `global_vector` on (x, y) and return the
-    perturbed shared vector. `settings` is a PeerSettings; `mechanism` a built mechanism or
-    None for a non-private baseline."""
+    perturbed shared vector. `mechanism` None is a non-private baseline."""
 
     model.load_state_dict(unflatten(global_vector, spec))
     result = train_local(
@@ -58,11 +60,9 @@ def contribute(
     local, _ = flatten(model)
     shared = local - global_vector if settings.shared.share == "update" else local
     if fault and fault.startswith("scale:"):
-        shared = shared * float(fault.split(":", 1)[1])  # testing: a byzantine peer (node/faults.py)
+        shared = shared * float(fault.split(":", 1)[1])  # testing: a byzantine peer (node/peer/faults.py)
     shared = shared.to(torch.float32)
     if mechanism is not None:
         generator = torch.Generator().manual_seed(seed ^ 0x5EED)
         shared = mechanism.perturb(shared, generator=generator).to(torch.float32)
-    return Contribution(
-        shared.contiguous(), int(result.num_samples), float(result.mean_loss), getattr(result, "dp_epsilon", None)
-    )
+    return Contribution(shared.contiguous(), int(result.num_samples), float(result.mean_loss), result.dp_epsilon)

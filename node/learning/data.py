@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import torch
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.model_selection import train_test_split
@@ -77,7 +78,7 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x.shape[1:])
 
-    def subset(self, indices) -> Dataset:
+    def subset(self, indices: npt.ArrayLike) -> Dataset:
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
         return Dataset(self.name, self.x[index], self.y[index], self.num_classes)
 
@@ -142,7 +143,7 @@ def _read_bytes(path: Path, limit_bytes: int | None = None) -> bytes:
         raise DatasetError(f"{path}: cannot read ({exc})") from exc
 
 
-def read_idx(path: str | Path, expected_magic: int, limit: int | None = None) -> np.ndarray:
+def read_idx(path: str | Path, expected_magic: int, limit: int | None = None) -> npt.NDArray[np.uint8]:
     """Read an unsigned-byte IDX file (optionally gzipped) into a uint8 array of its dims.
 
     Checks the magic number and that the file holds exactly the bytes its header declares
@@ -207,7 +208,7 @@ def _cifar_files(root: Path, split: str) -> list[Path]:
     )
 
 
-def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
+def read_cifar_batch(path: str | Path) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
     """One CIFAR-10 binary batch: records of 1 label byte + 3072 pixel bytes (R, G, B planes)."""
     path = Path(path)
     data = _read_bytes(path)
@@ -225,7 +226,9 @@ def read_cifar_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _load_cifar10(root: Path, split: str, limit: int | None) -> Dataset:
-    images, labels, have = [], [], 0
+    images: list[npt.NDArray[np.uint8]] = []
+    labels: list[npt.NDArray[np.uint8]] = []
+    have = 0
     for path in _cifar_files(root, split):
         batch_images, batch_labels = read_cifar_batch(path)
         images.append(batch_images)

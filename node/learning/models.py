@@ -58,7 +58,7 @@ class ConvNet(nn.Module):
         kernel: int,
         padding: int,
         hidden: int,
-    ):
+    ) -> None:
         super().__init__()
         if len(input_shape) != 3:
             raise ValueError(f"a CNN needs input_shape (C, H, W), got {tuple(input_shape)}")
@@ -85,7 +85,7 @@ class ConvNet(nn.Module):
 class LogisticRegression(nn.Module):
     """Multinomial logistic regression (softmax of one linear layer) on flattened inputs."""
 
-    def __init__(self, input_shape: tuple[int, ...], num_classes: int):
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
         super().__init__()
         self.linear = nn.Linear(math.prod(input_shape), num_classes)
 
@@ -124,7 +124,8 @@ def init_model(name: str, *, input_shape: tuple[int, ...], num_classes: int, see
             if isinstance(module, (nn.Conv2d, nn.Linear)):
                 bound = 1.0 / math.sqrt(module.weight[0].numel())  # fan_in
                 module.weight.uniform_(-bound, bound, generator=generator)
-                module.bias.uniform_(-bound, bound, generator=generator)
+                if module.bias is not None:  # every layer of `build_model` has one
+                    module.bias.uniform_(-bound, bound, generator=generator)
     return model
 
 

@@ -9,43 +9,53 @@ same partition, so every peer can compute its own shard from the swarm's seed al
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 SCHEMES = ("iid", "dirichlet", "shards")
 DIRICHLET_MAX_DRAWS = 100  # redraws until every peer has a sample; then a clear error
 
 
 def partition(
-    labels, num_peers: int, *, scheme: str = "iid", alpha: float = 0.5, shards_per_peer: int = 2, seed: int
-) -> list[np.ndarray]:
+    labels: npt.ArrayLike,
+    num_peers: int,
+    *,
+    scheme: str = "iid",
+    alpha: float = 0.5,
+    shards_per_peer: int = 2,
+    seed: int,
+) -> list[npt.NDArray[np.int64]]:
     """Split indices 0..len(labels)-1 among `num_peers` peers."""
-    labels = np.asarray(labels)
-    if labels.ndim != 1:
-        raise ValueError(f"labels must be 1-D, got shape {labels.shape}")
-    n = labels.shape[0]
+    array = np.asarray(labels)
+    if array.ndim != 1:
+        raise ValueError(f"labels must be 1-D, got shape {array.shape}")
+    n = array.shape[0]
     if num_peers < 1:
         raise ValueError(f"num_peers must be >= 1, got {num_peers}")
     if num_peers > n:
         raise ValueError(f"num_peers={num_peers} is more than the {n} samples: some peer would get none")
     rng = np.random.default_rng(seed)
+    parts: list[npt.NDArray[np.intp]]
     if scheme == "iid":
         parts = np.array_split(rng.permutation(n), num_peers)
     elif scheme == "dirichlet":
-        parts = _dirichlet(labels, num_peers, alpha, rng)
+        parts = _dirichlet(array, num_peers, alpha, rng)
     elif scheme == "shards":
-        parts = _shards(labels, num_peers, shards_per_peer, rng)
+        parts = _shards(array, num_peers, shards_per_peer, rng)
     else:
         raise ValueError(f"unknown partition scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
     return [np.sort(p).astype(np.int64) for p in parts]
 
 
-def _dirichlet(labels: np.ndarray, num_peers: int, alpha: float, rng: np.random.Generator) -> list[np.ndarray]:
+def _dirichlet(
+    labels: npt.NDArray[np.generic], num_peers: int, alpha: float, rng: np.random.Generator
+) -> list[npt.NDArray[np.intp]]:
     """For each class, the share of each peer is drawn from Dirichlet(alpha * 1); small alpha
     gives each peer few classes (Hsu, Qi and Brown, 2019)."""
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0 for the dirichlet scheme, got {alpha!r}")
     classes = np.unique(labels)
     for _ in range(DIRICHLET_MAX_DRAWS):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_peers)]
+        parts: list[list[npt.NDArray[np.intp]]] = [[] for _ in range(num_peers)]
         for c in classes:
             members = rng.permutation(np.flatnonzero(labels == c))
             shares = rng.dirichlet(np.full(num_peers, alpha))
@@ -61,7 +71,9 @@ def _dirichlet(labels: np.ndarray, num_peers: int, alpha: float, rng: np.random.
     )
 
 
-def _shards(labels: np.ndarray, num_peers: int, shards_per_peer: int, rng: np.random.Generator) -> list[np.ndarray]:
+def _shards(
+    labels: npt.NDArray[np.generic], num_peers: int, shards_per_peer: int, rng: np.random.Generator
+) -> list[npt.NDArray[np.intp]]:
     """Sort by label, cut into num_peers * shards_per_peer equal shards, deal them at random."""
     if shards_per_peer < 1:
         raise ValueError(f"shards_per_peer must be >= 1, got {shards_per_peer}")

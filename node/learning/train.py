@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -65,7 +66,7 @@ def train_local(
     momentum: float = 0.0,
     seed: int,
     dp: DPSGDConfig | None = None,
-    accountant=None,
+    accountant: RDPAccountant | None = None,
 ) -> TrainResult:
     """Train `model` in place on (x, y) and report what the round needs.
 
@@ -90,7 +91,7 @@ def train_local(
 
 
 @contextmanager
-def channels_last(model: nn.Module, x: torch.Tensor):
+def channels_last(model: nn.Module, x: torch.Tensor) -> Iterator[torch.Tensor]:
     """Run a conv net on image batches in channels-last layout, then give the parameters back
     in the standard layout (so state dicts and blobs never see the difference).
 
@@ -101,14 +102,23 @@ def channels_last(model: nn.Module, x: torch.Tensor):
     if x.dim() != 4:
         yield x
         return
-    model.to(memory_format=torch.channels_last)
+    model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
     try:
         yield x.contiguous(memory_format=torch.channels_last)
     finally:
-        model.to(memory_format=torch.contiguous_format)
+        model.to(memory_format=torch.contiguous_format)  # type: ignore[call-overload]  # as above
 
 
-def _train_sgd(model, x, y, epochs, batch_size, lr, momentum, generator) -> TrainResult:
+def _train_sgd(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    generator: torch.Generator,
+) -> TrainResult:
     n = int(y.shape[0])
     losses: list[float] = []
     with channels_last(model, x) as x:
@@ -127,7 +137,18 @@ def _train_sgd(model, x, y, epochs, batch_size, lr, momentum, generator) -> Trai
     return TrainResult(n, sum(losses) / len(losses), None)
 
 
-def _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, generator, dp: DPSGDConfig, accountant) -> TrainResult:
+def _train_dpsgd(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    generator: torch.Generator,
+    dp: DPSGDConfig,
+    accountant: RDPAccountant | None,
+) -> TrainResult:
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         raise ValueError(f"model is not DP-SGD compatible: {errors[0]}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -82,7 +83,7 @@ def _validate(vectors: list[torch.Tensor], weights: list[int]) -> list[torch.Ten
     return [torch.where(v == 0, zero, v.detach()) for v in vectors]  # -0.0 -> +0.0
 
 
-def _fixed_point_mean(rows, weights: list[int]) -> torch.Tensor:
+def _fixed_point_mean(rows: Sequence[torch.Tensor], weights: Sequence[int]) -> torch.Tensor:
     """Exact weighted mean in int64 fixed point, one rounding at the end (see module doc).
     Rows are quantized one at a time: memory stays O(d) beyond the inputs."""
     total_weight = int(sum(int(w) for w in weights))

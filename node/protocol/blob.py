@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 import torch
@@ -25,6 +27,9 @@ from torch import nn
 # safetensors dtype names for the dtypes a blob may carry.
 _DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8"}
 _MAX_HEADER = 1 << 20  # 1 MiB of JSON header is far more than any model here needs
+
+# A model, or a state dict of named tensors (what `nn.Module.state_dict()` returns).
+ModelOrState: TypeAlias = nn.Module | Mapping[str, torch.Tensor]
 
 
 class BlobError(ValueError):
@@ -37,7 +42,7 @@ class TensorSpec:
     shape: tuple[int, ...]
 
 
-def _state(model_or_state) -> dict[str, torch.Tensor]:
+def _state(model_or_state: ModelOrState) -> dict[str, torch.Tensor]:
     state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else dict(model_or_state)
     if not state:
         raise ValueError("nothing to flatten: empty state")
@@ -47,7 +52,7 @@ def _state(model_or_state) -> dict[str, torch.Tensor]:
     return state
 
 
-def flatten(model_or_state) -> tuple[torch.Tensor, tuple[TensorSpec, ...]]:
+def flatten(model_or_state: ModelOrState) -> tuple[torch.Tensor, tuple[TensorSpec, ...]]:
     """All floating tensors of a model or state dict, in sorted-name order, as one float32 vector."""
     state = _state(model_or_state)
     names = sorted(state)
@@ -61,7 +66,8 @@ def unflatten(vector: torch.Tensor, spec: tuple[TensorSpec, ...]) -> dict[str, t
     total = sum(int(np.prod(s.shape, dtype=np.int64)) for s in spec)
     if vector.dim() != 1 or vector.numel() != total:
         raise ValueError(f"vector has shape {tuple(vector.shape)}, the spec needs ({total},)")
-    state, offset = {}, 0
+    state: dict[str, torch.Tensor] = {}
+    offset = 0
     for s in spec:
         size = int(np.prod(s.shape, dtype=np.int64))
         state[s.name] = vector[offset : offset + size].reshape(s.shape).to(torch.float32).clone()
@@ -79,7 +85,8 @@ def encode_blob(tensors: dict[str, torch.Tensor], meta: dict[str, str]) -> bytes
             if not isinstance(key, str) or not isinstance(value, str):
                 raise ValueError(f"metadata must map str to str, got {key!r}: {type(value).__name__}")
         header["__metadata__"] = dict(sorted(meta.items()))
-    chunks, offset = [], 0
+    chunks: list[bytes] = []
+    offset = 0
     for name in sorted(tensors):
         if name == "__metadata__":
             raise ValueError("'__metadata__' is reserved and cannot name a tensor")
@@ -151,7 +158,7 @@ def sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def model_digest(model_or_state) -> bytes:
+def model_digest(model_or_state: ModelOrState) -> bytes:
     """sha256 of the canonical blob of a model's state (float tensors as stored, no metadata)."""
     state = model_or_state.state_dict() if isinstance(model_or_state, nn.Module) else dict(model_or_state)
     return sha256(encode_blob(state, {}))

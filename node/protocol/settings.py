@@ -4,7 +4,9 @@ on (anchored in the genesis blob), and what one peer runs with locally. Built fr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class SharedSettings:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> SharedSettings:
+    def from_dict(cls, d: Mapping[str, Any]) -> SharedSettings:
         return cls(
             model=d["model"],
             dataset=d["dataset"],
@@ -72,7 +74,7 @@ class PeerSettings:
     and timing choices."""
 
     shared: SharedSettings
-    mechanism: dict  # mechanism params, e.g. {"name": "pnpm", "epsilon": 1.0}
+    mechanism: dict[str, object]  # mechanism params, e.g. {"name": "pnpm", "epsilon": 1.0}
     epochs: int
     batch_size: int
     lr: float

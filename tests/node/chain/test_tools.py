@@ -13,7 +13,7 @@ from node.chain import client, errors, keys, records
 from node.chain.anvil import start_anvil
 from node.protocol import wire
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _compile_module():
