@@ -77,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from node.chain.anvil import AnvilError
     from node.cli import CLIError
     from node.runs.simulate import Simulation, SimulationError
 
@@ -96,7 +97,7 @@ def handle(args: argparse.Namespace) -> int:
                 on_progress=on_progress,
             )
             result = sim.run()
-    except (SimulationError, FileExistsError) as exc:
+    except (SimulationError, FileExistsError, AnvilError) as exc:
         raise CLIError(str(exc)) from exc
     except ValueError as exc:  # bad combination caught by the data, partition or mechanism code
         raise CLIError(f"{exc} (peers={peers})") from exc

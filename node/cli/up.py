@@ -31,13 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from node.chain.anvil import AnvilError
     from node.cli import CLIError
     from node.runs.local import run_up
 
     config = common.load(args, SHORTCUTS)
     try:
         report = run_up(config, out=args.out, json_output=args.json)
-    except (FileExistsError, ValueError) as exc:
+    except (FileExistsError, ValueError, AnvilError) as exc:
         raise CLIError(str(exc)) from exc
     if args.json:
         common.emit_json(report)

@@ -40,7 +40,7 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _verify_run(run: Path, archive: Path | None, as_json: bool) -> int:
-    from node.chain.anvil import start_anvil
+    from node.chain.anvil import AnvilError, start_anvil
     from node.chain.client import LedgerClient, connect
     from node.cli import CLIError
 
@@ -51,7 +51,11 @@ def _verify_run(run: Path, archive: Path | None, as_json: bool) -> int:
     state = run / "chain" / "state.json"
     if not state.exists():
         raise CLIError(f"{state} is missing: the run's chain state was not saved")
-    with start_anvil(load_state=state, chain_id=info["chain_id"]) as anvil:
+    try:
+        anvil = start_anvil(load_state=state, chain_id=info["chain_id"])
+    except AnvilError as exc:
+        raise CLIError(str(exc)) from exc
+    with anvil:
         ledger = LedgerClient(connect(anvil.url), info["ledger"])
         return _verify(ledger, archive or run / "archive", as_json)
 

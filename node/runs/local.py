@@ -32,7 +32,7 @@ from rich.live import Live
 from rich.table import Table
 
 import mechanisms
-from node.chain.anvil import free_port
+from node.chain.anvil import find_anvil, free_port
 from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
 from node.config import Config, quorum
@@ -92,6 +92,7 @@ class LocalSwarm:
         peer_overrides: dict[int, list[str]] | None = None,
         say: Callable[[str], None] | None = None,
     ):
+        find_anvil()  # before any folder is made: a missing chain binary leaves nothing behind
         out = Path(out)
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"--out {out} exists and is not empty: choose a new folder")

@@ -34,6 +34,7 @@ from opacus.accountants import RDPAccountant
 
 import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
+from node.chain.anvil import find_anvil
 from node.config import Config
 from node.derive import peer_settings
 from node.learning.contribute import contribute, round_seed
@@ -145,6 +146,8 @@ class Simulation:
         self.out = Path(out) if out is not None else None
         if self.out is not None and self.out.exists() and any(self.out.iterdir()):
             raise FileExistsError(f"--out {self.out} exists and is not empty: choose a new folder")
+        if ledger:
+            find_anvil()  # fail before any work or folder when the chain binary is missing
         self.use_ledger = ledger
         self.threads = threads
         self.on_progress = on_progress or (lambda event: None)
