@@ -7,6 +7,7 @@ editable install lives in the checkout). A wheel installed elsewhere has none an
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 SUITES = ("mechanisms", "ledger", "p2p", "round", "simulate")
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run benchmarks and write docs/BENCHMARKS.md (from a source checkout)")
     p.add_argument("suites", nargs="*", metavar="SUITE", help=f"which to run: {', '.join(SUITES)} (default: all)")
     p.set_defaults(func=handle)
@@ -37,7 +38,7 @@ def find_checkout(start: Path | None = None) -> Path | None:
     return None
 
 
-def handle(args) -> int:
+def handle(args: argparse.Namespace) -> int:
     from node.cli import CLIError
 
     suites = args.suites or list(SUITES)

@@ -3,6 +3,10 @@ a byzantine peer is the only way to show that honest peers refuse it. Never used
 
 from __future__ import annotations
 
+from typing import Any
+
+from p2p.store import DiskBlobStore
+
 FAULTS = ("wrong-bytes", "scale:K")
 
 
@@ -22,7 +26,7 @@ class WrongBytesStore:
     """Wraps a blob store; serves altered bytes for the digests it was told to poison, as a
     peer would that commits one digest and serves other bytes."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: DiskBlobStore) -> None:
         self.inner = inner
         self.poisoned: set[str] = set()
 
@@ -34,11 +38,11 @@ class WrongBytesStore:
             return data
         return bytes(b ^ 0x5A for b in data)
 
-    def get(self, digest):
+    def get(self, digest: str) -> bytes | None:
         return self._alter(digest, self.inner.get(digest))
 
-    def read(self, digest, offset, length):
+    def read(self, digest: str, offset: int, length: int) -> bytes | None:
         return self._alter(digest, self.inner.read(digest, offset, length))
 
-    def __getattr__(self, name):  # put, has, size, digests...: the inner store's
+    def __getattr__(self, name: str) -> Any:  # put, has, size, digests...: the inner store's
         return getattr(self.inner, name)
