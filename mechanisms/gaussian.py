@@ -95,7 +95,8 @@ def l2_norm(flat: torch.Tensor) -> float:
     A float32 norm of 10^7 values is off by up to ~4e-4 (measured), and asking for a float64
     norm copies the whole tensor to float64 (as slow as drawing the noise). Rows of 256 values
     are reduced in the input dtype (short sums, small error) and the row results are summed in
-    float64: relative error ~1e-10 measured, one pass over the data.
+    float64: relative error about sqrt(256) x 2^-24 per row at worst (~1e-7 for a single row, ~1e-10
+    measured on 10^7 values, where row errors average out), one pass over the data.
     """
     if flat.numel() == 0:
         return 0.0

@@ -71,7 +71,8 @@ def clean_fedavg() -> float:
 
 
 def test_the_attack_breaks_fedavg(clean_fedavg):
-    assert clean_fedavg > 0.85
+    # Clean FedAvg reaches about 0.85 here; 0.8 says it learned, with room for other CPUs' float32 training.
+    assert clean_fedavg > 0.8
     assert run("fedavg", attack=True) < clean_fedavg - 0.2
 
 

@@ -32,7 +32,7 @@ def test_init_is_seeded_and_leaves_global_rng_alone():
     assert torch.equal(torch.random.get_rng_state(), before)
     b, _ = flatten(init_model("digits-cnn", input_shape=(1, 8, 8), num_classes=10, seed=5))
     c, _ = flatten(init_model("digits-cnn", input_shape=(1, 8, 8), num_classes=10, seed=6))
-    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(a, b) and not torch.equal(a, c)  # same seed, same kernels, one process: same bits
 
 
 def test_defaults_and_errors():
@@ -48,7 +48,12 @@ def test_defaults_and_errors():
 
 
 def test_pool_before_relu_is_the_usual_relu_then_pool():
-    """ConvNet pools before its ReLU (faster); values and gradients equal the usual order's."""
+    """ConvNet pools before its ReLU (faster); values and gradients equal the usual order's.
+
+    Bit-for-bit by design, on any CPU: max pooling and ReLU are exact selections (no rounding)
+    and commute, so every convolution and linear layer of both models receives the same bits and
+    runs the same kernel in this process; backwards, both orders route each gradient to the same
+    argmax (ties among non-positive values are zeroed by the ReLU mask either way)."""
     model = init_model("pnpm-fmnist", input_shape=(1, 28, 28), num_classes=10, seed=3)
     usual = init_model("pnpm-fmnist", input_shape=(1, 28, 28), num_classes=10, seed=3)
     layers = usual.features

@@ -1,4 +1,7 @@
-"""Blobs: canonical safetensors bytes, strict decoding, every validation error."""
+"""Blobs: canonical safetensors bytes, strict decoding, every validation error.
+
+Tensor and digest equalities are exact by design: encoding and decoding copy bits, and digests
+hash bytes; no arithmetic is involved."""
 
 import json
 import struct
