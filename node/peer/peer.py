@@ -13,8 +13,9 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
 
 import torch
 import trio
@@ -22,16 +23,21 @@ import trio
 import mechanisms
 from mechanisms.accounting import cumulative_spend
 from node.chain.errors import LedgerError, RoundNotClosed
+from node.chain.records import Commitment, RoundInfo
 from node.learning.contribute import contribute, round_seed
 from node.learning.models import init_model
 from node.learning.train import evaluate
+from node.peer.agree import Agreement, obtain
+from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
 from node.protocol import wire
-from node.protocol.blob import BlobError, flatten, sha256, unflatten
+from node.protocol.blob import flatten, sha256, unflatten
 from node.protocol.settings import PeerSettings
-from node.protocol.wire import decode_bitmap, encode_bitmap
+from node.protocol.wire import encode_bitmap
 from p2p import peer_id_from_bytes
 
 log = logging.getLogger("swarm.peer")
+
+T = TypeVar("T")
 
 
 class Phase(enum.StrEnum):
@@ -64,28 +70,34 @@ class RoundOutcome:
     bytes_received: int = 0  # blob bytes this peer fetched from others during the round
     bytes_sent: int = 0  # blob bytes this peer served to others during the round
     gas_used: int = 0
-    phase_seconds: dict = field(default_factory=dict)  # wall time per Phase value
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time per Phase value
     global_digest: str | None = None  # the model this peer holds after the round
 
 
 class Peer:
-    """A swarm participant: drives rounds until `settings.rounds` is reached."""
+    """A swarm participant: drives rounds until `settings.rounds` is reached.
+
+    `run_sync` runs every blocking call (ledger, training, aggregation, evaluation) off the
+    event loop: worker threads in production; the unit tests run them inline under a mock clock.
+    """
 
     def __init__(
         self,
         settings: PeerSettings,
         *,
-        ledger,
-        host,
-        store,
-        train_xy,
-        test_xy,
-        on_status: Callable[[dict], None] | None = None,
-    ):
+        ledger: LedgerPort,
+        host: HostPort,
+        store: StorePort,
+        train_xy: tuple[torch.Tensor, torch.Tensor],
+        test_xy: tuple[torch.Tensor, torch.Tensor],
+        on_status: Callable[[dict[str, Any]], None] | None = None,
+        run_sync: RunSync = trio.to_thread.run_sync,
+    ) -> None:
         self.s = settings
         self.ledger = ledger
         self.host = host
         self.store = store
+        self._run_sync = run_sync
         self.train_x, self.train_y = train_xy
         self.test_x, self.test_y = test_xy
         self.on_status = on_status or (lambda status: None)
@@ -94,7 +106,9 @@ class Peer:
 
         self.genesis_vector, self.spec = flatten(self.model)
         self.num_params = self.genesis_vector.numel()
-        self.address = ledger.account.address
+        if ledger.account is None:
+            raise ValueError("a peer needs a ledger client with an account: it sends transactions")
+        self.address: str = ledger.account.address
         self.phase = Phase.STARTING
         self._phase_since = time.monotonic()
         self._phase_seconds: dict[str, float] = {}
@@ -102,21 +116,33 @@ class Peer:
         self._commits = 0  # rounds this peer has committed in: the accountant's T
 
     # ---------------------------------------------------------------- helpers
-    async def chain(self, fn, *args, **kwargs):
-        return await trio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+    async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Call the (synchronous) ledger off the event loop."""
+        return await self._off_loop(fn, *args, **kwargs)
 
-    def _status(self, **extra):
+    async def _off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking call (ledger, training, aggregation, evaluation) without blocking the loop."""
+        return cast(T, await self._run_sync(lambda: fn(*args, **kwargs)))
+
+    def _status(self, **extra: Any) -> None:
         self.on_status(
             {"round": self.round, "phase": self.phase.value, "address": self.address, "time": time.time(), **extra}
         )
 
-    def _set(self, phase: Phase, **extra):
+    def _set(self, phase: Phase, **extra: Any) -> None:
         now = time.monotonic()
         self._phase_seconds[self.phase.value] = self._phase_seconds.get(self.phase.value, 0.0) + now - self._phase_since
         self.phase, self._phase_since = phase, now
         self._status(**extra)
 
-    async def _wait_for(self, predicate, *, what: str, nudge=None, nudge_every: float = 1.0):
+    async def _wait_for(
+        self,
+        predicate: Callable[[], T | None],
+        *,
+        what: str,
+        nudge: Callable[[], Awaitable[None]] | None = None,
+        nudge_every: float = 1.0,
+    ) -> T:
         """Poll the chain until predicate() is truthy; `nudge` (at most every `nudge_every`
         seconds) may send a transaction that moves the round along (close or abort)."""
         next_nudge = trio.current_time()
@@ -178,7 +204,7 @@ class Peer:
         just started may not have heard any announcement yet, so ask the participants first and
         keep trying other holders until the deadline."""
 
-        digest = bytes(await self.chain(self.ledger.finalized_digest, r)).hex()
+        digest = await self._finalized_hex(r)
         participants = await self.chain(self.ledger.participants, r)
         holders = [
             peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, a)) for a in participants if a != self.address
@@ -200,18 +226,26 @@ class Peer:
         await self.host.announce_blob(digest)
         return vector
 
-    async def _obtain(self, digest_hex: str, providers) -> bytes:
-        data = self.store.get(digest_hex)
-        if data is not None:
-            return data
-        return await self.host.fetch(
-            digest_hex, providers=providers, max_size=wire.max_blob_size(self.num_params), timeout=self.s.fetch_timeout
+    async def _finalized_hex(self, r: int) -> str:
+        digest = await self.chain(self.ledger.finalized_digest, r)
+        if digest is None:
+            raise RuntimeError(f"round {r} is not finalized: it has no model digest on chain")
+        return bytes(digest).hex()
+
+    async def _obtain(self, digest_hex: str, providers: list[str]) -> bytes:
+        return await obtain(
+            self.store,
+            self.host,
+            digest_hex,
+            providers,
+            max_size=wire.max_blob_size(self.num_params),
+            timeout=self.s.fetch_timeout,
         )
 
     # ---------------------------------------------------------------- rounds
     async def run(self, *, on_round: Callable[[RoundOutcome], None] | None = None) -> list[RoundOutcome]:
         global_vector = await self.start()
-        outcomes = []
+        outcomes: list[RoundOutcome] = []
         while True:
             current = await self.chain(self.ledger.current_round)
             if current > self.s.rounds:
@@ -263,20 +297,20 @@ class Peer:
         out.state = info.state.name.lower()
         if info.state.name == "FINALIZED":
             global_vector = await self._fetch_model(r)
-            out.global_digest = bytes(await self.chain(self.ledger.finalized_digest, r)).hex()
+            out.global_digest = await self._finalized_hex(r)
             self._set(Phase.EVALUATING)
-            out.accuracy, out.loss = await trio.to_thread.run_sync(self._evaluate, global_vector)
+            out.accuracy, out.loss = await self._off_loop(self._evaluate, global_vector)
         self._set(Phase.WAITING_FINAL)  # closes the last phase's timer
         out.round_seconds = time.monotonic() - started
         out.phase_seconds = {k: round(v, 4) for k, v in self._phase_seconds.items() if v > 0}
         out.bytes_sent, out.bytes_received = self.host.bytes_served - sent0, self.host.bytes_fetched - received0
         return out, global_vector
 
-    def _state_after(self, r: int, *states: str):
+    def _state_after(self, r: int, *states: str) -> RoundInfo | None:
         info = self.ledger.round_info(r)
         return None if info.state.name in states else info
 
-    async def _try(self, fn, *args):
+    async def _try(self, fn: Callable[..., object], *args: Any) -> None:
         """Close or abort when the chain allows it; refusals (window still open, quorum not
         met, someone else was first) are the normal case and are ignored."""
 
@@ -295,13 +329,13 @@ class Peer:
             )
         self._set(Phase.TRAINING)
         t0 = time.monotonic()
-        vector, num_samples = await trio.to_thread.run_sync(self._train_and_perturb, r, global_vector)
+        vector, num_samples = await self._off_loop(self._train_and_perturb, r, global_vector)
         train_seconds = time.monotonic() - t0
         mech_json = wire.canonical(self.s.mechanism)
         data = wire.update_blob(vector, r, mech_json)
         digest = self.store.put(data)
         if self.s.fault == "wrong-bytes":
-            self.store.poison(digest)  # testing: commit this digest, serve other bytes
+            cast(PoisonableStore, self.store).poison(digest)  # testing: commit this digest, serve other bytes
         await self.host.announce_blob(digest)
         self._set(Phase.COMMITTING)
         receipt = await self.chain(
@@ -326,101 +360,56 @@ class Peer:
         return c.vector, c.num_samples
 
     # -------------------------------------------------------------- aggregate
-    async def _aggregate_and_attest(self, r: int, previous: torch.Tensor):
-        """Fetch the round's blobs, agree on which go in, aggregate, attest.
-
-        Agreement: when peers cannot all fetch the same blobs by their deadlines, their bitmaps
-        differ and no (digest, bitmap) reaches a majority. So a peer adopts as its focal set the
-        bitmap of the first attestation on chain that includes its own blob (nobody can leave a
-        peer out without its consent), fetches what of it is missing from the peers that attested
-        it (they hold those blobs), and votes the same bitmap. Without a usable focal set it
-        attests what it could fetch itself.
-        """
+    async def _aggregate_and_attest(self, r: int, previous: torch.Tensor) -> tuple[list[bool], int]:
+        """Fetch the round's blobs, agree on which go in (node/peer/agree.py), aggregate, attest.
+        Returns the inclusion bitmap and the gas of the attestation."""
 
         self._set(Phase.FETCHING)
-        commitments = await self.chain(self.ledger.commitments, r)
-        n = len(commitments)
-        index = {c.peer: i for i, c in enumerate(commitments)}
-        mine = index[self.address]
-        peer_ids = [peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, c.peer)) for c in commitments]
-        vectors: list[torch.Tensor | None] = [None] * n
-        malformed = [False] * n
-        holders: list[list[str]] = [[] for _ in range(n)]  # attesters who included blob i hold it
-        focal: list[bool] | None = None
-
-        def settled(wanted: list[bool]) -> bool:
-            return all(vectors[i] is not None or malformed[i] for i in range(n) if wanted[i])
-
-        def done() -> bool:
-            return settled([True] * n) or (focal is not None and settled(focal))
-
-        async def fetch_one(i: int, scope: trio.CancelScope) -> None:
-            digest_hex = bytes(commitments[i].digest).hex()
-            while vectors[i] is None and not malformed[i]:  # or until cancelled
-                providers = [peer_ids[i], *holders[i]]
-                providers += [p for p in self.host.providers(digest_hex) if p not in providers]
-                try:
-                    data = await self._obtain(digest_hex, providers)
-                    vectors[i], _ = wire.read_vector(data, self.num_params, kind="update")
-                except BlobError as exc:  # right digest, malformed content: nobody can use it
-                    log.warning("round %d: blob of %s is malformed: %s", r, commitments[i].peer, exc)
-                    malformed[i] = True
-                except Exception as exc:  # P2P errors: try again (other holders) until cancelled
-                    log.info("round %d: fetch of %s failed: %s", r, digest_hex[:12], exc)
-                    await trio.sleep(0.5)
-            if done():
-                scope.cancel()
-
-        async def watch(scope: trio.CancelScope) -> None:
-            nonlocal focal
-            while True:  # ends by cancelling its own nursery, or with it
-                for a in await self.chain(self.ledger.attestations, r):
-                    bits_a = decode_bitmap(a.included, n)
-                    for i in range(n):
-                        if bits_a[i] and peer_ids[index[a.peer]] not in holders[i]:
-                            holders[i].append(peer_ids[index[a.peer]])
-                    if focal is None and bits_a[mine]:
-                        focal = bits_a
-                if done():
-                    scope.cancel()
-                    return
-                await trio.sleep(0.5)
-
-        async def fetch_until(deadline: float, wanted: list[bool]) -> None:
-            with trio.move_on_at(deadline):
-                async with trio.open_nursery() as nursery:
-                    for i in range(n):
-                        if wanted[i] and vectors[i] is None and not malformed[i]:
-                            nursery.start_soon(fetch_one, i, nursery.cancel_scope)
-                    nursery.start_soon(watch, nursery.cancel_scope)
-
-        await fetch_until(trio.current_time() + self.s.fetch_timeout, [True] * n)
-        if focal is not None and not settled(focal):  # fetch the focal set's rest from its holders
-            await fetch_until(trio.current_time() + self.s.fetch_timeout, focal)
-        have = [v is not None for v in vectors]
-        use_focal = focal is not None and all(have[i] for i in range(n) if focal[i])
-        included = list(focal) if use_focal else have
-        if not any(included):
-            raise RuntimeError(f"round {r}: no blob could be fetched, not even our own")
+        agreement = await self._agreement(r)
+        included = await agreement.run()
         self._set(Phase.AGGREGATING)
-        new_vector = await trio.to_thread.run_sync(
-            lambda: wire.next_global(
-                self.s.shared,
-                previous,
-                [v for v, inc in zip(vectors, included) if inc],
-                [int(c.num_samples) for c, inc in zip(commitments, included) if inc],
-            )
-        )
-        data = wire.model_blob(new_vector, r)
-        digest = self.store.put(data)
-        await self.host.announce_blob(digest)
-        self._set(Phase.ATTESTING, included=sum(included), participants=n)
-
+        digest = await self._aggregate(r, previous, agreement.commitments, agreement.blobs.vectors, included)
+        self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
         try:
             receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), encode_bitmap(included))
         except RoundNotClosed:  # a majority finalized (or the round was aborted) before our vote
             return included, 0
         return included, _gas(receipt)
+
+    async def _agreement(self, r: int) -> Agreement:
+        """The agreement step of round r over its on-chain set, wired to this peer's ledger, host and store."""
+        commitments = await self.chain(self.ledger.commitments, r)
+        peer_ids = [peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, c.peer)) for c in commitments]
+        return Agreement(
+            r,
+            commitments,
+            peer_ids,
+            me=self.address,
+            fetch_timeout=self.s.fetch_timeout,
+            obtain=self._obtain,
+            announced=self.host.providers,
+            read_update=lambda data: wire.read_vector(data, self.num_params, kind="update")[0],
+            read_attestations=lambda: self.chain(self.ledger.attestations, r),
+        )
+
+    async def _aggregate(
+        self,
+        r: int,
+        previous: torch.Tensor,
+        commitments: list[Commitment],
+        vectors: list[torch.Tensor | None],
+        included: list[bool],
+    ) -> str:
+        """The next global model from the included blobs in ledger order, stored and announced; its digest."""
+        used = [v for v, inc in zip(vectors, included) if inc and v is not None]
+        if len(used) != sum(included):
+            raise RuntimeError(f"round {r}: an included blob was not fetched")  # agree.decide_inclusion rules it out
+        weights = [int(c.num_samples) for c, inc in zip(commitments, included) if inc]
+        new_vector = await self._off_loop(wire.next_global, self.s.shared, previous, used, weights)
+        data = wire.model_blob(new_vector, r)
+        digest = self.store.put(data)
+        await self.host.announce_blob(digest)
+        return digest
 
     def _evaluate(self, vector: torch.Tensor) -> tuple[float, float]:
         self.model.load_state_dict(unflatten(vector, self.spec))
@@ -431,8 +420,8 @@ class BudgetExhausted(Exception):
     """The next commit would pass the swarm's eps cap."""
 
 
-def _gas(receipt) -> int:
+def _gas(receipt: object) -> int:
     try:
-        return int(receipt["gasUsed"])
+        return int(cast(Receipt, receipt)["gasUsed"])
     except (TypeError, KeyError):
         return int(getattr(receipt, "gas_used", 0) or 0)

@@ -16,9 +16,10 @@ import trio
 
 from node.chain.client import LedgerClient, connect
 from node.chain.keys import load_account
+from node.config import Config
 from node.derive import load_shard, peer_settings
 from node.peer.faults import WrongBytesStore
-from node.peer.peer import Peer
+from node.peer.peer import Peer, RoundOutcome
 from node.protocol import wire
 from node.runfiles import MetricsWriter, write_json_atomic
 from p2p import peer_id_from_bytes
@@ -56,7 +57,7 @@ class RegistryCache:
     registered on the ledger? Refreshed from the chain in the background; unknown peers are
     refused until the next refresh sees them."""
 
-    def __init__(self, ledger):
+    def __init__(self, ledger: LedgerClient) -> None:
         self.ledger = ledger
         self.allowed: set[str] = set()
 
@@ -75,7 +76,7 @@ class RegistryCache:
             await trio.sleep(interval)
 
 
-async def run_node(config, options: NodeOptions) -> int:
+async def run_node(config: Config, options: NodeOptions) -> int:
     """Run one peer until the configured number of rounds is over. Returns an exit status."""
 
     torch.set_num_threads(1)  # several peers share a machine's cores; one thread each is fastest
@@ -87,9 +88,8 @@ async def run_node(config, options: NodeOptions) -> int:
     settings = peer_settings(config, fault=options.fault)
     train_xy, test_xy = await trio.to_thread.run_sync(lambda: load_shard(config, options.partition))
     key_pair = load_or_create_identity(workdir / "p2p.key", p2p_password())
-    store = DiskBlobStore(workdir / "blobs")
-    if options.fault == "wrong-bytes":
-        store = WrongBytesStore(store)
+    disk = DiskBlobStore(workdir / "blobs")
+    store: DiskBlobStore | WrongBytesStore = WrongBytesStore(disk) if options.fault == "wrong-bytes" else disk
     registry = RegistryCache(ledger)
     await trio.to_thread.run_sync(registry.refresh)
     chain_id = await trio.to_thread.run_sync(lambda: w3.eth.chain_id)
@@ -111,7 +111,7 @@ async def run_node(config, options: NodeOptions) -> int:
             def on_status(status: dict) -> None:
                 write_json_atomic(status_path, status)
 
-            def on_round(outcome) -> None:
+            def on_round(outcome: RoundOutcome) -> None:
                 record = {"peer": account.address, "time": time.time(), **asdict(outcome)}
                 record["included"] = sum(outcome.included) if outcome.included else None
                 metrics.write(record)

@@ -1,0 +1,211 @@
+"""Fetch a closed round's blobs and agree on which go into the aggregate (docs/NODE.md,
+"Agreement on the set").
+
+Peers whose fetch deadlines expire at different moments would attest different bitmaps and no
+(digest, bitmap) would reach a majority. So while fetching, a peer reads the round's
+attestations: the first one on chain whose bitmap includes the peer's own blob becomes its focal
+set (nobody can leave a peer out without its consent). It fetches what of that set it lacks from
+the peers that attested it (they hold those blobs), for at most one more `fetch_timeout`, and
+votes the same bitmap; without a focal set it can complete, it votes what it fetched itself.
+
+The steps, in order (`Agreement.run`):
+
+1. `fetch_round_set`: every blob of the on-chain set, while `watch_attestations` learns holders
+   and the focal set; ends when every blob is settled (fetched or malformed), when the focal set
+   is, or at the deadline.
+2. `complete_focal_set`: what of the focal set is still missing, from its attesters too.
+3. `decide`: the inclusion bitmap (`decide_inclusion`).
+
+`RoundBlobs` holds what the peer knows and decides from it without any I/O, so the decisions are
+testable without trio; `Agreement` does the waiting, every wait under a deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import trio
+
+from node.chain.records import Attestation, Commitment
+from node.peer.ports import HostPort, StorePort
+from node.protocol.blob import BlobError
+from node.protocol.wire import decode_bitmap
+
+log = logging.getLogger("swarm.peer")
+
+RETRY_INTERVAL = 0.5  # seconds between two tries of one blob (other holders may have appeared)
+WATCH_INTERVAL = 0.5  # seconds between two reads of the round's attestations
+
+
+# ------------------------------------------------------------------ decisions (no I/O)
+
+
+def first_including(bitmaps: Sequence[list[bool]], mine: int) -> list[bool] | None:
+    """The focal set: the first bitmap (in chain order) that includes participant `mine`."""
+    return next((list(bits) for bits in bitmaps if bits[mine]), None)
+
+
+def decide_inclusion(have: list[bool], focal: list[bool] | None) -> list[bool]:
+    """The bitmap to attest: the focal set if every blob of it was fetched, else what was."""
+    if focal is not None and all(have[i] for i in range(len(have)) if focal[i]):
+        return list(focal)
+    return list(have)
+
+
+@dataclass
+class RoundBlobs:
+    """What a peer knows of a closed round's blobs while it fetches them. Index i is participant
+    i of the round (the bit order of inclusion bitmaps); `mine` is this peer's index."""
+
+    peer_ids: list[str]  # libp2p peer id of each participant (its committer)
+    mine: int
+    vectors: list[torch.Tensor | None] = field(default_factory=list)
+    malformed: list[bool] = field(default_factory=list)  # right digest, unusable content
+    holders: list[list[str]] = field(default_factory=list)  # attesters that included blob i hold it
+    focal: list[bool] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.peer_ids)
+        if not 0 <= self.mine < n:
+            raise ValueError(f"own index {self.mine} is not among {n} participants")
+        self.vectors = self.vectors or [None] * n
+        self.malformed = self.malformed or [False] * n
+        self.holders = self.holders or [[] for _ in range(n)]
+
+    @property
+    def n(self) -> int:
+        return len(self.peer_ids)
+
+    def is_settled(self, i: int) -> bool:
+        """Nothing more to fetch for blob i: we have it, or it is malformed."""
+        return self.vectors[i] is not None or self.malformed[i]
+
+    def settled(self, wanted: list[bool]) -> bool:
+        return all(self.is_settled(i) for i in range(self.n) if wanted[i])
+
+    def done(self) -> bool:
+        """Fetching can stop: every blob is settled, or every blob of the focal set is."""
+        return self.settled([True] * self.n) or (self.focal is not None and self.settled(self.focal))
+
+    def have(self) -> list[bool]:
+        return [v is not None for v in self.vectors]
+
+    def learn(self, attestations: Sequence[Attestation], index: dict[str, int]) -> None:
+        """Read the round's attestations (chain order): every attester holds the blobs it
+        included, and the first one that includes our blob becomes the focal set."""
+        bitmaps = [decode_bitmap(a.included, self.n) for a in attestations]
+        for a, bits in zip(attestations, bitmaps):
+            attester = self.peer_ids[index[a.peer]]
+            for i in range(self.n):
+                if bits[i] and attester not in self.holders[i]:
+                    self.holders[i].append(attester)
+        if self.focal is None:
+            self.focal = first_including(bitmaps, self.mine)
+
+    def providers(self, i: int, announced: list[str]) -> list[str]:
+        """Whom to ask for blob i: its committer, the attesters that hold it, then whoever announced it."""
+        found = [self.peer_ids[i], *self.holders[i]]
+        return found + [p for p in announced if p not in found]
+
+    def decide(self) -> list[bool]:
+        return decide_inclusion(self.have(), self.focal)
+
+
+# ------------------------------------------------------------------ waiting (trio)
+
+
+async def obtain(
+    store: StorePort, host: HostPort, digest_hex: str, providers: list[str], *, max_size: int, timeout: float
+) -> bytes:
+    """A blob from our store, else fetched from `providers` (then anyone who announced it)."""
+    data = store.get(digest_hex)
+    if data is not None:
+        return data
+    return await host.fetch(digest_hex, providers=providers, max_size=max_size, timeout=timeout)
+
+
+class Agreement:
+    """The fetch-and-agree step of one closed round, for the participant `me`."""
+
+    def __init__(
+        self,
+        round: int,
+        commitments: list[Commitment],
+        peer_ids: list[str],
+        *,
+        me: str,
+        fetch_timeout: float,
+        obtain: Callable[[str, list[str]], Awaitable[bytes]],
+        announced: Callable[[str], list[str]],
+        read_update: Callable[[bytes], torch.Tensor],
+        read_attestations: Callable[[], Awaitable[list[Attestation]]],
+    ) -> None:
+        self.round = round
+        self.commitments = commitments
+        self.index = {c.peer: i for i, c in enumerate(commitments)}
+        self.blobs = RoundBlobs(peer_ids, mine=self.index[me])
+        self.fetch_timeout = fetch_timeout
+        self._obtain = obtain
+        self._announced = announced
+        self._read_update = read_update
+        self._read_attestations = read_attestations
+
+    async def run(self) -> list[bool]:
+        """Steps 1 to 3: the inclusion bitmap this peer attests; `self.blobs.vectors` holds the blobs."""
+        await self.fetch_round_set()
+        await self.complete_focal_set()
+        return self.decide()
+
+    async def fetch_round_set(self) -> None:
+        """Step 1: every blob of the on-chain set, for at most `fetch_timeout`."""
+        await self._fetch_until(trio.current_time() + self.fetch_timeout, [True] * self.blobs.n)
+
+    async def complete_focal_set(self) -> None:
+        """Step 2: the rest of the focal set (its attesters hold it), for at most one more `fetch_timeout`."""
+        focal = self.blobs.focal
+        if focal is not None and not self.blobs.settled(focal):
+            await self._fetch_until(trio.current_time() + self.fetch_timeout, focal)
+
+    def decide(self) -> list[bool]:
+        """Step 3: the focal set if we hold all of it, else what we fetched ourselves."""
+        included = self.blobs.decide()
+        if not any(included):
+            raise RuntimeError(f"round {self.round}: no blob could be fetched, not even our own")
+        return included
+
+    async def _fetch_until(self, deadline: float, wanted: list[bool]) -> None:
+        with trio.move_on_at(deadline):
+            async with trio.open_nursery() as nursery:
+                for i in range(self.blobs.n):
+                    if wanted[i] and not self.blobs.is_settled(i):
+                        nursery.start_soon(self.fetch_blob, i, nursery.cancel_scope)
+                nursery.start_soon(self.watch_attestations, nursery.cancel_scope)
+
+    async def fetch_blob(self, i: int, scope: trio.CancelScope) -> None:
+        """Fetch blob i until we have it or it proves malformed (or the deadline cancels us),
+        asking again every RETRY_INTERVAL: holders learnt meanwhile are asked too."""
+        blobs = self.blobs
+        digest_hex = bytes(self.commitments[i].digest).hex()
+        while not blobs.is_settled(i):
+            try:
+                data = await self._obtain(digest_hex, blobs.providers(i, self._announced(digest_hex)))
+                blobs.vectors[i] = self._read_update(data)
+            except BlobError as exc:  # right digest, malformed content: nobody can use it
+                log.warning("round %d: blob of %s is malformed: %s", self.round, self.commitments[i].peer, exc)
+                blobs.malformed[i] = True
+            except Exception as exc:  # P2P errors: try again (other holders) until cancelled
+                log.info("round %d: fetch of %s failed: %s", self.round, digest_hex[:12], exc)
+                await trio.sleep(RETRY_INTERVAL)
+        if blobs.done():
+            scope.cancel()
+
+    async def watch_attestations(self, scope: trio.CancelScope) -> None:
+        """Read the attestations every WATCH_INTERVAL; stop the fetch step once it is done."""
+        self.blobs.learn(await self._read_attestations(), self.index)
+        while not self.blobs.done():  # or until the step's deadline cancels us
+            await trio.sleep(WATCH_INTERVAL)
+            self.blobs.learn(await self._read_attestations(), self.index)
+        scope.cancel()

@@ -1,0 +1,246 @@
+"""The fetch-and-agree step (node/peer/agree.py) in the event orders that matter: a late blob, a
+blob that never arrives, a malformed blob, two different attestations on chain, an attestation
+before this peer's fetch ends, a focal set that cannot be completed.
+
+The decisions are checked without trio first; then participant 0 runs the real step, wired by
+the real `Peer`, against a FakeChain and FakeNetwork in trio's virtual time (tests/node/peer/harness.py),
+while scripted participants attest at chosen times."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import trio
+
+from node.chain.records import Attestation
+from node.peer.agree import Agreement, RoundBlobs, decide_inclusion, first_including
+from node.protocol import wire
+from node.protocol.wire import encode_bitmap
+from tests.node.peer.harness import (
+    FETCH_TIMEOUT,
+    FakeSwarm,
+    closed_round,
+    digest_of,
+    run_virtual,
+    update_blob,
+    update_vector,
+)
+
+T, F = True, False
+
+# ------------------------------------------------------------------ decisions, without trio
+
+
+def test_the_focal_set_is_the_first_bitmap_that_includes_us():
+    bitmaps = [[F, T, T], [T, T, F], [T, T, T]]
+    assert first_including(bitmaps, mine=0) == [T, T, F]  # not the later, larger one
+    assert first_including(bitmaps, mine=1) == [F, T, T]
+    assert first_including([[F, T, T]], mine=0) is None
+
+
+@pytest.mark.parametrize(
+    "have,focal,expected",
+    [
+        ([T, T, T], [T, T, F], [T, T, F]),  # a complete focal set wins, even over more blobs
+        ([T, F, T], [T, T, F], [T, F, T]),  # a focal blob is missing: what we fetched ourselves
+        ([T, T, F], None, [T, T, F]),  # no focal set
+    ],
+)
+def test_decide_inclusion(have, focal, expected):
+    assert decide_inclusion(have, focal) == expected
+
+
+def test_round_blobs_learn_holders_and_keep_the_first_focal_set():
+    blobs = RoundBlobs(["p0", "p1", "p2"], mine=0)
+    index = {"0xa": 0, "0xb": 1, "0xc": 2}
+    excludes_us = Attestation("0xb", b"\x01" * 32, encode_bitmap([F, T, T]), 1, 5)
+    includes_us = Attestation("0xc", b"\x02" * 32, encode_bitmap([T, F, T]), 1, 6)
+    blobs.learn([excludes_us], index)
+    assert blobs.focal is None and blobs.holders == [[], ["p1"], ["p1"]]
+    blobs.learn([excludes_us, includes_us], index)  # the chain's list grows; holders are not repeated
+    assert blobs.focal == [T, F, T] and blobs.holders == [["p2"], ["p1"], ["p1", "p2"]]
+    later = Attestation("0xa", b"\x03" * 32, encode_bitmap([T, T, T]), 1, 7)
+    blobs.learn([excludes_us, includes_us, later], index)
+    assert blobs.focal == [T, F, T]  # adopted once, never replaced
+    # whom to ask for blob 2: its committer, then its holders, then whoever announced it
+    assert blobs.providers(2, announced=["p1", "p9"]) == ["p2", "p1", "p2", "p0", "p9"]
+
+
+def test_round_blobs_done_when_all_or_the_focal_set_is_settled():
+    blobs = RoundBlobs(["p0", "p1", "p2"], mine=0)
+    blobs.vectors[0] = torch.zeros(1)
+    assert not blobs.done()
+    blobs.malformed[1] = True  # settled: nothing more to fetch for it
+    assert not blobs.done()
+    blobs.focal = [T, T, F]
+    assert blobs.done() and blobs.decide() == [T, F, F]  # malformed blob 1: the focal set is not held
+    blobs.vectors[1], blobs.malformed[1] = torch.zeros(1), False
+    assert blobs.decide() == [T, T, F]
+    with pytest.raises(ValueError):
+        RoundBlobs(["p0"], mine=1)
+
+
+# ------------------------------------------------------------------ event orders, in virtual time
+
+
+async def agree(swarm: FakeSwarm, *scripted: tuple) -> tuple[Agreement, list[bool], float]:
+    """Participant 0 (a real Peer's wiring) runs the step while scripted members attest
+    (time, member, digest, flags); returns the step, its bitmap and the trio seconds it took."""
+    peer = swarm.peer(0)
+    async with trio.open_nursery() as nursery:
+        for args in scripted:
+            nursery.start_soon(swarm.attest_at, *args)
+        started = trio.current_time()
+        agreement = await peer._agreement(1)
+        included = await agreement.run()
+        elapsed = trio.current_time() - started
+        nursery.cancel_scope.cancel()  # attestations still scheduled do not matter any more
+    return agreement, included, elapsed
+
+
+def test_a_late_blob_is_waited_for_and_included():
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        swarm.network.delay(digests[1], 6.0)  # arrives 6 s into a 10 s fetch
+
+        agreement, included, elapsed = await agree(swarm)
+
+        assert included == [T, T, T]
+        assert elapsed == pytest.approx(6.0)  # stopped as soon as the last blob was in
+        assert torch.equal(agreement.blobs.vectors[1], update_vector(1))
+        assert swarm.network.providers_of(digests[1], swarm.members[0].peer_id) == [swarm.members[1].peer_id]
+
+    run_virtual(main)
+
+
+@pytest.mark.parametrize("how", ["committer-unreachable", "transfer-stalls", "arrives-after-timeout"])
+def test_b_a_blob_that_never_arrives_is_left_out_after_fetch_timeout(how):
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        if how == "committer-unreachable":
+            swarm.network.unreachable.add(swarm.members[2].peer_id)
+        elif how == "transfer-stalls":
+            swarm.network.stall(digests[2])
+        else:
+            swarm.network.delay(digests[2], FETCH_TIMEOUT + 0.5)
+
+        agreement, included, elapsed = await agree(swarm)
+
+        assert included == [T, T, F]
+        assert elapsed == pytest.approx(FETCH_TIMEOUT)  # waited the whole timeout, once: no focal set
+        assert agreement.blobs.vectors[2] is None and not agreement.blobs.malformed[2]
+        assert agreement.blobs.focal is None
+
+    run_virtual(main)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\x00" * 64,  # not safetensors at all
+        wire.model_blob(update_vector(2), 1),  # a well-formed blob of the wrong kind
+        wire.update_blob(torch.zeros(7), 1, "{}"),  # an update of the wrong size
+    ],
+    ids=["garbage", "wrong-kind", "wrong-size"],
+)
+def test_e_a_malformed_blob_is_left_out_at_once_like_a_missing_one(bad):
+    async def main():
+        swarm, blobs, digests = closed_round(3, [update_blob(0), update_blob(1), bad])
+
+        agreement, included, elapsed = await agree(swarm)
+
+        assert included == [T, T, F]  # the bitmap of a blob that never arrived
+        assert agreement.blobs.malformed[2] and agreement.blobs.vectors[2] is None
+        assert elapsed < 1.0  # nothing to wait for: it cannot get better
+        # the right bytes did arrive (digest checked): it is the content that is refused
+        assert swarm.network.providers_of(digests[2], swarm.members[0].peer_id) == [swarm.members[2].peer_id]
+
+    run_virtual(main)
+
+
+def test_c_the_first_attestation_excludes_us_a_later_one_includes_us():
+    """Participant 1 is unreachable; 1 attests a set without us first, then 2 attests all three.
+    We adopt 2's set (the first that includes us) and fetch 1's blob from 2, who attested it."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        p = [m.peer_id for m in swarm.members]
+        swarm.network.unreachable.add(p[1])
+        swarm.members[2].store.put(blobs[1])  # 2 fetched it earlier (and did not announce it)
+        without_us, everyone = [F, T, T], [T, T, T]
+
+        agreement, included, elapsed = await agree(
+            swarm, (1.25, 1, digest_of(blobs, without_us), without_us), (2.25, 2, digest_of(blobs, everyone), everyone)
+        )
+
+        assert [a.peer for a in swarm.members[0].ledger.attestations(1)] == [
+            swarm.members[1].address,
+            swarm.members[2].address,
+        ]
+        assert agreement.blobs.focal == everyone and included == everyone
+        assert swarm.network.providers_of(digests[1], p[0]) == [p[2]]
+        assert 2.25 < elapsed <= 3.0  # done as soon as the focal set was complete, not at the timeout
+        assert agreement.blobs.holders[1] == [p[1], p[2]]
+
+    run_virtual(main)
+
+
+def test_c_of_two_attestations_that_include_us_the_first_wins():
+    """1 attests {0, 1}; 2 attests {0, 1, 2} a moment later, before we read the chain. We vote
+    1's set, and stop waiting for 2's blob (unreachable to us) at once."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        swarm.network.unreachable.add(swarm.members[2].peer_id)
+        first, second = [T, T, F], [T, T, T]
+
+        agreement, included, elapsed = await agree(
+            swarm, (1.25, 1, digest_of(blobs, first), first), (1.3, 2, digest_of(blobs, second), second)
+        )
+
+        assert included == first and agreement.blobs.focal == first
+        assert elapsed == pytest.approx(1.5)  # the first read of the chain after both attestations
+        assert agreement.blobs.vectors[2] is None
+
+    run_virtual(main)
+
+
+def test_d_an_attestation_before_our_fetch_ends_sets_what_we_wait_for():
+    """Four participants. 2's blob reaches nobody; 3 is unreachable to us but 1 holds its blob.
+    1 attests {0, 1, 3} at 2.25 s, long before our 10 s fetch would end: we stop waiting for
+    blob 2, fetch blob 3 from 1, and vote 1's set."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(4)
+        p = [m.peer_id for m in swarm.members]
+        swarm.network.unreachable.update({p[2], p[3]})
+        swarm.members[1].store.put(blobs[3])
+        focal = [T, T, F, T]
+
+        agreement, included, elapsed = await agree(swarm, (2.25, 1, digest_of(blobs, focal), focal))
+
+        assert included == focal
+        assert swarm.network.providers_of(digests[3], p[0]) == [p[1]]
+        assert torch.equal(agreement.blobs.vectors[3], update_vector(3))
+        assert agreement.blobs.vectors[2] is None
+        assert 2.25 < elapsed <= 3.0
+
+    run_virtual(main)
+
+
+def test_d_a_focal_set_we_cannot_complete_falls_back_to_what_we_fetched():
+    """1 attests {0, 1, 3} but cannot serve blob 3 (nor can anyone): we wait the fetch timeout,
+    then one more for the focal set's rest, then vote what we fetched ourselves."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(4)
+        swarm.network.unreachable.update({swarm.members[2].peer_id, swarm.members[3].peer_id})
+        focal = [T, T, F, T]
+
+        agreement, included, elapsed = await agree(swarm, (2.25, 1, digest_of(blobs, focal), focal))
+
+        assert agreement.blobs.focal == focal
+        assert included == [T, T, F, F]
+        assert elapsed == pytest.approx(2 * FETCH_TIMEOUT)  # "twice at most"
+
+    run_virtual(main)
