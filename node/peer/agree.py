@@ -4,7 +4,8 @@
 Peers whose fetch deadlines expire at different moments would attest different bitmaps and no
 (digest, bitmap) would reach a majority. So while fetching, a peer reads the round's
 attestations: the first one on chain whose bitmap includes the peer's own blob becomes its focal
-set (nobody can leave a peer out without its consent). It fetches what of that set it lacks from
+set (a peer never votes for a set that leaves its own blob out, though a strict majority
+that agrees without it still finalizes). It fetches what of that set it lacks from
 the peers that attested it (they hold those blobs), for at most one more `fetch_timeout`, and
 votes the same bitmap; without a focal set it can complete, it votes what it fetched itself.
 
