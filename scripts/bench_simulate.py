@@ -117,6 +117,8 @@ def _time_train_local() -> list[float]:
 def _baseline(sim, config, indices) -> float:
     """Mean seconds of `train_local` alone for these peers: same shard, seed and settings as
     their first round in the simulation, from the genesis model."""
+    import torch
+
     from node.learning.contribute import round_seed
     from node.learning.train import round_lr, train_local
     from node.protocol.blob import unflatten
@@ -138,6 +140,7 @@ def _baseline(sim, config, indices) -> float:
             momentum=st.momentum,
             seed=round_seed(config.swarm.seed, peer_name(i), 1),
             dp=st.dp,
+            privacy_generator=torch.Generator().manual_seed(i),  # a benchmark: seeded noise is fine
         )
     return (time.perf_counter() - started) / len(indices)
 

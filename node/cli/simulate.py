@@ -70,6 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="record the run on a local Anvil ledger (one account per peer): `swarm verify --run OUT`",
     )
+    p.add_argument(
+        "--secret-noise",
+        action="store_true",
+        help="draw the privacy noise from the OS CSPRNG as a real peer does (default: seeded, so a run is "
+        "reproducible, and anyone with the seed can subtract the noise: a simulation, not a private run)",
+    )
     p.add_argument("--quick", action="store_true", help="a seconds-long run: digits, 8 peers, 4 rounds, no DP")
     p.add_argument("--out", type=Path, help="run folder (default runs/sim-<timestamp>)")
     common.add_config_options(p)
@@ -95,6 +101,7 @@ def handle(args: argparse.Namespace) -> int:
                 ledger=args.ledger,
                 threads=args.threads,
                 on_progress=on_progress,
+                secret_noise=args.secret_noise,
             )
             result = sim.run()
     except (SimulationError, FileExistsError, AnvilError) as exc:

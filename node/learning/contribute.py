@@ -1,6 +1,11 @@
-"""A peer's contribution to one round, as a pure function of (global model, data, settings,
-seed): train locally, take what is shared (weights or update), perturb it. The peer process
-and `swarm simulate` both call this, so a simulated round is the real round minus the network."""
+"""A peer's contribution to one round: train locally, take what is shared (weights or update),
+perturb it. The peer process and `swarm simulate` both call this, so a simulated round is the
+real round minus the network.
+
+Two kinds of randomness, never mixed: `seed` (public, from the swarm seed) orders plain SGD's
+batches; `noise` draws everything a privacy guarantee rests on (the mechanism's noise and
+sampling, DP-SGD's noise and Poisson batches). A peer passes `secret_generator()`; only a
+simulation may pass a seeded one, and then says its noise is reproducible."""
 
 from __future__ import annotations
 
@@ -24,7 +29,9 @@ class Contribution:
 
 
 def round_seed(seed: int, peer: str, round_number: int) -> int:
-    """Each peer's draws for a round derive from the run's one seed, its identity and the round."""
+    """The public per-peer, per-round seed (from the swarm seed, the peer's identity and the round)
+    for what may be reproducible: plain SGD's batch order, and a simulation's noise. Never the
+    noise of a real peer: anyone can compute this."""
     digest = sha256(f"{seed}:{peer.lower()}:{round_number}".encode())
     return int.from_bytes(digest[:8], "big") & 0x7FFF_FFFF_FFFF_FFFF
 
@@ -40,6 +47,7 @@ def contribute(
     mechanism: Mechanism | None,
     round_number: int,
     seed: int,
+    noise: torch.Generator,
     fault: str | None = None,
 ) -> Contribution:
     """Train `model` (reused as scratch space) from `global_vector` on (x, y) and return the
@@ -56,6 +64,7 @@ def contribute(
         momentum=settings.momentum,
         seed=seed,
         dp=settings.dp,
+        privacy_generator=noise,
     )
     local, _ = flatten(model)
     shared = local - global_vector if settings.shared.share == "update" else local
@@ -63,6 +72,5 @@ def contribute(
         shared = shared * float(fault.split(":", 1)[1])  # testing: a byzantine peer (node/peer/faults.py)
     shared = shared.to(torch.float32)
     if mechanism is not None:
-        generator = torch.Generator().manual_seed(seed ^ 0x5EED)
-        shared = mechanism.perturb(shared, generator=generator).to(torch.float32)
+        shared = mechanism.perturb(shared, generator=noise).to(torch.float32)
     return Contribution(shared.contiguous(), int(result.num_samples), float(result.mean_loss), result.dp_epsilon)

@@ -1,8 +1,10 @@
 """Local training: plain mini-batch SGD for E epochs, or DP-SGD through opacus.
 
-Everything random (shuffling, Poisson sampling, DP noise) draws from one `torch.Generator`
-seeded by the caller, never from the global RNG, so a run is reproducible on one machine and
-many simulated peers can train in one process. No DataLoader (and no worker processes): the
+Nothing draws from torch's global RNG, so many simulated peers can train in one process. Plain
+SGD shuffles with a generator seeded by the caller (reproducible on one machine; no guarantee
+rests on the batch order). DP-SGD's noise and Poisson batches, which its guarantee rests on, draw
+from the `privacy_generator` the caller passes: `mechanisms.randomness.secret_generator()` in a
+real peer, never something derived from a public seed. No DataLoader (and no worker processes): the
 data are tensors in memory and batches are index slices. `torch.set_num_threads` is the
 caller's business.
 
@@ -67,11 +69,13 @@ def train_local(
     seed: int,
     dp: DPSGDConfig | None = None,
     accountant: RDPAccountant | None = None,
+    privacy_generator: torch.Generator | None = None,
 ) -> TrainResult:
     """Train `model` in place on (x, y) and report what the round needs.
 
     With `dp`, `accountant` (an `opacus.accountants.RDPAccountant`, kept by the caller across
-    rounds) records every step; a fresh one is used when None (epsilon of this call alone)."""
+    rounds) records every step; a fresh one is used when None (epsilon of this call alone), and
+    `privacy_generator` is required: the noise and the Poisson batches draw from it."""
     n = int(y.shape[0])
     if n < 1 or x.shape[0] != n:
         raise ValueError(f"need as many inputs as labels and at least one: x {tuple(x.shape)}, y {tuple(y.shape)}")
@@ -83,11 +87,12 @@ def train_local(
         raise ValueError(f"lr must be > 0, got {lr!r}")
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
-    generator = torch.Generator().manual_seed(seed)
     model.train()
     if dp is None:
-        return _train_sgd(model, x, y, epochs, batch_size, lr, momentum, generator)
-    return _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, generator, dp, accountant)
+        return _train_sgd(model, x, y, epochs, batch_size, lr, momentum, torch.Generator().manual_seed(seed))
+    if privacy_generator is None:
+        raise ValueError("DP-SGD needs a privacy_generator for its noise and batches (secret_generator() in a peer)")
+    return _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, privacy_generator, dp, accountant)
 
 
 @contextmanager
@@ -164,6 +169,7 @@ def _train_dpsgd(
         max_grad_norm=dp.max_grad_norm,
         expected_batch_size=max(1, round(sample_rate * n)),
         generator=generator,
+        secure_mode=True,  # noise as a sum of Gaussians: robust to floating-point attacks on the noise
     )
     sampler = UniformWithReplacementSampler(
         num_samples=n, sample_rate=sample_rate, generator=generator, steps=steps_per_epoch

@@ -22,6 +22,7 @@ import trio
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
+from mechanisms.randomness import secret_generator
 from node.chain.errors import LedgerError, RoundNotClosed
 from node.chain.records import Commitment, RoundInfo
 from node.learning.contribute import contribute, round_seed
@@ -333,15 +334,18 @@ class Peer:
         train_seconds = time.monotonic() - t0
         mech_json = wire.canonical(self.s.mechanism)
         data = wire.update_blob(vector, r, mech_json)
-        digest = self.store.put(data)
-        if self.s.fault == "wrong-bytes":
-            cast(PoisonableStore, self.store).poison(digest)  # testing: commit this digest, serve other bytes
-        await self.host.announce_blob(digest)
+        digest = sha256(data).hex()
         self._set(Phase.COMMITTING)
         receipt = await self.chain(
             self.ledger.commit, r, bytes.fromhex(digest), num_samples, eps_micro, mech_json.encode()
         )
         self._commits += 1
+        # Commit first, then serve: the release is public only once its eps is on chain, and a
+        # refused commit (an exception above) leaves nothing stored or announced.
+        self.store.put(data)
+        if self.s.fault == "wrong-bytes":
+            cast(PoisonableStore, self.store).poison(digest)  # testing: commit this digest, serve other bytes
+        await self.host.announce_blob(digest)
         return train_seconds, _gas(receipt), spend.epsilon
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -355,6 +359,7 @@ class Peer:
             mechanism=mechanisms.from_params(self.s.mechanism),
             round_number=r,
             seed=round_seed(self.s.shared.seed, self.address, r),
+            noise=secret_generator(),  # fresh from the OS CSPRNG for every release, never kept
             fault=self.s.fault,
         )
         return c.vector, c.num_samples

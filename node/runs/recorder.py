@@ -89,6 +89,7 @@ class ChainRecorder:
             ],
             config=c.to_dict(),
             fraction=sim.fraction,
+            noise=sim.noise_label,
         )
 
     def _client(self, i: int) -> LedgerClient:

@@ -34,6 +34,7 @@ from opacus.accountants import RDPAccountant
 
 import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
+from mechanisms.randomness import secret_generator
 from node.chain.anvil import find_anvil
 from node.config import Config
 from node.derive import peer_settings
@@ -48,6 +49,8 @@ from node.protocol.settings import DPSGDConfig, PeerSettings
 from node.runfiles import MetricsWriter, write_json_atomic
 from node.runs.recorder import ChainRecorder, DigestOnly
 
+SEEDED_NOISE = "noise reproducible from the seed: a simulation, not a private run"
+SECRET_NOISE = "noise from the OS CSPRNG (as a real peer draws it): not reproducible"
 NO_MECHANISM = "none"  # the non-private baseline: simulate only, never on a ledger
 DIVERGENCE_BOUND = 1e6  # a global model with a weight beyond this has exploded (the PNPM paper's "gradient explosion")
 
@@ -131,6 +134,7 @@ class Simulation:
         threads: int | None = 1,
         on_progress: Callable[[dict], None] | None = None,
         mechanism_params: dict | None = None,
+        secret_noise: bool = False,
     ):
         if not 0 < fraction <= 1:
             raise SimulationError(f"fraction must be in (0, 1], got {fraction!r}")
@@ -149,6 +153,10 @@ class Simulation:
         if ledger:
             find_anvil()  # fail before any work or folder when the chain binary is missing
         self.use_ledger = ledger
+        # Seeded noise makes experiments reproducible, and anyone with the seed can subtract it:
+        # every file the run writes says which kind it used.
+        self.secret_noise = secret_noise
+        self.noise_label = SECRET_NOISE if secret_noise else SEEDED_NOISE
         self.threads = threads
         self.on_progress = on_progress or (lambda event: None)
         # Parameters the config's float-only [privacy.params] cannot express (e.g. sampled's base).
@@ -193,6 +201,13 @@ class Simulation:
             self.peers.append(_Peer(peer_name(i), train.x[index].contiguous(), train.y[index].contiguous()))
         self.test_x, self.test_y = test.x, test.y
         self._spend_cache: dict[int, Spend] = {}
+
+    def _noise(self, seed: int, peer: str, round_number: int) -> torch.Generator:
+        """The generator of one contribution's privacy draws: secret as in a real peer, or (the
+        default, for reproducible experiments) seeded from the public round seed."""
+        if self.secret_noise:
+            return secret_generator()
+        return torch.Generator().manual_seed(round_seed(seed, peer, round_number) ^ 0x5EED)
 
     def _spend(self, commits: int) -> Spend | None:
         """Cumulative spend after `commits` contributions: depends on k only, so computed once per k."""
@@ -245,6 +260,7 @@ class Simulation:
                                 mechanism=self.mechanism,
                                 round_number=r,
                                 seed=round_seed(seed, peer.name, r),
+                                noise=self._noise(seed, peer.name, r),
                             )
                         except ValueError as exc:
                             if "nan" not in str(exc).lower() and "inf" not in str(exc).lower():
@@ -338,6 +354,7 @@ class Simulation:
             "eps_max": max(eps) if eps else None,  # largest cumulative whole-update eps of any peer so far
             "eps_per_contribution": None if spend is None else float(spend.epsilon),
             "protects": "nothing (non-private baseline)" if spend is None else spend.protects,
+            "noise": self.noise_label,
         }
 
     def _summary(
@@ -386,6 +403,7 @@ class Simulation:
             "dp_sgd": self._dp_sgd_summary(),
             "peer_rounds": peer_rounds,
             "threads": self.threads,
+            "noise": self.noise_label,
             "seconds": {
                 "total": seconds,
                 "train": timing.train,
@@ -446,9 +464,10 @@ def summary_line(summary: dict) -> str:
         if p["protects"] == "sign"
         else ""
     )
+    noise = f" [{summary['noise']}]" if summary.get("noise") else ""
     return (
         f"eps per peer, whole shared vector of {summary['num_params']} coordinates, after "
         f"{p['max_contributions']} contributions: {p['eps_whole_update_max']:.6g} "
         f"(per contribution {p['per_contribution_eps']:.6g}; per coordinate {p['per_coordinate_eps']}); "
-        f"protects {p['protects']}{note}{records}"
+        f"protects {p['protects']}{note}{records}{noise}"
     )

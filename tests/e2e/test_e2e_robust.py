@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mechanisms.randomness import secret_generator
 from node.learning.contribute import contribute, round_seed
 from node.learning.data import load_dataset
 from node.learning.models import init_model
@@ -54,6 +55,7 @@ def run(rule: str, attack: bool) -> float:
                 mechanism=None,
                 round_number=r,
                 seed=round_seed(7, f"peer{i}", r),
+                noise=secret_generator(),  # unused: no mechanism, no DP-SGD
                 fault=f"scale:{SCALE}" if attack and i == ATTACKER else None,
             )
             vectors.append(c.vector)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from opacus.accountants import RDPAccountant
 
+from mechanisms.randomness import secret_generator
 from node.learning.data import load_dataset
 from node.learning.models import init_model
 from node.learning.train import evaluate, round_lr, train_local
@@ -64,7 +65,16 @@ def test_dpsgd_runs_with_opacus_and_accounts():
     model = fresh()
     keys = list(model.state_dict())
     first = train_local(
-        model, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, seed=0, dp=dp, accountant=accountant
+        model,
+        TRAIN.x[:n],
+        TRAIN.y[:n],
+        epochs=epochs,
+        batch_size=batch,
+        lr=0.5,
+        seed=0,
+        dp=dp,
+        accountant=accountant,
+        privacy_generator=secret_generator(),
     )
     # Reference: the same Poisson-sampled steps accounted by a fresh RDP accountant.
     reference = RDPAccountant()
@@ -75,19 +85,47 @@ def test_dpsgd_runs_with_opacus_and_accounts():
     # steps merged into one entry), pure float64 scalar math in one process
     assert first.dp_epsilon == reference.get_epsilon(1e-5)
     second = train_local(
-        model, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, seed=1, dp=dp, accountant=accountant
+        model,
+        TRAIN.x[:n],
+        TRAIN.y[:n],
+        epochs=epochs,
+        batch_size=batch,
+        lr=0.5,
+        seed=1,
+        dp=dp,
+        accountant=accountant,
+        privacy_generator=secret_generator(),
     )
     assert second.dp_epsilon > first.dp_epsilon  # cumulative across rounds
     # opacus is detached again: same parameter names, no hooks left behind, finite weights.
     assert list(model.state_dict()) == keys
     assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
     assert bool(torch.isfinite(flatten(model)[0]).all())
-    # Reproducible: noise and sampling come from the seeded generator.
-    again = fresh()
-    train_local(again, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, seed=0, dp=dp)
-    replay = fresh()
-    train_local(replay, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, seed=0, dp=dp)
-    assert torch.equal(flatten(again)[0], flatten(replay)[0])
+    # Noise and batches come from the privacy generator alone: the same seed with fresh secret
+    # generators gives different models; the same seeded generator twice (a simulation) the same.
+    runs = []
+    for generator in (
+        secret_generator(),
+        secret_generator(),
+        torch.Generator().manual_seed(5),
+        torch.Generator().manual_seed(5),
+    ):
+        model = fresh()
+        train_local(
+            model,
+            TRAIN.x[:n],
+            TRAIN.y[:n],
+            epochs=epochs,
+            batch_size=batch,
+            lr=0.5,
+            seed=0,
+            dp=dp,
+            privacy_generator=generator,
+        )
+        runs.append(flatten(model)[0])
+    assert not torch.equal(runs[0], runs[1]) and torch.equal(runs[2], runs[3])
+    with pytest.raises(ValueError, match="privacy_generator"):
+        train_local(fresh(), TRAIN.x[:n], TRAIN.y[:n], epochs=1, batch_size=batch, lr=0.5, seed=0, dp=dp)
 
 
 def test_round_lr_and_errors():
