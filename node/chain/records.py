@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import mechanisms
 from node.protocol.wire import eps_from_micro
 
 DELTA_SCALE = 10**18  # the contract stores delta as an integer times 1e-18
@@ -76,30 +77,28 @@ class Attestation:
     block_number: int
 
 
-# Which part of the shared update a mechanism's eps bounds, when its JSON does not say.
-# PNPM's density ratio holds between the two signs only; |w| is released exactly (docs/MECHANISMS.md).
-PROTECTS_BY_NAME = {"pnpm": "sign only (no eps for the values)"}
-# The mechanisms package's own vocabulary (Guarantee.protects), spelled out.
-PROTECTS_WORDS = {"sign": PROTECTS_BY_NAME["pnpm"], "value": "the values"}
-UNKNOWN_PROTECTS = "not stated by the mechanism"
+# The mechanisms package's own vocabulary (Guarantee.protects), spelled out. PNPM's density
+# ratio holds between the two signs only; |w| is released exactly (docs/MECHANISMS.md).
+PROTECTS_WORDS = {"sign": "sign only (no eps for the values)", "value": "the values"}
+NO_GUARANTEE = "nothing: not a valid mechanism, so no guarantee"
 
 
 def describe_mechanism(raw: bytes) -> dict[str, Any]:
     """Parse committed mechanism bytes: {"name", "protects", "params"}, tolerant of anything.
 
-    "protects" comes from the JSON's own "protects" field if present, else from the known names
-    table, else says it is not stated. Bytes that are not a JSON object give name "unparsed".
+    "protects" comes from the guarantee of the mechanism the parameters build, never from a field
+    the peer wrote itself: parameters that build no mechanism protect nothing. Bytes that are not
+    a JSON object give name "unparsed".
     """
     try:
         params = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
-        return {"name": "unparsed", "protects": UNKNOWN_PROTECTS, "params": None}
+        return {"name": "unparsed", "protects": NO_GUARANTEE, "params": None}
     if not isinstance(params, dict):
-        return {"name": "unparsed", "protects": UNKNOWN_PROTECTS, "params": params}
-    name = str(params.get("name") or params.get("mechanism") or "unnamed")
-    protects = params.get("protects")
-    if isinstance(protects, str) and protects:
-        protects = PROTECTS_WORDS.get(protects.lower(), protects)
-    else:
-        protects = PROTECTS_BY_NAME.get(name.lower(), UNKNOWN_PROTECTS)
-    return {"name": name, "protects": protects, "params": params}
+        return {"name": "unparsed", "protects": NO_GUARANTEE, "params": params}
+    name = str(params.get("name") or "unnamed")
+    try:
+        kind = mechanisms.from_params(params).guarantee.protects
+    except (ValueError, TypeError, KeyError):
+        return {"name": name, "protects": NO_GUARANTEE, "params": params}
+    return {"name": name, "protects": PROTECTS_WORDS.get(kind, kind), "params": params}

@@ -20,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "node.runfiles": set(),
     "node.protocol": {"mechanisms"},
     "node.learning": {"mechanisms", "node.protocol"},
-    "node.chain": {"node.protocol"},
+    "node.chain": {"mechanisms", "node.protocol"},
     "node.config": {"mechanisms", "node.protocol", "node.learning"},
     "node.derive": {"mechanisms", "node.protocol", "node.learning", "node.config"},
     "node.verify": {"mechanisms", "node.protocol", "node.chain"},

@@ -18,7 +18,7 @@ from eth_account import Account
 from node.chain.anvil import start_anvil
 from node.chain.client import LedgerClient, connect
 
-MECHANISM = json.dumps({"name": "pnpm", "eps": 1.0, "c": 3.0, "target": "weights"}, separators=(",", ":")).encode()
+MECHANISM = json.dumps({"name": "pnpm", "epsilon": 1.0}, separators=(",", ":")).encode()
 GENESIS = hashlib.sha256(b"genesis model").digest()
 
 

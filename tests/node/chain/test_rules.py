@@ -12,7 +12,7 @@ from node.chain.records import RoundState
 from node.protocol.wire import encode_bitmap
 
 # The same constants as conftest.py (which importlib mode cannot import).
-MECHANISM = json.dumps({"name": "pnpm", "eps": 1.0, "c": 3.0, "target": "weights"}, separators=(",", ":")).encode()
+MECHANISM = json.dumps({"name": "pnpm", "epsilon": 1.0}, separators=(",", ":")).encode()
 GENESIS = hashlib.sha256(b"genesis model").digest()
 
 

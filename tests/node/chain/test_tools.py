@@ -67,14 +67,18 @@ def test_in_process_provider_smoke():
         peer.attest(1, b"\x09" * 32, b"\x03")
     assert deployer.round_info(1).state is records.RoundState.FINALIZED
     assert deployer.params().delta == pytest.approx(1e-5)
-    assert deployer.snapshot()["rounds"][0]["commitments"][0]["protects"] == records.UNKNOWN_PROTECTS
+    assert deployer.snapshot()["rounds"][0]["commitments"][0]["protects"] == records.NO_GUARANTEE
 
 
-def test_describe_mechanism_is_tolerant():
-    assert records.describe_mechanism(b'{"name":"pnpm","eps":1}')["protects"].startswith("sign only")
-    assert records.describe_mechanism(b'{"name":"x","protects":"whole update"}')["protects"] == "whole update"
-    assert records.describe_mechanism(b'{"name":"brand-new"}')["protects"] == records.UNKNOWN_PROTECTS
-    assert records.describe_mechanism(b'{"name":"y","protects":"sign"}')["protects"].startswith("sign only")
+def test_describe_mechanism_takes_protects_from_the_guarantee_never_from_the_json():
+    assert records.describe_mechanism(b'{"name":"pnpm","epsilon":1}')["protects"].startswith("sign only")
+    # a peer's own "protects" field never upgrades the label: PNPM with "protects": "value" builds
+    # no mechanism (an unknown parameter), so it protects nothing, never "the values"
+    forged = records.describe_mechanism(b'{"name":"pnpm","epsilon":1,"protects":"value"}')["protects"]
+    assert forged == records.NO_GUARANTEE
+    assert records.describe_mechanism(b'{"name":"duchi","epsilon":1}')["protects"] == "the values"
+    for bad in (b'{"name":"x","protects":"whole update"}', b'{"name":"brand-new"}', b'{"name":"pnpm","eps":1}'):
+        assert records.describe_mechanism(bad)["protects"] == records.NO_GUARANTEE, bad
     assert records.describe_mechanism(b"\xff not json")["name"] == "unparsed"
     assert records.describe_mechanism(b"[1, 2]")["name"] == "unparsed"
     assert wire.decode_bitmap(wire.encode_bitmap([True, False, True] * 3), 9) == [True, False, True] * 3
