@@ -353,9 +353,18 @@ class Simulation:
             "diverged": bool(diverged),
             "eps_max": max(eps) if eps else None,  # largest cumulative whole-update eps of any peer so far
             "eps_per_contribution": None if spend is None else float(spend.epsilon),
-            "protects": "nothing (non-private baseline)" if spend is None else spend.protects,
+            "protects": self._protects(spend),
             "noise": self.noise_label,
         }
+
+    def _protects(self, spend: Spend | None) -> str:
+        """What the shared vector's eps covers; a DP-SGD run without a local mechanism is private
+        for each training record, never a "non-private baseline"."""
+        if spend is not None:
+            return spend.protects
+        if self.settings.dp is not None:
+            return "no local DP on the shared vector; DP-SGD protects each training record (see dp_sgd)"
+        return "nothing (non-private baseline)"
 
     def _summary(
         self,

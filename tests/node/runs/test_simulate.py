@@ -10,7 +10,7 @@ import pytest
 
 from node.cli import main
 from node.config import load_config
-from node.runs.simulate import Simulation, SimulationError, sample_peers
+from node.runs.simulate import SECRET_NOISE, SEEDED_NOISE, Simulation, SimulationError, sample_peers, summary_line
 
 # Small and fast: 6 peers on 8x8 digits (1,347 training images), 2 rounds, PNPM at eps 1.
 SMALL = [
@@ -125,3 +125,18 @@ def test_ledger_run_passes_swarm_verify_and_tampering_fails_it(tmp_path, capsys)
     data[-1] ^= 0x01
     blob.write_bytes(bytes(data))
     assert main(["verify", "--run", str(out), "--json"]) == 1
+
+
+def test_noise_is_labelled_and_secret_noise_does_not_repeat(tmp_path):
+    """Seeded noise (the default) is reproducible, so every file says it is a simulation; with
+    --secret-noise the same seed gives other releases, and a DP-SGD run is never called non-private."""
+    seeded = run(tmp_path, "seeded", SMALL)
+    assert seeded.summary["noise"] == SEEDED_NOISE and all(r["noise"] == SEEDED_NOISE for r in seeded.records)
+    assert SEEDED_NOISE in summary_line(seeded.summary)
+    assert json.loads((tmp_path / "seeded" / "summary.json").read_text())["noise"] == SEEDED_NOISE
+    secret = [run(tmp_path, name, SMALL, secret_noise=True) for name in ("s1", "s2")]
+    assert all(s.summary["noise"] == SECRET_NOISE for s in secret)
+    assert secret[0].records[0]["model_digest"] != secret[1].records[0]["model_digest"]
+    dp_only = run(tmp_path, "dp", SMALL + ["privacy.mechanism=none", "train.dp_sgd=true", "swarm.rounds=1"])
+    assert "non-private" not in dp_only.records[0]["protects"] and "DP-SGD" in dp_only.records[0]["protects"]
+    assert dp_only.summary["dp_sgd"]["epsilon"] > 0
