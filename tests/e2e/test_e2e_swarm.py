@@ -178,19 +178,21 @@ def test_peer_serving_other_bytes_is_left_out(tmp_path):
 
 
 def _last_bias_slice(config) -> slice:
-    """Where the final layer's bias sits in the flat vector. Under plain SGD with cross-entropy its
+    """Where the output layer's bias sits in the flat vector. Under plain SGD with cross-entropy its
     update sums to zero (the softmax gradient on the bias sums to zero over classes, every step,
     momentum included): the invariant that tells an attacker a noise guess was right."""
     shared = shared_settings(config)
-    _, spec = flatten(init_model(shared.model, input_shape=shared.input_shape, num_classes=shared.num_classes, seed=0))
-    offset, last_bias = 0, None
+    model = init_model(shared.model, input_shape=shared.input_shape, num_classes=shared.num_classes, seed=0)
+    output_layer = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)][-1]
+    _, spec = flatten(model)
+    offset = 0
     for s in spec:
         size = math.prod(s.shape)
-        if s.name.endswith("bias"):
-            last_bias = (offset, offset + size, s.name)
+        if s.name == f"{output_layer}.bias":
+            assert s.shape == (shared.num_classes,)
+            return slice(offset, offset + size)
         offset += size
-    assert last_bias is not None and last_bias[2].startswith("classifier")
-    return slice(last_bias[0], last_bias[1])
+    raise AssertionError(f"no {output_layer}.bias in the flat vector")
 
 
 def _undo_seeded_pnpm(blob_vector: torch.Tensor, mechanism: dict, seed: int) -> torch.Tensor:
