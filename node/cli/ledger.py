@@ -39,7 +39,8 @@ def render(snap: dict) -> str:
         for c in r["commitments"]:
             out.append(
                 f"  #{c['index']} {c['peer']} digest {c['digest'][:16]}... samples {c['num_samples']} "
-                f"eps {c['eps']:g} via {c['mechanism_name']} (protects: {c['protects']})"
+                f"eps {c['eps']:g} (at most the swarm's delta {p['delta']:g}) via {c['mechanism_name']} "
+                f"(protects: {c['protects']})"
             )
         for a in r["attestations"]:
             out.append(
@@ -49,7 +50,10 @@ def render(snap: dict) -> str:
     out.append("")
     out.append("peers (eps is cumulative over all rounds; read it with what each mechanism protects, above):")
     for peer in snap["peers"]:
-        out.append(f"  {peer['address']} eps spent {peer['eps_spent']:g} peer id {peer['peer_id'][:20]}...")
+        out.append(
+            f"  {peer['address']} eps spent {peer['eps_spent']:g} (delta {p['delta']:g}) "
+            f"peer id {peer['peer_id'][:20]}..."
+        )
     return "\n".join(out)
 
 

@@ -21,7 +21,7 @@ import torch
 import trio
 
 import mechanisms
-from mechanisms.accounting import cumulative_spend
+from mechanisms.accounting import Spend, cumulative_spend
 from mechanisms.randomness import secret_generator
 from node.chain.errors import LedgerError, RoundNotClosed
 from node.chain.records import Commitment, RoundInfo
@@ -66,6 +66,7 @@ class RoundOutcome:
     accuracy: float | None = None
     loss: float | None = None
     eps_cumulative: float | None = None
+    delta_cumulative: float | None = None  # the delta that eps_cumulative holds at
     train_seconds: float = 0.0
     round_seconds: float = 0.0
     bytes_received: int = 0  # blob bytes this peer fetched from others during the round
@@ -271,7 +272,8 @@ class Peer:
         already = await self.chain(self._committed, r)
         if info.state.name == "OPEN" and not already:
             try:
-                out.train_seconds, out.gas_used, out.eps_cumulative = await self._contribute(r, global_vector)
+                out.train_seconds, out.gas_used, spend = await self._contribute(r, global_vector)
+                out.eps_cumulative, out.delta_cumulative = spend.epsilon, spend.delta
                 out.committed = True
             except BudgetExhausted as exc:
                 self._set(Phase.BUDGET_SPENT, reason=str(exc))
@@ -319,7 +321,7 @@ class Peer:
             await self.chain(fn, *args)
 
     # ------------------------------------------------------------ contribute
-    async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, float]:
+    async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, Spend]:
         spend = cumulative_spend(self.s.mechanism, self.num_params, self._commits + 1)
         cap = (await self.chain(self.ledger.params)).eps_cap_micro
         eps_micro = wire.eps_to_micro(spend.epsilon)
@@ -346,7 +348,7 @@ class Peer:
         if self.s.fault == "wrong-bytes":
             cast(PoisonableStore, self.store).poison(digest)  # testing: commit this digest, serve other bytes
         await self.host.announce_blob(digest)
-        return train_seconds, _gas(receipt), spend.epsilon
+        return train_seconds, _gas(receipt), spend
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
         c = contribute(

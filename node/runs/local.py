@@ -258,13 +258,15 @@ def _watch(swarm: LocalSwarm, json_output: bool) -> None:
 
     def table() -> Table:
         t = Table(title=f"swarm {ledger.address[:10]}…  round {ledger.current_round()} of {config.swarm.rounds}")
-        for col in ("peer", "round", "phase", "accuracy", "eps (cumulative)", "process"):
+        for col in ("peer", "round", "phase", "accuracy", "eps (delta), cumulative", "process"):
             t.add_column(col)
         for p in swarm.peers:
             st, m = p.status(), p.metrics()
             last = m[-1] if m else {}
             acc = f"{last['accuracy']:.3f}" if last.get("accuracy") is not None else "-"
-            eps = f"{last['eps_cumulative']:.4g}" if last.get("eps_cumulative") is not None else "-"
+            eps = "-"
+            if last.get("eps_cumulative") is not None:
+                eps = f"{last['eps_cumulative']:.4g} (delta {last.get('delta_cumulative') or 0:g})"
             code = p.process.poll() if p.process else None
             state = "running" if p.process and code is None else f"exit {code}"
             t.add_row(str(p.index), str(st.get("round", "-")), st.get("phase", "starting"), acc, eps, state)

@@ -38,6 +38,7 @@ def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
                     "accuracy": None,
                     "loss": None,
                     "eps": {},
+                    "delta": 0.0,
                     "gas": 0,
                     "bytes_fetched": 0,
                     "committed": 0,
@@ -50,6 +51,7 @@ def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
                 row["accuracy"], row["loss"] = m["accuracy"], m["loss"]
             if m.get("eps_cumulative") is not None:
                 row["eps"][m["peer"]] = m["eps_cumulative"]
+                row["delta"] = max(row["delta"], float(m.get("delta_cumulative") or 0.0))
             row["gas"] += int(m.get("gas_used") or 0)
             row["bytes_fetched"] += int(m.get("bytes_received") or 0)
             row["committed"] += bool(m.get("committed"))
@@ -122,12 +124,12 @@ def write_report(
         f"- peers: {len(peers)}, exit codes {report['peer_exit_codes']}" + (" (interrupted)" if interrupted else ""),
         f"- verify: `{verify_cmd}`",
         "",
-        "| round | state | accuracy | max eps per peer | gas | bytes fetched |",
+        "| round | state | accuracy | max eps per peer (delta) | gas | bytes fetched |",
         "|---|---|---|---|---|---|",
     ]
     for r in rows:
         acc = f"{r['accuracy']:.4f}" if r["accuracy"] is not None else "-"
-        eps = f"{max(r['eps'].values()):.6g}" if r["eps"] else "-"
+        eps = f"{max(r['eps'].values()):.6g} ({r['delta']:g})" if r["eps"] else "-"
         lines.append(f"| {r['round']} | {r['state']} | {acc} | {eps} | {r['gas']:,} | {r['bytes_fetched']:,} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return report

@@ -59,7 +59,9 @@ def test_demo_finishes_learns_and_verifies(demo_run):
     assert all(r["state"] == "finalized" for r in rounds)
     assert rounds[-1]["accuracy"] >= DEMO_MIN_ACCURACY, rounds
     assert (demo_run / "progress.png").stat().st_size > 1000
-    assert "swarm verify --run" in (demo_run / "report.md").read_text()
+    report_md = (demo_run / "report.md").read_text()
+    assert "swarm verify --run" in report_md and "max eps per peer (delta)" in report_md
+    assert all(r["delta"] == 0.0 for r in rounds)  # PNPM is pure eps-LDP: delta 0, printed beside eps
     assert report["protects"].startswith("sign only")  # PNPM's eps is labelled sign-only, from its guarantee
 
     # every peer holds the same global model after every round, and it is the finalized one

@@ -41,6 +41,7 @@ def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
     assert main(["ledger", "--rpc-url", automine_chain.url, "--ledger", deployed["address"]]) == 0
     text = capsys.readouterr().out
     assert "protects: sign only" in text and "eps spent 1.5" in text and "eps cap 4" in text
+    assert "eps 1.5 (at most the swarm's delta" in text and "eps spent 1.5 (delta " in text  # delta beside every eps
     assert main(["ledger", "--rpc-url", automine_chain.url, "--ledger", deployed["address"], "--json"]) == 0
     snap = json.loads(capsys.readouterr().out)
     assert snap["rounds"][0]["commitments"][0]["num_samples"] == 9
