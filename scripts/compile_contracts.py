@@ -27,7 +27,8 @@ SOLC_VERSION = "0.8.28"
 # Many runs: the contract is deployed once per swarm and called every round by every peer.
 SETTINGS = {
     "optimizer": {"enabled": True, "runs": 10000},
-    "evmVersion": "cancun",
+    # shanghai, not cancun: Ganache and other maintained local chains stop at shanghai (no MCOPY)
+    "evmVersion": "shanghai",
     "outputSelection": {"*": {"*": ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]}},
 }
 

@@ -114,3 +114,29 @@ def test_keys_env_then_keystore(tmp_path, monkeypatch):
     monkeypatch.setenv(keys.PRIVATE_KEY_ENV, "not a key")
     with pytest.raises(keys.AccountLoadError, match="SWARM_PRIVATE_KEY"):
         keys.load_account(path)
+
+
+# Opcodes newer than shanghai (cancun): chains that stop at shanghai (Ganache 7) reject them.
+POST_SHANGHAI = {0x49: "BLOBHASH", 0x4A: "BLOBBASEFEE", 0x5C: "TLOAD", 0x5D: "TSTORE", 0x5E: "MCOPY"}
+
+
+def _opcodes(code: bytes) -> list[int]:
+    """The opcodes of EVM code, PUSH data skipped, the trailing CBOR metadata left out."""
+    metadata = int.from_bytes(code[-2:], "big") + 2
+    code, ops, i = code[:-metadata], [], 0
+    while i < len(code):
+        op = code[i]
+        ops.append(op)
+        i += 1 + (op - 0x5F if 0x60 <= op <= 0x7F else 0)
+    return ops
+
+
+def test_artifact_targets_shanghai_and_uses_no_newer_opcode():
+    artifact = client.load_artifact()
+    assert artifact["settings"]["evmVersion"] == "shanghai"
+    for field in ("bytecode", "deployedBytecode"):
+        code = bytes.fromhex(artifact[field].removeprefix("0x"))
+        used = {POST_SHANGHAI[op] for op in _opcodes(code) if op in POST_SHANGHAI}
+        assert not used, f"{field} uses {sorted(used)}"
+    # the walk itself sees MCOPY where it is: a tiny cancun-style snippet
+    assert 0x5E in _opcodes(bytes([0x60, 0x5E, 0x5E, 0x00]) + bytes([0xA1, 0x00, 0x01]))
