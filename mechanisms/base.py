@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import ClassVar, SupportsFloat, cast
 
@@ -150,10 +151,87 @@ def affine_(u: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
     return torch.add(torch.tensor(shift, dtype=u.dtype), u, alpha=scale, out=u)
 
 
+# ---------------------------------------------------------------------------------------------
+# Release checks (`Mechanism.release_violation`): is a published vector a possible output?
+
+# Tolerance of a release check, in units of the release dtype's machine epsilon times the
+# magnitude of the output set (its largest |value|). An output value is computed from the
+# float64 constants in at most three float32 roundings (constant -> dtype, one fused affine
+# step, a scaling by d/k), each within half an ulp of the magnitude: 8 eps leaves a margin of
+# more than 2x, while a release scaled by 1.01 is ~10^5 eps away in float32.
+RELEASE_ULPS = 8.0
+_CHECK_BLOCK = 1 << 20  # float64 working copies of at most 8 MB
+
+
+def release_tolerance(dtype: torch.dtype, magnitude: float) -> float:
+    """RELEASE_ULPS machine epsilons of `dtype`, relative to `magnitude`."""
+    return RELEASE_ULPS * torch.finfo(dtype).eps * abs(magnitude)
+
+
+def release_flat(y: object) -> torch.Tensor | str:
+    """A release as a flat tensor, or why it cannot be one (every mechanism outputs float32/64)."""
+    if not isinstance(y, torch.Tensor):
+        return f"the release is not a tensor but {type(y).__name__}"
+    if y.dtype not in (torch.float32, torch.float64):
+        return f"the release is {y.dtype}, not float32 or float64"
+    return y.detach().reshape(-1)
+
+
+def first_violation(
+    flat: torch.Tensor, bad: Callable[[torch.Tensor], torch.Tensor], what: str, *, allow_zero: bool = False
+) -> str | None:
+    """None if `bad` (on float64 blocks of `flat`; NaN must come out True) holds nowhere (zeros
+    skipped with `allow_zero`), else how many coordinates violate `what` and the first of them."""
+    count, first = 0, -1
+    first_value = 0.0
+    for lo in range(0, flat.numel(), _CHECK_BLOCK):
+        block = flat[lo : lo + _CHECK_BLOCK].to(torch.float64)
+        mask = bad(block)
+        if allow_zero:
+            mask &= block != 0.0
+        n = int(torch.count_nonzero(mask))
+        if n and first < 0:
+            first = lo + int(torch.nonzero(mask)[0, 0])
+            first_value = float(flat[first])
+        count += n
+    if count == 0:
+        return None
+    return f"{count} of {flat.numel()} coordinates are not {what} (first: index {first} = {first_value!r})"
+
+
+def points_violation(y: torch.Tensor, points: tuple[float, ...], what: str, *, allow_zero: bool = False) -> str | None:
+    """Every coordinate (zeros aside with `allow_zero`) within `release_tolerance` of one of
+    `points` (finite floats), or what is wrong."""
+    flat = release_flat(y)
+    if isinstance(flat, str):
+        return flat
+    tol = release_tolerance(flat.dtype, max(abs(p) for p in points))
+
+    def bad(block: torch.Tensor) -> torch.Tensor:
+        near = torch.zeros_like(block, dtype=torch.bool)
+        for p in points:
+            near |= (block - p).abs_() <= tol  # NaN is near nothing
+        return ~near
+
+    return first_violation(flat, bad, what, allow_zero=allow_zero)
+
+
+def interval_violation(y: torch.Tensor, low: float, high: float, what: str, *, allow_zero: bool = False) -> str | None:
+    """Every coordinate in [low, high] widened by `release_tolerance`, or what is wrong."""
+    flat = release_flat(y)
+    if isinstance(flat, str):
+        return flat
+    tol = release_tolerance(flat.dtype, max(abs(low), abs(high)))
+    lo_b, hi_b = low - tol, high + tol
+    return first_violation(flat, lambda b: ~((b >= lo_b) & (b <= hi_b)), what, allow_zero=allow_zero)
+
+
 class Mechanism:
-    """Base of every mechanism: `perturb`, `variance`, `guarantee`, `params`."""
+    """Base of every mechanism: `perturb`, `variance`, `guarantee`, `params`, `release_violation`."""
 
     name: ClassVar[str]
+    # What `release_violation` checks of a published output, in one line (docs, `swarm verify`).
+    release_check: ClassVar[str] = "nothing: the output set of this mechanism is not checked"
 
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         raise NotImplementedError
@@ -168,6 +246,18 @@ class Mechanism:
     def params(self) -> dict[str, object]:
         """The constructor's parameters plus "name": what `mechanisms.from_params` rebuilds from."""
         raise NotImplementedError
+
+    def release_violation(self, y: torch.Tensor) -> str | None:
+        """Is `y` a possible output of `perturb` with these parameters, on an input it accepts?
+
+        None: consistent with the mechanism's output set (or nothing about it is checkable: see
+        `release_check`); a string: what is impossible about it. Only the SHAPE of the output is
+        checked, never its law: a dishonest peer can always publish a vector drawn from the output
+        set without its input, so passing this check rests on each peer's own software. The check
+        allows the float rounding of the real implementation (`release_tolerance`), so a genuine
+        output is never flagged. The default checks nothing and returns None.
+        """
+        return None
 
     def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Perturb every element of `x` as its own release (used by the audit).

@@ -115,6 +115,10 @@ class Gaussian(Mechanism):
     """
 
     name = "gaussian"
+    release_check = (
+        "nothing: the clipped update plus N(0, sigma^2) noise can be any real vector, and the "
+        "noise cannot be told from the update without it"
+    )
 
     def __init__(
         self,

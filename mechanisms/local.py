@@ -25,7 +25,11 @@ from .base import (
     check_finite,
     check_positive,
     check_tensor,
+    first_violation,
     half_grid_threshold,
+    interval_violation,
+    points_violation,
+    release_flat,
     scratch,
     uniform_draw,
 )
@@ -39,6 +43,22 @@ def _epsilon(epsilon: object) -> float:
     if eps > MAX_EPSILON:
         raise ValueError(f"epsilon must be <= {MAX_EPSILON}, got {epsilon!r}")
     return eps
+
+
+# What one coordinate of a release can be: ("points", a, b) is the two values {a, b}, ("interval",
+# a, b) the interval [a, b] (before the float tolerance of `release_tolerance`).
+OutputSet = tuple[str, float, float]
+
+
+def output_set_violation(
+    y: torch.Tensor, output: OutputSet, what: str, *, scale: float = 1.0, allow_zero: bool = False
+) -> str | None:
+    """`release_violation` for a per-coordinate output set, its values multiplied by `scale`."""
+    kind, low, high = output
+    low, high = low * scale, high * scale
+    if kind == "points":
+        return points_violation(y, (low, high), f"{what} {{{low:.9g}, {high:.9g}}}", allow_zero=allow_zero)
+    return interval_violation(y, low, high, f"{what} [{low:.9g}, {high:.9g}]", allow_zero=allow_zero)
 
 
 def _output(like: torch.Tensor) -> torch.Tensor:
@@ -119,6 +139,16 @@ class _PureLocal(Mechanism):
     def params(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon, "clip": self.clip}
 
+    def output_set(self) -> OutputSet | None:
+        """The values one output coordinate can take (None: every real, nothing to check)."""
+        return None
+
+    def release_violation(self, y: torch.Tensor) -> str | None:
+        output = self.output_set()
+        if output is None:
+            return None
+        return output_set_violation(y, output, f"in {self.name}(eps {self.epsilon:g})'s output set")
+
     @property
     def guarantee(self) -> Guarantee:
         return Guarantee(
@@ -148,6 +178,11 @@ class Duchi(_PureLocal):
     """Duchi et al.: output +-B with P[+B] = 1/2 + t (e-1) / (2(e+1)); unbiased, Var = B^2 - t^2."""
 
     name = "duchi"
+    release_check = "every coordinate is -B or +B, B = (e^eps + 1)/(e^eps - 1), up to float rounding"
+
+    def output_set(self) -> OutputSet:
+        bound = duchi_bound(self.epsilon)
+        return ("points", -bound, bound)
 
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
@@ -203,6 +238,14 @@ class Piecewise(_PureLocal):
     """Wang et al. (ICDE 2019) Piecewise Mechanism: output in [-C, C], unbiased."""
 
     name = "pm"
+    release_check = (
+        "every coordinate lies in [-C, C], C = (z + 1)/(z - 1), z = e^(eps/2), up to float rounding "
+        "(every point of it is a possible output of every input: a raw update within it passes)"
+    )
+
+    def output_set(self) -> OutputSet:
+        bound = piecewise_bound(self.epsilon)
+        return ("interval", -bound, bound)
 
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
@@ -224,6 +267,18 @@ class Hybrid(_PureLocal):
     """
 
     name = "hm"
+    release_check = (
+        "eps <= 0.61 (Duchi only): every coordinate is -B or +B; above, every coordinate is in "
+        "Duchi's {-B, B} or PM's [-C, C], i.e. in [-C, C] since B < C; up to float rounding"
+    )
+
+    def output_set(self) -> OutputSet:
+        if hybrid_pm_probability(self.epsilon) == 0.0:
+            bound = duchi_bound(self.epsilon)
+            return ("points", -bound, bound)
+        # the Duchi branch's +-B lies inside PM's [-C, C] (B < C for every eps > 0)
+        bound = piecewise_bound(self.epsilon)
+        return ("interval", -bound, bound)
 
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
@@ -263,11 +318,18 @@ class LDPFL(Mechanism):
     """
 
     name = "ldp-fl"
+    release_check = "every coordinate is c - rB or c + rB, B = (e^eps + 1)/(e^eps - 1), up to float rounding"
 
     def __init__(self, epsilon: float, center: float = 0.0, radius: float = 1.0) -> None:
         self.epsilon = _epsilon(epsilon)
         self.center = check_finite(center, "center")
         self.radius = check_positive(radius, "radius")
+
+    def release_violation(self, y: torch.Tensor) -> str | None:
+        bound = self.radius * duchi_bound(self.epsilon)
+        # the same two doubles `perturb` rounds into the output dtype
+        output = ("points", self.center - bound, self.center + bound)
+        return output_set_violation(y, output, f"in ldp-fl(eps {self.epsilon:g})'s output set")
 
     def _clamped(self, x: torch.Tensor) -> torch.Tensor:
         w = check_tensor(x)
@@ -319,6 +381,10 @@ class PNPM(Mechanism):
     """
 
     name = "pnpm"
+    release_check = (
+        "nothing: the output |w| t*, t* in [-C, -1] U [1, C], can be any real number when |w| is "
+        "unknown, so neither the magnitudes nor the signs of a release can be checked"
+    )
 
     def __init__(self, epsilon: float) -> None:
         self.epsilon = _epsilon(epsilon)
@@ -370,6 +436,7 @@ class Laplace(_PureLocal):
 
     name = "laplace"
     domain = "[-1, 1]"
+    release_check = "nothing: t + Lap(2/eps) can be any real number"
 
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
@@ -397,6 +464,13 @@ class Exponential(_PureLocal):
     """
 
     name = "exponential"
+    release_check = (
+        "every coordinate lies in [-1, 1] (the output range; every point of it is possible for "
+        "every input, so a raw update within it passes)"
+    )
+
+    def output_set(self) -> OutputSet:
+        return ("interval", -1.0, 1.0)
 
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
@@ -444,12 +518,26 @@ class RandomizedResponse(Mechanism):
     """
 
     name = "rr"
+    release_check = "every coordinate is an integer category 0..k-1"
 
     def __init__(self, epsilon: float, k: int = 2) -> None:
         self.epsilon = _epsilon(epsilon)
         if isinstance(k, bool) or not isinstance(k, int) or k < 2:
             raise ValueError(f"k must be an integer >= 2, got {k!r}")
         self.k = k
+
+    def release_violation(self, y: torch.Tensor) -> str | None:
+        flat = release_flat(y)
+        if isinstance(flat, str):
+            return flat
+        if self.k > 2 ** (24 if flat.dtype == torch.float32 else 53):
+            return None  # categories beyond the dtype's integers: `perturb`'s rounding is not exact
+        top = float(self.k - 1)
+        return first_violation(
+            flat,
+            lambda b: ~((b >= 0.0) & (b <= top) & (b == torch.round(b))),
+            f"an integer category in 0..{self.k - 1}",
+        )
 
     def keep_probability(self) -> float:
         e = math.exp(self.epsilon)

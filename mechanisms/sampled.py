@@ -12,8 +12,8 @@ import math
 
 import torch
 
-from .base import Guarantee, Mechanism, check_tensor
-from .local import Duchi, Hybrid, Piecewise, _epsilon, _PureLocal
+from .base import Guarantee, Mechanism, check_tensor, release_flat
+from .local import Duchi, Hybrid, Piecewise, _epsilon, _PureLocal, output_set_violation
 
 BASES: dict[str, type[_PureLocal]] = {"duchi": Duchi, "pm": Piecewise, "hm": Hybrid}
 # Above this many samples one randperm is cheaper than Floyd's loop of scalar draws.
@@ -41,6 +41,10 @@ def sample_without_replacement(d: int, k: int, generator: torch.Generator | None
 
 class Sampled(Mechanism):
     name = "sampled"
+    release_check = (
+        "at most k = max(1, min(d, floor(eps/2.5))) non-zero coordinates, each in the base "
+        "mechanism's output set at eps/k (duchi: two points, pm and hm: an interval) times d/k"
+    )
 
     def __init__(self, base: str, epsilon: float, clip: bool = False) -> None:
         if base not in BASES:
@@ -64,6 +68,24 @@ class Sampled(Mechanism):
         idx = sample_without_replacement(d, k, generator)
         out[idx] = self.base_mechanism(d).perturb(t[idx], generator=generator).mul_(d / k)
         return out.view(x.shape)
+
+    def release_violation(self, y: torch.Tensor) -> str | None:
+        flat = release_flat(y)
+        if isinstance(flat, str):
+            return flat
+        d = flat.numel()
+        if d == 0:
+            return None
+        k = sample_count(self.epsilon, d)
+        nonzero = int(torch.count_nonzero(flat))  # NaN counts as non-zero (and fails below)
+        if nonzero > k:
+            return f"{nonzero} of {d} coordinates are non-zero; sampled(eps {self.epsilon:g}) releases at most {k}"
+        base = self.base_mechanism(d)
+        output = base.output_set() if isinstance(base, _PureLocal) else None
+        if output is None:  # never for duchi, pm or hm (BASES)
+            return None
+        what = f"in the output set of {self.base}(eps {self.epsilon / k:g}) scaled by d/k = {d / k:g}"
+        return output_set_violation(flat, output, what, scale=d / k, allow_zero=True)
 
     def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Each element as a one-coordinate tensor: k = 1, the base mechanism at the full eps."""

@@ -3,8 +3,13 @@ trusting no peer.
 
 For every round: each committed blob matches its on-chain digest; the aggregate recomputed
 from the included blobs (ledger order, the finalizing bitmap) matches the finalized digest;
-each peer's recorded eps follows from the mechanism parameters it committed. The genesis blob
-anchors the shared settings (model, aggregation rule): its digest is on chain.
+each peer's recorded eps follows from the mechanism parameters it committed; each decodable
+update is a possible output of the committed mechanism where its output has a checkable shape
+(`Mechanism.release_violation`: Duchi, LDP-FL and low-eps HM in their two-point sets, PM, HM and
+the exponential mechanism within their range, sampling with at most k non-zeros). Whether the
+noise was really drawn (Gaussian, Laplace, PNPM magnitudes, a value inside PM's range) cannot be
+checked from the release: it rests on each peer's own software. The genesis blob anchors the
+shared settings (model, aggregation rule): its digest is on chain.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+import mechanisms
 from mechanisms.accounting import cumulative_spend
 from node.chain.client import LedgerClient
 from node.protocol import wire
@@ -144,6 +150,10 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
                 report.peers.setdefault(peer, {})["protects"] = spend.protects
             except (ValueError, KeyError, TypeError) as exc:
                 report.failures.append(Failure(r, peer, "eps", f"committed mechanism parameters unusable: {exc}"))
+            if vector is not None:
+                violation = _release_violation(bytes(c.mechanism), vector)
+                if violation is not None:
+                    report.failures.append(Failure(r, peer, "release", violation))
 
         if info.state.name != "FINALIZED":
             continue
@@ -204,6 +214,19 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
                 Failure(0, peer, "eps", f"epsSpent {on_chain} differs from the last commitment {eps_micro}")
             )
     return report
+
+
+def _release_violation(mechanism_json: bytes, vector: torch.Tensor) -> str | None:
+    """Why `vector` cannot be an output of the committed mechanism, or None (also when the
+    parameters build no mechanism: that is already an "eps" failure)."""
+    try:
+        mech = mechanisms.from_params(json.loads(mechanism_json.decode()))
+    except (ValueError, KeyError, TypeError):
+        return None
+    violation = mech.release_violation(vector)
+    if violation is None:
+        return None
+    return f"not a possible output of the committed {mech!r}: {violation}"
 
 
 def _finalizing_bitmap(ledger: LedgerClient, r: int, digest: bytes, n: int) -> bytes | None:

@@ -1,0 +1,249 @@
+"""`Mechanism.release_violation`: genuine outputs are never flagged, forgeries of the output's shape are.
+
+A false alarm would fail an honest peer's round in `swarm verify`, so the first tests draw many
+genuine outputs (random parameters, inputs at and inside the domain edges, clipping, float32 and
+float64, up to 10^6 coordinates) and require None for every one of them. The tolerance is
+`RELEASE_ULPS` machine epsilons of the release dtype times the output set's magnitude; the
+forgeries below move values by far more (1e-4 relative, ~800 float32 epsilons).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import mechanisms as M
+from mechanisms.local import duchi_bound, hybrid_pm_probability, piecewise_bound
+from mechanisms.sampled import sample_count
+
+CHECKABLE = ("duchi", "pm", "hm", "ldp-fl", "exponential", "sampled", "rr")
+UNCHECKABLE = ("pnpm", "laplace", "gaussian")
+EPSILONS = st.one_of(
+    st.floats(1e-4, 700.0),
+    st.sampled_from([1e-6, 0.01, 0.5, 0.61, 0.6100001, 1.0, 2.5, 10.0, 36.9, 60.0, 699.0, 700.0]),
+)
+PM_MAX_EPSILON = 37.0
+DTYPES = st.sampled_from([torch.float32, torch.float64])
+
+
+def _inputs(d: int, kind: str, dtype: torch.dtype, g: torch.Generator) -> torch.Tensor:
+    """Inputs in [-1, 1] (or beyond, for the clipping mechanisms) that stress the thresholds."""
+    if kind == "uniform":
+        return (torch.rand(d, generator=g, dtype=torch.float64) * 2 - 1).to(dtype)
+    if kind == "edges":
+        return torch.tensor([-1.0, 1.0, 0.0, -0.0, 1e-30, -1e-30], dtype=dtype).repeat(d // 6 + 1)[:d]
+    if kind == "update":  # a model update: small values
+        return (torch.randn(d, generator=g, dtype=torch.float64) * 0.01).to(dtype)
+    return (torch.randn(d, generator=g, dtype=torch.float64) * 3).to(dtype)  # "wide": needs clip
+
+
+def _build(name: str, epsilon: float, data: st.DataObject) -> M.Mechanism:
+    if name == "ldp-fl":
+        center = data.draw(st.sampled_from([0.0, 0.3, -2.0, 1e3, 1e-7]), label="center")
+        radius = data.draw(st.sampled_from([1.0, 0.01, 1e-5, 50.0]), label="radius")
+        return M.get(name, epsilon=epsilon, center=center, radius=radius)
+    if name == "sampled":
+        base = data.draw(st.sampled_from(["duchi", "pm", "hm"]), label="base")
+        return M.get(name, base=base, epsilon=epsilon, clip=True)
+    if name == "rr":
+        return M.get(name, epsilon=epsilon, k=data.draw(st.sampled_from([2, 3, 7, 100]), label="k"))
+    return M.get(name, epsilon=epsilon, clip=True)
+
+
+@settings(max_examples=1500, deadline=None, derandomize=True)
+@given(
+    name=st.sampled_from(CHECKABLE),
+    epsilon=EPSILONS,
+    dtype=DTYPES,
+    d=st.integers(1, 3000),
+    kind=st.sampled_from(["uniform", "edges", "update", "wide"]),
+    seed=st.integers(0, 2**31),
+    data=st.data(),
+)
+def test_genuine_outputs_are_never_flagged(name, epsilon, dtype, d, kind, seed, data):
+    mech = _build(name, epsilon, data)
+    # PM and HM raise ZeroDivisionError from eps ~37.4 on (C rounds to 1): reported, not ours
+    if isinstance(mech, M.Sampled) and mech.base != "duchi":
+        assume(epsilon / sample_count(epsilon, d) < PM_MAX_EPSILON)
+    assume(name not in ("pm", "hm") or epsilon < PM_MAX_EPSILON)
+    # RR's float32 draw range 1 - e^eps overflows float32 from eps ~88.7 (RuntimeError): reported
+    assume(name != "rr" or epsilon < 80.0)
+    g = torch.Generator().manual_seed(seed)
+    if name == "rr":
+        x = torch.randint(0, mech.k, (d,), generator=g).to(dtype)
+    else:
+        x = _inputs(d, kind, dtype, g)
+    y = mech.perturb(x, generator=g)
+    assert mech.release_violation(y) is None, (mech, kind)
+    # what the node publishes: the float32 cast of the output (a float64 output rounded once)
+    assert mech.release_violation(y.to(torch.float32)) is None, (mech, kind)
+    assert mech.release_violation(y.view(-1, 1) if d else y) is None  # any shape
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("duchi", {"epsilon": 1.0}),
+        ("duchi", {"epsilon": 0.05}),
+        ("pm", {"epsilon": 0.3}),
+        ("pm", {"epsilon": 8.0}),
+        ("hm", {"epsilon": 0.5}),
+        ("hm", {"epsilon": 3.0}),
+        ("ldp-fl", {"epsilon": 2.0, "center": -0.4, "radius": 0.05}),
+        ("exponential", {"epsilon": 30.0}),
+        ("sampled", {"base": "pm", "epsilon": 600.0}),
+        ("sampled", {"base": "hm", "epsilon": 600.0}),
+        ("sampled", {"base": "duchi", "epsilon": 600.0}),
+    ],
+)
+def test_a_million_genuine_coordinates_pass(name, params):
+    mech = M.get(name, **params)
+    g = torch.Generator().manual_seed(7)
+    x = torch.rand(1_000_000, generator=g) * 2 - 1
+    for _ in range(2):
+        assert mech.release_violation(mech.perturb(x, generator=g)) is None
+
+
+def _genuine(mech: M.Mechanism, d: int = 2000, seed: int = 3) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return mech.perturb(torch.rand(d, generator=g) * 2 - 1, generator=g)
+
+
+def _update(d: int = 2000) -> torch.Tensor:
+    """A raw, unperturbed model update."""
+    return torch.randn(d, generator=torch.Generator().manual_seed(11)) * 0.01
+
+
+@pytest.mark.parametrize(
+    "mech",
+    [
+        M.get("duchi", epsilon=1.0, clip=True),
+        M.get("duchi", epsilon=700.0),
+        M.get("hm", epsilon=0.5, clip=True),
+        M.get("ldp-fl", epsilon=1.0, center=0.0, radius=0.02),
+        M.get("sampled", base="duchi", epsilon=1.0, clip=True),
+        M.get("sampled", base="pm", epsilon=10.0, clip=True),
+        M.get("sampled", base="hm", epsilon=10.0, clip=True),
+    ],
+    ids=repr,
+)
+def test_raw_update_is_flagged(mech):
+    violation = mech.release_violation(_update())
+    assert violation is not None and ("not in" in violation or "non-zero" in violation), violation
+
+
+@pytest.mark.parametrize(
+    "mech",
+    [
+        M.get("duchi", epsilon=1.0),
+        M.get("duchi", epsilon=60.0),
+        M.get("hm", epsilon=0.2),
+        M.get("ldp-fl", epsilon=1.0, center=0.5, radius=0.1),
+        M.get("sampled", base="duchi", epsilon=20.0),
+    ],
+    ids=repr,
+)
+def test_two_point_forgeries_are_flagged(mech):
+    y = _genuine(mech)
+    assert mech.release_violation(y) is None
+    assert mech.release_violation(y * 1.01) is not None
+    nz = int(torch.nonzero(y)[0, 0])
+    for moved_to in (y[nz] * (1 + 1e-4), y[nz] * (1 - 1e-4), 0.5 * y[nz], -0.1):
+        forged = y.clone()
+        forged[nz] = moved_to
+        violation = mech.release_violation(forged)
+        assert violation is not None and f"index {nz} " in violation, (moved_to, violation)
+        assert violation.startswith("1 of 2000 coordinates"), violation
+
+
+@pytest.mark.parametrize(
+    "mech, bound",
+    [
+        (M.get("pm", epsilon=1.0), piecewise_bound(1.0)),
+        (M.get("hm", epsilon=2.0), piecewise_bound(2.0)),
+        (M.get("exponential", epsilon=1.0), 1.0),
+        (M.get("sampled", base="pm", epsilon=10.0), piecewise_bound(2.5) * 2000 / 4),
+    ],
+    ids=repr,
+)
+def test_interval_forgeries_are_flagged(mech, bound):
+    y = _genuine(mech)
+    assert mech.release_violation(y) is None
+    nz = int(torch.nonzero(y)[0, 0])
+    for outside in (bound * (1 + 1e-4), -bound * (1 + 1e-4), 1e6, float("nan"), float("inf")):
+        forged = y.clone()
+        forged[nz] = outside
+        violation = mech.release_violation(forged)
+        assert violation is not None and f"index {nz} " in violation, (outside, violation)
+    at_edge = y.clone()
+    at_edge[nz] = bound  # the edge itself is a possible output
+    assert mech.release_violation(at_edge) is None
+
+
+def test_interval_mechanisms_cannot_flag_a_small_raw_update():
+    """The documented limit: every point of [-C, C] is a possible PM output for every input."""
+    for mech in (M.get("pm", epsilon=1.0), M.get("hm", epsilon=2.0), M.get("exponential", epsilon=1.0)):
+        assert mech.release_violation(_update()) is None
+
+
+def test_sampled_counts_non_zeros_and_checks_their_values():
+    mech = M.get("sampled", base="duchi", epsilon=10.0)  # k = 4 of d = 2000, base at eps 2.5
+    y = _genuine(mech)
+    k, d = sample_count(10.0, 2000), 2000
+    assert int(torch.count_nonzero(y)) == k and mech.release_violation(y) is None
+    value = duchi_bound(10.0 / k) * d / k
+    assert float(y.abs().max()) == pytest.approx(value, rel=1e-6)
+    extra = y.clone()
+    extra[torch.nonzero(y == 0)[0, 0]] = value  # a valid value, one coordinate too many
+    assert "5 of 2000 coordinates are non-zero" in mech.release_violation(extra)
+    unscaled = y / (d / k)  # the base outputs without the d/k scaling
+    assert mech.release_violation(unscaled) is not None
+    assert mech.release_violation(torch.zeros(d)) is None  # all zeros: a PM base could round to 0
+    assert mech.release_violation(torch.zeros(0)) is None
+
+
+def test_randomized_response_checks_categories():
+    mech = M.get("rr", epsilon=1.0, k=3)
+    y = mech.perturb(torch.tensor([0.0, 1.0, 2.0] * 100), generator=torch.Generator().manual_seed(0))
+    assert mech.release_violation(y) is None
+    for bad in (3.0, -1.0, 0.5, float("nan")):
+        forged = y.clone()
+        forged[5] = bad
+        assert "index 5 " in mech.release_violation(forged), bad
+
+
+def test_non_float_releases_are_flagged():
+    mech = M.get("duchi", epsilon=1.0)
+    y = _genuine(mech)
+    assert "float16" in mech.release_violation(y.to(torch.float16))
+    assert "not a tensor" in mech.release_violation(y.tolist())  # type: ignore[arg-type]
+
+
+def test_hybrid_switches_from_two_points_to_the_interval_at_its_threshold():
+    assert hybrid_pm_probability(0.61) == 0.0 < hybrid_pm_probability(0.62)
+    two_points, interval = M.get("hm", epsilon=0.61), M.get("hm", epsilon=0.62)
+    inside = torch.tensor([0.5 * piecewise_bound(0.62)])
+    assert two_points.release_violation(inside) is not None
+    assert interval.release_violation(inside) is None
+    assert interval.release_violation(torch.tensor([duchi_bound(0.62), -duchi_bound(0.62)])) is None
+
+
+@pytest.mark.parametrize("name", UNCHECKABLE)
+def test_unchecked_mechanisms_say_so_and_accept_anything(name):
+    params = {"clip_norm": 1.0, "noise_multiplier": 1.0} if name == "gaussian" else {"epsilon": 1.0}
+    mech = M.get(name, **params)
+    assert mech.release_check.startswith("nothing")
+    assert mech.release_violation(_update()) is None
+    assert mech.release_violation(torch.tensor([1e30, -5.0, 0.0])) is None
+
+
+def test_every_mechanism_states_what_it_checks():
+    for name, cls in M.MECHANISMS.items():
+        assert isinstance(cls.release_check, str) and cls.release_check, name
+        checks = not cls.release_check.startswith("nothing")
+        assert checks == (name in CHECKABLE), name
+    assert math.isclose(M.base.release_tolerance(torch.float32, 2.0), 8 * 2.0**-23 * 2.0)
