@@ -46,6 +46,7 @@ class RoundCheck:
     blobs_ok: int = 0
     aggregate_ok: bool | None = None  # None: nothing to recompute (open or aborted round)
     eps_ok: int = 0
+    releases_ok: int = 0  # decoded blobs whose values the committed mechanism could have output
 
 
 @dataclass
@@ -147,13 +148,15 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
                     )
                 else:
                     check.eps_ok += 1
-                report.peers.setdefault(peer, {})["protects"] = spend.protects
+                report.peers.setdefault(peer, {}).update(protects=spend.protects, delta=spend.delta)
             except (ValueError, KeyError, TypeError) as exc:
                 report.failures.append(Failure(r, peer, "eps", f"committed mechanism parameters unusable: {exc}"))
             if vector is not None:
                 violation = _release_violation(bytes(c.mechanism), vector)
                 if violation is not None:
                     report.failures.append(Failure(r, peer, "release", violation))
+                else:
+                    check.releases_ok += 1
 
         if info.state.name != "FINALIZED":
             continue

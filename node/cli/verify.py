@@ -81,16 +81,25 @@ def _print(report: VerifyReport) -> None:
 
     console = Console()
     t = Table(title=f"ledger {report.ledger}")
-    for col in ("round", "state", "participants", "included", "blobs ok", "aggregate", "eps ok"):
+    for col in ("round", "state", "participants", "included", "blobs ok", "releases ok", "aggregate", "eps ok"):
         t.add_column(col)
     for r in report.rounds:
         agg = "-" if r.aggregate_ok is None else ("ok" if r.aggregate_ok else "FAIL")
-        t.add_row(str(r.round), r.state, str(r.participants), str(r.included), str(r.blobs_ok), agg, str(r.eps_ok))
+        t.add_row(
+            str(r.round),
+            r.state,
+            str(r.participants),
+            str(r.included),
+            str(r.blobs_ok),
+            str(r.releases_ok),
+            agg,
+            str(r.eps_ok),
+        )
     console.print(t)
     for peer, entry in sorted(report.peers.items()):
         console.print(
-            f"  {peer}: eps spent {entry.get('eps_spent')} over {entry.get('commits')} commits, "
-            f"protecting {entry.get('protects')}"
+            f"  {peer}: eps spent {entry.get('eps_spent')} at delta {entry.get('delta')} over {entry.get('commits')} "
+            f"commits, protecting {entry.get('protects')}"
         )
     if report.ok:
         console.print("[green]every check holds[/green]")

@@ -91,7 +91,8 @@ def test_honest_duchi_round_verifies():
     report, _ = _one_round(DUCHI)
     assert report.ok, report.failures
     assert report.rounds[0].state == "finalized" and report.rounds[0].aggregate_ok
-    assert report.rounds[0].blobs_ok == 3 and report.rounds[0].eps_ok == 3
+    assert report.rounds[0].blobs_ok == 3 and report.rounds[0].eps_ok == 3 and report.rounds[0].releases_ok == 3
+    assert all(entry["delta"] == 0.0 for entry in report.peers.values())  # Duchi is pure eps-LDP
 
 
 @pytest.mark.parametrize(
@@ -112,6 +113,7 @@ def test_release_outside_the_committed_output_set_fails_verify(forge, count):
     assert "Duchi(epsilon=1.0, clip=True)" in detail
     # everything else still holds: the digests match, the aggregate and the eps are right
     assert report.rounds[0].blobs_ok == 3 and report.rounds[0].aggregate_ok and report.rounds[0].eps_ok == 3
+    assert report.rounds[0].releases_ok == 2  # the forged one is the only release that fails
 
 
 def test_sampled_release_with_too_many_non_zeros_fails_verify():
