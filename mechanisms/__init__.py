@@ -2,7 +2,7 @@
 Imports torch, numpy, math and opacus only: no I/O, no network, no chain.
 
     mech = mechanisms.get("pnpm", epsilon=1.0)
-    noisy = mech.perturb(weights, generator=torch.Generator().manual_seed(seed))
+    noisy = mech.perturb(weights, generator=secret_generator())   # mechanisms.randomness: OS CSPRNG
     mech.guarantee            # Guarantee(epsilon, delta, protects, scope, statement)
     mechanisms.canonical_json(mech.params())   # what goes on chain
     mechanisms.accounting.cumulative_spend(mech.params(), num_coordinates=d, rounds=T)

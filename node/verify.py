@@ -131,8 +131,10 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
             if data is not None and sha256(data) != bytes(c.digest):  # tampered archive: fails whatever the bitmap
                 report.failures.append(Failure(r, peer, "blob", detail))
             # eps: the k-th commit of this peer must record cumulative_spend(params, d, k)
+            committed: mechanisms.Mechanism | None = None
             try:
                 mech = json.loads(bytes(c.mechanism).decode())
+                committed = mechanisms.from_params(mech)
                 spend = cumulative_spend(mech, num_params, commits_by_peer[peer])
                 expected = wire.eps_to_micro(spend.epsilon)
                 # one micro-eps of slack: the last float digit of a spend may differ across math libraries
@@ -151,12 +153,13 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
                 report.peers.setdefault(peer, {}).update(protects=spend.protects, delta=spend.delta)
             except (ValueError, KeyError, TypeError) as exc:
                 report.failures.append(Failure(r, peer, "eps", f"committed mechanism parameters unusable: {exc}"))
-            if vector is not None:
-                violation = _release_violation(bytes(c.mechanism), vector)
-                if violation is not None:
-                    report.failures.append(Failure(r, peer, "release", violation))
-                else:
+            if vector is not None and committed is not None:  # unusable parameters: already an eps failure
+                violation = committed.release_violation(vector)
+                if violation is None:
                     check.releases_ok += 1
+                else:
+                    detail = f"not a possible output of the committed {committed!r}: {violation}"
+                    report.failures.append(Failure(r, peer, "release", detail))
 
         if info.state.name != "FINALIZED":
             continue
@@ -217,19 +220,6 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
                 Failure(0, peer, "eps", f"epsSpent {on_chain} differs from the last commitment {eps_micro}")
             )
     return report
-
-
-def _release_violation(mechanism_json: bytes, vector: torch.Tensor) -> str | None:
-    """Why `vector` cannot be an output of the committed mechanism, or None (also when the
-    parameters build no mechanism: that is already an "eps" failure)."""
-    try:
-        mech = mechanisms.from_params(json.loads(mechanism_json.decode()))
-    except (ValueError, KeyError, TypeError):
-        return None
-    violation = mech.release_violation(vector)
-    if violation is None:
-        return None
-    return f"not a possible output of the committed {mech!r}: {violation}"
 
 
 def _finalizing_bitmap(ledger: LedgerClient, r: int, digest: bytes, n: int) -> bytes | None:

@@ -13,6 +13,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # What each part of the tree may import from the project (besides itself). Lower layers first.
+BELOW_PEER = {
+    "mechanisms",
+    "p2p",
+    "node.protocol",
+    "node.learning",
+    "node.chain",
+    "node.derive",
+    "node.config",
+    "node.runfiles",
+}
 ALLOWED: dict[str, set[str]] = {
     "node": set(),  # the package's docstring only
     "mechanisms": set(),
@@ -24,27 +34,8 @@ ALLOWED: dict[str, set[str]] = {
     "node.config": {"mechanisms", "node.protocol", "node.learning"},
     "node.derive": {"mechanisms", "node.protocol", "node.learning", "node.config"},
     "node.verify": {"mechanisms", "node.protocol", "node.chain"},
-    "node.peer": {
-        "mechanisms",
-        "p2p",
-        "node.protocol",
-        "node.learning",
-        "node.chain",
-        "node.derive",
-        "node.config",
-        "node.runfiles",
-    },
-    "node.runs": {
-        "mechanisms",
-        "p2p",
-        "node.protocol",
-        "node.learning",
-        "node.chain",
-        "node.derive",
-        "node.config",
-        "node.runfiles",
-        "node.peer",
-    },
+    "node.peer": BELOW_PEER,
+    "node.runs": BELOW_PEER | {"node.peer"},
     "node.cli": {"mechanisms", "p2p", "node"},
 }
 PROJECT = ("mechanisms", "p2p", "node")

@@ -64,18 +64,11 @@ def test_dpsgd_runs_with_opacus_and_accounts():
     accountant = RDPAccountant()
     model = fresh()
     keys = list(model.state_dict())
-    first = train_local(
-        model,
-        TRAIN.x[:n],
-        TRAIN.y[:n],
-        epochs=epochs,
-        batch_size=batch,
-        lr=0.5,
-        seed=0,
-        dp=dp,
-        accountant=accountant,
-        privacy_generator=secret_generator(),
-    )
+
+    def dp_train(model, **kwargs):
+        return train_local(model, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, dp=dp, **kwargs)
+
+    first = dp_train(model, seed=0, accountant=accountant, privacy_generator=secret_generator())
     # Reference: the same Poisson-sampled steps accounted by a fresh RDP accountant.
     reference = RDPAccountant()
     steps = epochs * math.ceil(n / batch)
@@ -84,18 +77,7 @@ def test_dpsgd_runs_with_opacus_and_accounts():
     # exact: the same opacus computation on the same history (noise 1.1, rate batch / n, `steps`
     # steps merged into one entry), pure float64 scalar math in one process
     assert first.dp_epsilon == reference.get_epsilon(1e-5)
-    second = train_local(
-        model,
-        TRAIN.x[:n],
-        TRAIN.y[:n],
-        epochs=epochs,
-        batch_size=batch,
-        lr=0.5,
-        seed=1,
-        dp=dp,
-        accountant=accountant,
-        privacy_generator=secret_generator(),
-    )
+    second = dp_train(model, seed=1, accountant=accountant, privacy_generator=secret_generator())
     assert second.dp_epsilon > first.dp_epsilon  # cumulative across rounds
     # opacus is detached again: same parameter names, no hooks left behind, finite weights.
     assert list(model.state_dict()) == keys
@@ -111,21 +93,11 @@ def test_dpsgd_runs_with_opacus_and_accounts():
         torch.Generator().manual_seed(5),
     ):
         model = fresh()
-        train_local(
-            model,
-            TRAIN.x[:n],
-            TRAIN.y[:n],
-            epochs=epochs,
-            batch_size=batch,
-            lr=0.5,
-            seed=0,
-            dp=dp,
-            privacy_generator=generator,
-        )
+        dp_train(model, seed=0, privacy_generator=generator)
         runs.append(flatten(model)[0])
     assert not torch.equal(runs[0], runs[1]) and torch.equal(runs[2], runs[3])
     with pytest.raises(ValueError, match="privacy_generator"):
-        train_local(fresh(), TRAIN.x[:n], TRAIN.y[:n], epochs=1, batch_size=batch, lr=0.5, seed=0, dp=dp)
+        dp_train(fresh(), seed=0)
 
 
 def test_round_lr_and_errors():
