@@ -9,6 +9,15 @@ pragma solidity 0.8.28;
  * majority of a round's participants attesting the same (digest, inclusion bitmap) finalizes the
  * round; a round nobody finalizes within the attestation window can be aborted by anyone.
  *
+ * Privacy accounting: each commit carries two cumulative figures. `epsMicro` is the local
+ * mechanism's whole-update epsilon: where the swarm's policy spends a constant amount per release
+ * (`epsStepMicro` > 0: pure mechanisms, d x eps per round under basic composition) the contract
+ * requires exactly previous + step, so no peer can record less than it spent; otherwise (a
+ * Gaussian accounted with RDP) it requires no decrease and peers and verifiers recompute it.
+ * `recordEpsMicro` is DP-SGD's record-level epsilon (0 unless the policy trains with DP-SGD),
+ * capped by `recordEpsCapMicro`; it depends on the committed sample counts through an accountant
+ * no contract can run, so every peer and `swarm verify` recompute it from the Committed events.
+ *
  * Rounds: round 1 opens at deployment. When round r is finalized or aborted, round r+1 opens in
  * that same block. Every window is counted in blocks.
  *
@@ -39,6 +48,9 @@ contract SwarmLedger {
         uint64 attestWindow;
         uint64 epsCapMicro;
         uint64 deltaE18;
+        uint64 epsStepMicro;
+        uint64 recordEpsCapMicro;
+        uint64 recordDeltaE18;
         bytes32 genesisDigest;
         bool allowlistEnabled;
         address deployer;
@@ -64,10 +76,11 @@ contract SwarmLedger {
         uint64 epsMicro;
     }
 
-    /// @dev One slot per registered address; `lastCommitRound`/`lastAttestRound` detect a second
-    /// commit or attestation without a per-round slot.
+    /// @dev One slot per registered address (240 bits); `lastCommitRound`/`lastAttestRound` detect a
+    /// second commit or attestation without a per-round slot.
     struct Peer {
         uint64 epsMicro;
+        uint64 recordEpsMicro;
         uint48 lastCommitRound;
         uint48 lastAttestRound;
         bool registered;
@@ -127,6 +140,12 @@ contract SwarmLedger {
     error QuorumNotMet(uint64 round, uint32 committed, uint32 minPeers);
     /// @notice Cumulative epsilon may not decrease.
     error EpsDecreasing(uint64 previousMicro, uint64 givenMicro);
+    /// @notice The policy spends exactly `expectedMicro` by this commit; `givenMicro` was committed.
+    error EpsNotPolicy(uint64 expectedMicro, uint64 givenMicro);
+    /// @notice The record-level epsilon may not decrease.
+    error RecordEpsDecreasing(uint64 previousMicro, uint64 givenMicro);
+    /// @notice The record-level epsilon would pass its cap (0: the policy has no DP-SGD).
+    error RecordEpsOverCap(uint64 givenMicro, uint64 capMicro);
     /// @notice Cumulative epsilon may not pass the swarm's cap.
     error EpsOverCap(uint64 givenMicro, uint64 capMicro);
     /// @notice A digest must not be 0 or 1 (1 marks a closed, not finalized, round).
@@ -164,6 +183,7 @@ contract SwarmLedger {
         bytes32 digest,
         uint64 numSamples,
         uint64 epsMicro,
+        uint64 recordEpsMicro,
         bytes mechanism
     );
     /// @notice The round closed: its participant list is final.
@@ -186,6 +206,9 @@ contract SwarmLedger {
     uint64 private immutable _attestWindow;
     uint64 private immutable _epsCapMicro;
     uint64 private immutable _deltaE18;
+    uint64 private immutable _epsStepMicro;
+    uint64 private immutable _recordEpsCapMicro;
+    uint64 private immutable _recordDeltaE18;
     bytes32 private immutable _genesisDigest;
     bool private immutable _allowlistEnabled;
     address private immutable _deployer;
@@ -216,6 +239,9 @@ contract SwarmLedger {
      * @param attestWindow blocks after a round closes before anyone may abort it (>= 1)
      * @param epsCapMicro cap on each peer's cumulative epsilon, in millionths
      * @param deltaE18 the swarm's delta, in units of 1e-18 (1e-5 -> 1e13)
+     * @param epsStepMicro what one release spends under the policy (0: not constant, see above)
+     * @param recordEpsCapMicro cap on each peer's record-level (DP-SGD) epsilon; 0 = no DP-SGD
+     * @param recordDeltaE18 the record-level delta, in units of 1e-18 (0 without DP-SGD)
      * @param genesisDigest digest of the initial model round 1 starts from
      * @param allowlist if non-empty, only these addresses (and those the deployer adds) may register
      */
@@ -225,6 +251,9 @@ contract SwarmLedger {
         uint64 attestWindow,
         uint64 epsCapMicro,
         uint64 deltaE18,
+        uint64 epsStepMicro,
+        uint64 recordEpsCapMicro,
+        uint64 recordDeltaE18,
         bytes32 genesisDigest,
         address[] memory allowlist
     ) {
@@ -233,12 +262,18 @@ contract SwarmLedger {
         if (attestWindow == 0) revert InvalidParams("attestWindow");
         if (epsCapMicro == 0) revert InvalidParams("epsCapMicro");
         if (deltaE18 >= 1e18) revert InvalidParams("deltaE18");
+        if (epsStepMicro > epsCapMicro) revert InvalidParams("epsStepMicro");
+        if (recordDeltaE18 >= 1e18 || (recordEpsCapMicro > 0) != (recordDeltaE18 > 0))
+            revert InvalidParams("recordDeltaE18");
         if (uint256(genesisDigest) <= 1) revert InvalidParams("genesisDigest");
         _minPeers = minPeers;
         _commitWindow = commitWindow;
         _attestWindow = attestWindow;
         _epsCapMicro = epsCapMicro;
         _deltaE18 = deltaE18;
+        _epsStepMicro = epsStepMicro;
+        _recordEpsCapMicro = recordEpsCapMicro;
+        _recordDeltaE18 = recordDeltaE18;
         _genesisDigest = genesisDigest;
         _allowlistEnabled = allowlist.length > 0;
         _deployer = msg.sender;
@@ -316,7 +351,8 @@ contract SwarmLedger {
      * @param round the current round
      * @param digest sha256 of the published update blob
      * @param numSamples local training samples (aggregation weight), 1 to 2^32 - 1
-     * @param epsMicro the sender's cumulative epsilon after this round, in millionths
+     * @param epsMicro the sender's cumulative whole-update epsilon after this round, in millionths
+     * @param recordEpsMicro the sender's cumulative record-level (DP-SGD) epsilon, in millionths
      * @param mechanism canonical JSON of the mechanism parameters (kept in the event only)
      */
     function commit(
@@ -324,6 +360,7 @@ contract SwarmLedger {
         bytes32 digest,
         uint64 numSamples,
         uint64 epsMicro,
+        uint64 recordEpsMicro,
         bytes calldata mechanism
     ) external {
         Peer memory peer = _peers[msg.sender];
@@ -336,14 +373,20 @@ contract SwarmLedger {
             live.state != RoundState.OPEN ||
             (block.number > uint256(live.openedBlock) + _commitWindow && live.participantCount >= _minPeers)
         ) revert CommitWindowClosed(round);
-        if (epsMicro < peer.epsMicro) revert EpsDecreasing(peer.epsMicro, epsMicro);
+        if (_epsStepMicro > 0) {
+            uint64 expected = peer.epsMicro + _epsStepMicro;
+            if (epsMicro != expected) revert EpsNotPolicy(expected, epsMicro);
+        } else if (epsMicro < peer.epsMicro) revert EpsDecreasing(peer.epsMicro, epsMicro);
         if (epsMicro > _epsCapMicro) revert EpsOverCap(epsMicro, _epsCapMicro);
+        if (recordEpsMicro < peer.recordEpsMicro) revert RecordEpsDecreasing(peer.recordEpsMicro, recordEpsMicro);
+        if (recordEpsMicro > _recordEpsCapMicro) revert RecordEpsOverCap(recordEpsMicro, _recordEpsCapMicro);
         if (uint256(digest) <= 1) revert InvalidDigest(digest);
         if (numSamples == 0 || numSamples > type(uint32).max) revert InvalidNumSamples(numSamples);
 
         uint32 index = live.participantCount;
         _peers[msg.sender] = Peer({
             epsMicro: epsMicro,
+            recordEpsMicro: recordEpsMicro,
             lastCommitRound: uint48(round),
             lastAttestRound: peer.lastAttestRound,
             registered: true,
@@ -352,7 +395,7 @@ contract SwarmLedger {
         _live.participantCount = index + 1;
         _participants[round][index] = Participant(msg.sender, uint32(numSamples), epsMicro);
         _latestDigest[msg.sender] = digest;
-        emit Committed(round, msg.sender, index, digest, numSamples, epsMicro, mechanism);
+        emit Committed(round, msg.sender, index, digest, numSamples, epsMicro, recordEpsMicro, mechanism);
     }
 
     /**
@@ -460,6 +503,9 @@ contract SwarmLedger {
                 _attestWindow,
                 _epsCapMicro,
                 _deltaE18,
+                _epsStepMicro,
+                _recordEpsCapMicro,
+                _recordDeltaE18,
                 _genesisDigest,
                 _allowlistEnabled,
                 _deployer,
@@ -517,6 +563,11 @@ contract SwarmLedger {
     /// @notice The cumulative epsilon `peer` has committed, in millionths.
     function epsSpent(address peer) external view returns (uint64) {
         return _peers[peer].epsMicro;
+    }
+
+    /// @notice The cumulative record-level (DP-SGD) epsilon `peer` has committed, in millionths.
+    function recordEpsSpent(address peer) external view returns (uint64) {
+        return _peers[peer].recordEpsMicro;
     }
 
     /// @notice The libp2p peer id `peer` registered (empty if none).

@@ -90,6 +90,7 @@ class ChainConfig:
     commit_window: int
     attest_window: int
     eps_cap: float
+    record_eps_cap: float
     fetch_timeout: float
     block_time: float
     run_timeout: float
@@ -303,6 +304,7 @@ def _check_ranges(c: Config) -> None:
         (c.chain.commit_window >= 1, "chain.commit_window", "must be >= 1 block"),
         (c.chain.attest_window >= 1, "chain.attest_window", "must be >= 1 block"),
         (c.chain.eps_cap >= 0, "chain.eps_cap", "must be >= 0 (0 = exactly what swarm.rounds rounds spend)"),
+        (c.chain.record_eps_cap >= 0, "chain.record_eps_cap", "must be >= 0 (0 = what swarm.rounds rounds spend)"),
         (c.chain.fetch_timeout > 0, "chain.fetch_timeout", "must be > 0"),
         (c.chain.block_time > 0, "chain.block_time", "must be > 0"),
         (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),

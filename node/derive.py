@@ -1,5 +1,6 @@
 """From a resolved config to what a peer runs with: the shared settings (anchored in the genesis
-blob), the mechanism parameters, the data shard, and the swarm's eps cap."""
+blob, with the swarm's privacy policy), the mechanism parameters, the data shard, and the
+swarm's eps caps and per-release spend."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import torch
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
+from mechanisms.record_level import DPSGDPolicy, record_level_spend
 from node.config import Config
 from node.learning.data import dataset_meta, load_dataset
 from node.learning.models import build_model, init_model
 from node.learning.partition import partition as split
-from node.protocol import wire
+from node.protocol import policy, wire
 from node.protocol.blob import flatten
-from node.protocol.settings import DPSGDConfig, PeerSettings, SharedSettings
+from node.protocol.settings import PeerSettings, PrivacyPolicy, SharedSettings
 
 
 def mechanism_params(config: Config) -> dict[str, object]:
@@ -42,7 +44,29 @@ def mechanism_params(config: Config) -> dict[str, object]:
     return mechanism.params()
 
 
-def shared_settings(config: Config) -> SharedSettings:
+def dp_policy(config: Config) -> DPSGDPolicy | None:
+    """The DP-SGD every peer trains with, or None (plain SGD)."""
+    t = config.train
+    if not t.dp_sgd:
+        return None
+    return DPSGDPolicy(
+        noise_multiplier=t.dp_noise_multiplier,
+        max_grad_norm=t.dp_max_grad_norm,
+        batch_size=t.batch_size,
+        epochs=t.epochs,
+        delta=t.dp_delta,
+    )
+
+
+def privacy_policy(config: Config, *, baseline: bool = False) -> PrivacyPolicy:
+    """The swarm's privacy policy. `baseline` (simulations only) lets mechanism "none" through as
+    an empty mechanism."""
+    if baseline and config.privacy.mechanism == "none":
+        return PrivacyPolicy({}, dp_policy(config))
+    return PrivacyPolicy(mechanism_params(config), dp_policy(config))
+
+
+def shared_settings(config: Config, *, baseline: bool = False) -> SharedSettings:
     meta = dataset_meta(config.data.dataset)
     model = config.model_name
     return SharedSettings(
@@ -55,6 +79,7 @@ def shared_settings(config: Config) -> SharedSettings:
         trim_ratio=config.aggregation.trim_ratio,
         krum_f=config.aggregation.krum_f,
         seed=config.swarm.seed,
+        privacy=privacy_policy(config, baseline=baseline),
     )
 
 
@@ -77,18 +102,37 @@ def eps_cap_micro(config: Config) -> int:
 
     if config.chain.eps_cap > 0:
         return wire.eps_to_micro(config.chain.eps_cap)
+    step = eps_step_micro(config)
+    if step:  # the commits record exact multiples of the step: the cap is one of them
+        return step * config.swarm.rounds
     spend = cumulative_spend(mechanism_params(config), num_params(config), config.swarm.rounds)
     return wire.eps_to_micro(spend.epsilon)
 
 
+def eps_step_micro(config: Config) -> int:
+    """What one release spends under the policy, for the contract to require of every commit
+    (node.protocol.policy.eps_step_micro); 0 for the Gaussian, checked off chain instead."""
+    return policy.eps_step_micro(mechanism_params(config), num_params(config))
+
+
+def record_eps_cap_micro(config: Config, shard_sizes: list[int] | None = None) -> int:
+    """The swarm's record-level (DP-SGD) cap; 0 without DP-SGD. 0 in the config means: what
+    `rounds` rounds spend on the smallest shard of this config's partition (the largest eps), so
+    the demo never silently stops a peer. A cross-host swarm whose peers hold other data sets
+    should set chain.record_eps_cap."""
+    policy = dp_policy(config)
+    if policy is None:
+        return 0
+    if config.chain.record_eps_cap > 0:
+        return wire.eps_to_micro(config.chain.record_eps_cap)
+    n = min(shard_sizes) if shard_sizes else len(load_shard(config, (0, config.swarm.peers))[0][1])
+    return wire.eps_to_micro(record_level_spend(policy, [n] * config.swarm.rounds).epsilon)
+
+
 def peer_settings(config: Config, *, fault: str | None = None) -> PeerSettings:
     t = config.train
-    dp = None
-    if t.dp_sgd:
-        dp = DPSGDConfig(noise_multiplier=t.dp_noise_multiplier, max_grad_norm=t.dp_max_grad_norm, delta=t.dp_delta)
     return PeerSettings(
         shared=shared_settings(config),
-        mechanism=mechanism_params(config),
         epochs=t.epochs,
         batch_size=t.batch_size,
         lr=t.lr,
@@ -97,7 +141,6 @@ def peer_settings(config: Config, *, fault: str | None = None) -> PeerSettings:
         rounds=config.swarm.rounds,
         fetch_timeout=config.chain.fetch_timeout,
         fault=fault,
-        dp=dp,
     )
 
 

@@ -3,7 +3,11 @@ trusting no peer.
 
 For every round: each committed blob matches its on-chain digest; the aggregate recomputed
 from the included blobs (ledger order, the finalizing bitmap) matches the finalized digest;
-each peer's recorded eps follows from the mechanism parameters it committed; each decodable
+each commit names the swarm's privacy policy (from the genesis blob, whose digest is on chain) and
+records at least what that policy spends after the peer's commits so far: the local mechanism's
+whole-update eps and, with DP-SGD, the record-level eps composed over the committed sample counts
+(one-sided: recording more is allowed, less is a failure); no finalized aggregate includes a
+commit that breaks the policy; each decodable
 update is a possible output of the committed mechanism where its output has a checkable shape
 (`Mechanism.release_violation`: Duchi, LDP-FL and low-eps HM in their two-point sets, PM, HM and
 the exponential mechanism within their range, sampling with at most k non-zeros). Whether the
@@ -22,8 +26,9 @@ import torch
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
+from mechanisms.record_level import record_level_spend
 from node.chain.client import LedgerClient
-from node.protocol import wire
+from node.protocol import policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
 from node.protocol.settings import SharedSettings
 from node.protocol.wire import decode_bitmap, eps_from_micro
@@ -45,7 +50,7 @@ class RoundCheck:
     included: int = 0
     blobs_ok: int = 0
     aggregate_ok: bool | None = None  # None: nothing to recompute (open or aborted round)
-    eps_ok: int = 0
+    eps_ok: int = 0  # commits that name the policy and record at least what it spends
     releases_ok: int = 0  # decoded blobs whose values the committed mechanism could have output
 
 
@@ -98,8 +103,14 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
     shared = SharedSettings.from_dict(json.loads(meta["swarm"]))
     num_params = tensors[wire.VECTOR].numel()
     global_vector = tensors[wire.VECTOR].to(torch.float32)
-    commits_by_peer: dict[str, int] = {}
-    last_eps: dict[str, int] = {}
+    privacy = shared.privacy
+    try:
+        committed: mechanisms.Mechanism | None = mechanisms.from_params(dict(privacy.mechanism))
+    except (ValueError, KeyError, TypeError) as exc:
+        report.failures.append(Failure(0, "-", "genesis", f"the genesis privacy policy builds no mechanism: {exc}"))
+        return report
+    counts_by_peer: dict[str, list[int]] = {}
+    last_eps: dict[str, tuple[int, int]] = {}
 
     for r in range(1, ledger.current_round() + 1):
         info = ledger.round_info(r)
@@ -108,10 +119,12 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
         commitments = ledger.commitments(r)
         check.participants = len(commitments)
         vectors: list[torch.Tensor | None] = []
+        breaks_policy: list[bool] = []
         for c in commitments:
             peer = c.peer
-            commits_by_peer[peer] = commits_by_peer.get(peer, 0) + 1
-            last_eps[peer] = int(c.eps_micro)
+            counts = counts_by_peer.setdefault(peer, [])
+            counts.append(int(c.num_samples))
+            last_eps[peer] = (int(c.eps_micro), int(c.record_eps_micro))
             data = archive.get(bytes(c.digest).hex())
             vector = None
             if data is None:
@@ -130,30 +143,22 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
             vectors.append(vector)
             if data is not None and sha256(data) != bytes(c.digest):  # tampered archive: fails whatever the bitmap
                 report.failures.append(Failure(r, peer, "blob", detail))
-            # eps: the k-th commit of this peer must record cumulative_spend(params, d, k)
-            committed: mechanisms.Mechanism | None = None
-            try:
-                mech = json.loads(bytes(c.mechanism).decode())
-                committed = mechanisms.from_params(mech)
-                spend = cumulative_spend(mech, num_params, commits_by_peer[peer])
-                expected = wire.eps_to_micro(spend.epsilon)
-                # one micro-eps of slack: the last float digit of a spend may differ across math libraries
-                if abs(expected - int(c.eps_micro)) > 1:
-                    report.failures.append(
-                        Failure(
-                            r,
-                            peer,
-                            "eps",
-                            f"ledger records {eps_from_micro(int(c.eps_micro)):.6f}, the "
-                            f"committed mechanism {mech} gives {eps_from_micro(expected):.6f}",
-                        )
-                    )
-                else:
-                    check.eps_ok += 1
-                report.peers.setdefault(peer, {}).update(protects=spend.protects, delta=spend.delta)
-            except (ValueError, KeyError, TypeError) as exc:
-                report.failures.append(Failure(r, peer, "eps", f"committed mechanism parameters unusable: {exc}"))
-            if vector is not None and committed is not None:  # unusable parameters: already an eps failure
+            # the policy: its mechanism, and at least what its commits so far spend (one-sided)
+            broken = policy.commit_violation(
+                privacy, num_params, c.mechanism, int(c.eps_micro), int(c.record_eps_micro), counts, one_sided=True
+            )
+            breaks_policy.append(broken is not None)
+            if broken is None:
+                check.eps_ok += 1
+            else:
+                report.failures.append(Failure(r, peer, broken[0], broken[1]))
+            spend = cumulative_spend(dict(privacy.mechanism), num_params, len(counts))
+            entry = report.peers.setdefault(peer, {})
+            entry.update(protects=spend.protects, delta=spend.delta)
+            if privacy.dp_sgd is not None:
+                record = record_level_spend(privacy.dp_sgd, counts)
+                entry.update(record_protects=record.protects, record_delta=record.delta)
+            if vector is not None and committed is not None:
                 violation = committed.release_violation(vector)
                 if violation is None:
                     check.releases_ok += 1
@@ -177,6 +182,11 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
             continue
         included = decode_bitmap(bitmap, len(commitments))
         check.included = sum(included)
+        for c, inc, against_policy in zip(commitments, included, breaks_policy):
+            if inc and against_policy:
+                report.failures.append(
+                    Failure(r, c.peer, "aggregate", "the finalized aggregate includes a commit that breaks the policy")
+                )
         unusable = [c.peer for c, inc, v in zip(commitments, included, vectors) if inc and v is None]
         for peer in unusable:
             report.failures.append(
@@ -211,13 +221,22 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
             )
         global_vector = recomputed
 
-    for peer, eps_micro in last_eps.items():
+    for peer, (eps_micro, record_micro) in last_eps.items():
         on_chain = int(ledger.eps_spent(peer))
+        record_on_chain = int(ledger.record_eps_spent(peer))
         entry = report.peers.setdefault(peer, {})
-        entry.update(eps_spent=eps_from_micro(on_chain), commits=commits_by_peer[peer])
-        if on_chain != eps_micro:
+        entry.update(eps_spent=eps_from_micro(on_chain), commits=len(counts_by_peer[peer]))
+        if privacy.dp_sgd is not None:
+            entry.update(record_eps_spent=eps_from_micro(record_on_chain))
+        if (on_chain, record_on_chain) != (eps_micro, record_micro):
             report.failures.append(
-                Failure(0, peer, "eps", f"epsSpent {on_chain} differs from the last commitment {eps_micro}")
+                Failure(
+                    0,
+                    peer,
+                    "eps",
+                    f"epsSpent {on_chain} / recordEpsSpent {record_on_chain} differ from the last commitment "
+                    f"{eps_micro} / {record_micro}",
+                )
             )
     return report
 

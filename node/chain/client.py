@@ -103,10 +103,18 @@ class LedgerClient:
         eps_cap_micro: int,
         delta: float,
         genesis_digest: bytes,
+        eps_step_micro: int = 0,
+        record_eps_cap_micro: int = 0,
+        record_delta: float = 0.0,
         allowlist: list[str] | None = None,
         tx_timeout: float = DEFAULT_TX_TIMEOUT_S,
     ) -> LedgerClient:
-        """Deploy a new swarm ledger from `account` and return a client on it."""
+        """Deploy a new swarm ledger from `account` and return a client on it.
+
+        `eps_step_micro`: what one release spends under the swarm's privacy policy, which the
+        contract then requires of every commit (0: not a constant, checked off chain);
+        `record_eps_cap_micro` and `record_delta`: the record-level DP-SGD cap and delta (both 0
+        without DP-SGD)."""
         for name, value, low in (
             ("min_peers", min_peers, 1),
             ("commit_window", commit_window, 1),
@@ -117,6 +125,13 @@ class LedgerClient:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if not 0 <= delta < 1:
             raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+        for name, value in (("eps_step_micro", eps_step_micro), ("record_eps_cap_micro", record_eps_cap_micro)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if eps_step_micro > eps_cap_micro:
+            raise ValueError(f"eps_step_micro {eps_step_micro} is more than the cap {eps_cap_micro}")
+        if not 0 <= record_delta < 1 or (record_eps_cap_micro > 0) != (record_delta > 0):
+            raise ValueError("record_delta must be in (0, 1) with a record-level cap, and 0 without one")
         if len(genesis_digest) != 32 or int.from_bytes(genesis_digest, "big") <= 1:
             raise ValueError("genesis_digest must be 32 bytes (a sha256 digest), not 0 or 1")
         artifact = load_artifact()
@@ -127,6 +142,9 @@ class LedgerClient:
             attest_window,
             eps_cap_micro,
             round(delta * DELTA_SCALE),
+            eps_step_micro,
+            record_eps_cap_micro,
+            round(record_delta * DELTA_SCALE),
             bytes(genesis_digest),
             [Web3.to_checksum_address(a) for a in allowlist or []],
         )
@@ -146,9 +164,19 @@ class LedgerClient:
         """Register this account with its libp2p peer id bytes."""
         return self._transact("register", bytes(peer_id))
 
-    def commit(self, round: int, digest: bytes, num_samples: int, eps_micro: int, mechanism: bytes) -> TxReceipt:
+    def commit(
+        self,
+        round: int,
+        digest: bytes,
+        num_samples: int,
+        eps_micro: int,
+        mechanism: bytes,
+        record_eps_micro: int = 0,
+    ) -> TxReceipt:
         """Commit the digest of this round's published update and the cumulative eps after it."""
-        return self._transact("commit", round, bytes(digest), num_samples, eps_micro, bytes(mechanism))
+        return self._transact(
+            "commit", round, bytes(digest), num_samples, eps_micro, record_eps_micro, bytes(mechanism)
+        )
 
     def close_round(self, round: int) -> TxReceipt:
         """Close the round (anyone) once its window has passed with quorum."""
@@ -199,7 +227,7 @@ class LedgerClient:
 
     def params(self) -> SwarmParams:
         p = self._view("params")
-        return SwarmParams(p[0], p[1], p[2], p[3], p[4], bytes(p[5]), p[6], p[7], p[8])
+        return SwarmParams(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], bytes(p[8]), p[9], p[10], p[11])
 
     def current_round(self) -> int:
         return self._view("currentRound")
@@ -244,6 +272,8 @@ class LedgerClient:
                     e["args"]["epsMicro"],
                     bytes(e["args"]["mechanism"]),
                     e["blockNumber"],
+                    e["args"]["recordEpsMicro"],
+                    round,
                 )
                 for e in logs
             ),
@@ -253,6 +283,26 @@ class LedgerClient:
         if [c.peer for c in found] != stored:
             raise LedgerError(f"round {round}: Committed events do not match the stored participant list")
         return found
+
+    def commit_history(self, address: str) -> list[Commitment]:
+        """Every commitment `address` made, oldest first (from the Committed events): the sample
+        counts its record-level eps is composed over."""
+        peer = Web3.to_checksum_address(address)
+        logs = self._logs("Committed", self.params().deploy_block, self.block_number(), {"peer": peer})
+        return [
+            Commitment(
+                e["args"]["peer"],
+                e["args"]["index"],
+                bytes(e["args"]["digest"]),
+                e["args"]["numSamples"],
+                e["args"]["epsMicro"],
+                bytes(e["args"]["mechanism"]),
+                e["blockNumber"],
+                e["args"]["recordEpsMicro"],
+                e["args"]["round"],
+            )
+            for e in logs
+        ]
 
     def attestations(self, round: int) -> list[Attestation]:
         info = self.round_info(round)
@@ -274,6 +324,10 @@ class LedgerClient:
     def eps_spent(self, address: str) -> int:
         """Cumulative eps committed by `address`, in micro-eps."""
         return self._view("epsSpent", Web3.to_checksum_address(address))
+
+    def record_eps_spent(self, address: str) -> int:
+        """Cumulative record-level (DP-SGD) eps committed by `address`, in micro-eps."""
+        return self._view("recordEpsSpent", Web3.to_checksum_address(address))
 
     def peer_id_of(self, address: str) -> bytes:
         return bytes(self._view("peerIdOf", Web3.to_checksum_address(address)))
@@ -337,6 +391,7 @@ class LedgerClient:
                             "num_samples": c.num_samples,
                             "eps_micro": c.eps_micro,
                             "eps": c.eps,
+                            "record_eps_micro": c.record_eps_micro,
                             "block": c.block_number,
                             "mechanism": c.mechanism.decode("utf-8", "replace"),
                             "mechanism_name": (d := describe_mechanism(c.mechanism))["name"],

@@ -56,6 +56,16 @@ QuorumNotMet = _refusal(
     "QuorumNotMet", "round {round}: {committed} of {minPeers} needed peers committed; the window extends"
 )
 EpsDecreasing = _refusal("EpsDecreasing", "cumulative eps may not decrease: {previousMicro} -> {givenMicro} micro-eps")
+EpsNotPolicy = _refusal(
+    "EpsNotPolicy",
+    "the swarm's privacy policy spends exactly {expectedMicro} micro-eps by this commit, not {givenMicro}",
+)
+RecordEpsDecreasing = _refusal(
+    "RecordEpsDecreasing", "record-level eps may not decrease: {previousMicro} -> {givenMicro} micro-eps"
+)
+RecordEpsOverCap = _refusal(
+    "RecordEpsOverCap", "record-level eps {givenMicro} micro-eps passes the swarm's cap {capMicro} (0: no DP-SGD)"
+)
 EpsOverCap = _refusal("EpsOverCap", "cumulative eps {givenMicro} micro-eps passes the swarm's cap {capMicro}")
 InvalidDigest = _refusal("InvalidDigest", "digest 0x{digest} is not allowed (0 and 1 are reserved)")
 InvalidNumSamples = _refusal("InvalidNumSamples", "numSamples must be 1 to 2^32 - 1, got {numSamples}")

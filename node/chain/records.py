@@ -28,6 +28,9 @@ class SwarmParams:
     attest_window: int
     eps_cap_micro: int
     delta_e18: int
+    eps_step_micro: int  # what one release spends under the policy; 0 = not constant (checked off chain)
+    record_eps_cap_micro: int  # record-level (DP-SGD) cap; 0 = the policy has no DP-SGD
+    record_delta_e18: int
     genesis_digest: bytes
     allowlist_enabled: bool
     deployer: str
@@ -40,6 +43,14 @@ class SwarmParams:
     @property
     def eps_cap(self) -> float:
         return eps_from_micro(self.eps_cap_micro)
+
+    @property
+    def record_delta(self) -> float:
+        return self.record_delta_e18 / DELTA_SCALE
+
+    @property
+    def record_eps_cap(self) -> float:
+        return eps_from_micro(self.record_eps_cap_micro)
 
 
 @dataclass(frozen=True)
@@ -62,10 +73,16 @@ class Commitment:
     eps_micro: int
     mechanism: bytes  # the canonical JSON as committed (from the Committed event)
     block_number: int
+    record_eps_micro: int = 0  # record-level (DP-SGD) eps; 0 without DP-SGD
+    round: int = 0
 
     @property
     def eps(self) -> float:
         return eps_from_micro(self.eps_micro)
+
+    @property
+    def record_eps(self) -> float:
+        return eps_from_micro(self.record_eps_micro)
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def handler(args: argparse.Namespace) -> int:
     from node.chain.errors import LedgerError
     from node.cli import CLIError, common
     from node.config import quorum
-    from node.derive import eps_cap_micro
+    from node.derive import eps_cap_micro, eps_step_micro, record_eps_cap_micro
     from node.derive import genesis as genesis_blob
     from node.protocol.blob import sha256
     from node.protocol.wire import eps_from_micro, eps_to_micro
@@ -90,6 +90,14 @@ def handler(args: argparse.Namespace) -> int:
         attest_window = args.attest_window if args.attest_window is not None else config.chain.attest_window
         cap_micro = eps_to_micro(args.eps_cap) if args.eps_cap is not None else eps_cap_micro(config)
         delta = args.delta if args.delta is not None else config.privacy.delta
+        step_micro = eps_step_micro(config)
+        record_cap_micro = record_eps_cap_micro(config)
+        record_delta = config.train.dp_delta if config.train.dp_sgd else 0.0
+        if step_micro > cap_micro:
+            raise ValueError(
+                f"the eps cap {eps_from_micro(cap_micro):g} is below what one round spends under the configured "
+                f"privacy policy ({eps_from_micro(step_micro):g}): no peer could ever commit"
+            )
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     try:
@@ -104,6 +112,9 @@ def handler(args: argparse.Namespace) -> int:
             eps_cap_micro=cap_micro,
             delta=delta,
             genesis_digest=genesis,
+            eps_step_micro=step_micro,
+            record_eps_cap_micro=record_cap_micro,
+            record_delta=record_delta,
             allowlist=args.allow or None,
             tx_timeout=args.tx_timeout,
         )
@@ -117,6 +128,9 @@ def handler(args: argparse.Namespace) -> int:
         "block": client.params().deploy_block,
         "genesis_digest": genesis.hex(),
         "eps_cap": eps_from_micro(cap_micro),
+        "eps_step": eps_from_micro(step_micro),
+        "record_eps_cap": eps_from_micro(record_cap_micro) if record_cap_micro else None,
+        "record_delta": record_delta or None,
     }
     print(json.dumps(result) if args.json else client.address)
     return 0

@@ -25,7 +25,6 @@ class Contribution:
     vector: torch.Tensor  # the perturbed float32 vector that goes into the blob
     num_samples: int
     mean_loss: float
-    dp_epsilon: float | None  # DP-SGD's own accountant, when DP-SGD is on
 
 
 def round_seed(seed: int, peer: str, round_number: int) -> int:
@@ -73,4 +72,4 @@ def contribute(
     shared = shared.to(torch.float32)
     if mechanism is not None:
         shared = mechanism.perturb(shared, generator=noise).to(torch.float32)
-    return Contribution(shared.contiguous(), int(result.num_samples), float(result.mean_loss), result.dp_epsilon)
+    return Contribution(shared.contiguous(), int(result.num_samples), float(result.mean_loss))

@@ -11,13 +11,14 @@ caller's business.
 DP-SGD (Abadi et al., CCS 2016) uses opacus' pieces directly: `GradSampleModule` for
 per-sample gradients, `DPOptimizer` for per-sample clipping to `max_grad_norm` and Gaussian
 noise of std `noise_multiplier * max_grad_norm`, `UniformWithReplacementSampler` for Poisson
-sampling with rate batch_size / N, and `RDPAccountant` for the privacy loss. One accountant
-per peer, passed in every round, gives the peer's cumulative epsilon over all rounds.
+sampling with rate batch_size / N. The rate and the number of steps come from
+`mechanisms.record_level.round_steps`, the function the record-level accountant uses, so what is
+trained and what is accounted cannot differ. Accounting is not done here: a round's privacy loss
+counts once it is released, from the sample count committed on chain (`record_level_spend`).
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,13 +27,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from opacus import GradSampleModule
-from opacus.accountants import RDPAccountant
 from opacus.optimizers import DPOptimizer
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from node.protocol.settings import DPSGDConfig
+from mechanisms.record_level import DPSGDPolicy, round_steps
 
 # opacus' per-sample hooks warn on every backward pass when the inputs need no gradient (they
 # never do here); the warning is about input gradients we do not use.
@@ -43,7 +43,7 @@ warnings.filterwarnings("ignore", message="Full backward hook is firing", catego
 class TrainResult:
     num_samples: int
     mean_loss: float  # mean training loss over the last epoch's batches
-    dp_epsilon: float | None  # cumulative over the accountant's whole history; None without DP
+    dp_steps: int = 0  # noisy DP-SGD steps taken (empty Poisson batches included); 0 without DP
 
 
 def round_lr(lr0: float, decay: float, round_number: int) -> float:
@@ -67,15 +67,13 @@ def train_local(
     lr: float,
     momentum: float = 0.0,
     seed: int,
-    dp: DPSGDConfig | None = None,
-    accountant: RDPAccountant | None = None,
+    dp: DPSGDPolicy | None = None,
     privacy_generator: torch.Generator | None = None,
 ) -> TrainResult:
     """Train `model` in place on (x, y) and report what the round needs.
 
-    With `dp`, `accountant` (an `opacus.accountants.RDPAccountant`, kept by the caller across
-    rounds) records every step; a fresh one is used when None (epsilon of this call alone), and
-    `privacy_generator` is required: the noise and the Poisson batches draw from it."""
+    With `dp`, the policy's batch size and epochs are used (they must equal `batch_size` and
+    `epochs`), and `privacy_generator` is required: the noise and the Poisson batches draw from it."""
     n = int(y.shape[0])
     if n < 1 or x.shape[0] != n:
         raise ValueError(f"need as many inputs as labels and at least one: x {tuple(x.shape)}, y {tuple(y.shape)}")
@@ -92,7 +90,12 @@ def train_local(
         return _train_sgd(model, x, y, epochs, batch_size, lr, momentum, torch.Generator().manual_seed(seed))
     if privacy_generator is None:
         raise ValueError("DP-SGD needs a privacy_generator for its noise and batches (secret_generator() in a peer)")
-    return _train_dpsgd(model, x, y, epochs, batch_size, lr, momentum, privacy_generator, dp, accountant)
+    if (batch_size, epochs) != (dp.batch_size, dp.epochs):
+        raise ValueError(
+            f"DP-SGD trains with the policy's batch size {dp.batch_size} and {dp.epochs} epoch(s), "
+            f"not {batch_size} and {epochs}: the accountant counts the policy's steps"
+        )
+    return _train_dpsgd(model, x, y, lr, momentum, privacy_generator, dp)
 
 
 @contextmanager
@@ -139,29 +142,24 @@ def _train_sgd(
                 loss.backward()
                 optimizer.step()
                 losses.append(loss.item())
-    return TrainResult(n, sum(losses) / len(losses), None)
+    return TrainResult(n, sum(losses) / len(losses))
 
 
 def _train_dpsgd(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
-    epochs: int,
-    batch_size: int,
     lr: float,
     momentum: float,
     generator: torch.Generator,
-    dp: DPSGDConfig,
-    accountant: RDPAccountant | None,
+    dp: DPSGDPolicy,
 ) -> TrainResult:
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
         raise ValueError(f"model is not DP-SGD compatible: {errors[0]}")
     n = int(y.shape[0])
-    sample_rate = min(1.0, batch_size / n)
-    steps_per_epoch = max(1, math.ceil(1 / sample_rate))  # expected passes over the data, as opacus does
-    if accountant is None:
-        accountant = RDPAccountant()
+    sample_rate, total_steps = round_steps(dp.batch_size, dp.epochs, n)
+    steps_per_epoch = total_steps // dp.epochs
     grad_module = GradSampleModule(model)
     optimizer = DPOptimizer(
         torch.optim.SGD(grad_module.parameters(), lr=lr, momentum=momentum),
@@ -175,12 +173,12 @@ def _train_dpsgd(
         num_samples=n, sample_rate=sample_rate, generator=generator, steps=steps_per_epoch
     )
     losses: list[float] = []
+    steps = 0
     try:
-        for _ in range(epochs):
+        for _ in range(dp.epochs):
             losses = []
             for batch in sampler:
-                # An empty Poisson batch still counts as a step: the accountant stays an upper bound.
-                accountant.step(noise_multiplier=dp.noise_multiplier, sample_rate=sample_rate)
+                steps += 1  # an empty Poisson batch is a step too: the accountant counts it
                 if len(batch) == 0:
                     continue
                 index = torch.as_tensor(batch, dtype=torch.long)
@@ -192,7 +190,9 @@ def _train_dpsgd(
     finally:
         grad_module._close()  # removes opacus' hooks and per-sample buffers: `model` is plain again
     mean_loss = sum(losses) / len(losses) if losses else float("nan")
-    return TrainResult(n, mean_loss, float(accountant.get_epsilon(dp.delta)))
+    if steps != total_steps:
+        raise RuntimeError(f"DP-SGD took {steps} steps where the accountant counts {total_steps}")
+    return TrainResult(n, mean_loss, steps)
 
 
 @torch.no_grad()

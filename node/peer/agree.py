@@ -143,11 +143,14 @@ class Agreement:
         announced: Callable[[str], list[str]],
         read_update: Callable[[bytes], torch.Tensor],
         read_attestations: Callable[[], Awaitable[list[Attestation]]],
+        refused: Sequence[object | None] = (),
     ) -> None:
         self.round = round
         self.commitments = commitments
         self.index = {c.peer: i for i, c in enumerate(commitments)}
         self.blobs = RoundBlobs(peer_ids, mine=self.index[me])
+        for i, reason in enumerate(refused):  # breaks the swarm's privacy policy: never fetched or included
+            self.blobs.malformed[i] = reason is not None
         self.fetch_timeout = fetch_timeout
         self._obtain = obtain
         self._announced = announced

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import torch
@@ -23,6 +25,7 @@ import trio
 import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
 from mechanisms.randomness import secret_generator
+from mechanisms.record_level import RecordAccountant, record_level_spend
 from node.chain.errors import LedgerError, RoundNotClosed
 from node.chain.records import Commitment, RoundInfo
 from node.learning.contribute import contribute, round_seed
@@ -30,10 +33,11 @@ from node.learning.models import init_model
 from node.learning.train import evaluate
 from node.peer.agree import Agreement, obtain
 from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
-from node.protocol import wire
+from node.protocol import policy, wire
 from node.protocol.blob import flatten, sha256, unflatten
 from node.protocol.settings import PeerSettings
 from node.protocol.wire import encode_bitmap
+from node.runfiles import write_json_atomic
 from p2p import peer_id_from_bytes
 
 log = logging.getLogger("swarm.peer")
@@ -65,8 +69,10 @@ class RoundOutcome:
     included: list[bool] = field(default_factory=list)
     accuracy: float | None = None
     loss: float | None = None
-    eps_cumulative: float | None = None
+    eps_cumulative: float | None = None  # the local mechanism's, whole shared update
     delta_cumulative: float | None = None  # the delta that eps_cumulative holds at
+    record_eps_cumulative: float | None = None  # DP-SGD's, each training record (None without DP-SGD)
+    record_delta: float | None = None
     train_seconds: float = 0.0
     round_seconds: float = 0.0
     bytes_received: int = 0  # blob bytes this peer fetched from others during the round
@@ -94,6 +100,7 @@ class Peer:
         test_xy: tuple[torch.Tensor, torch.Tensor],
         on_status: Callable[[dict[str, Any]], None] | None = None,
         run_sync: RunSync = trio.to_thread.run_sync,
+        accountant_path: Path | None = None,
     ) -> None:
         self.s = settings
         self.ledger = ledger
@@ -116,6 +123,8 @@ class Peer:
         self._phase_seconds: dict[str, float] = {}
         self.round = 0
         self._commits = 0  # rounds this peer has committed in: the accountant's T
+        self._my_counts: list[int] = []  # numSamples of each of our commits, oldest first (on chain)
+        self.accountant_path = accountant_path  # where the record-level accountant is kept (DP-SGD)
 
     # ---------------------------------------------------------------- helpers
     async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -184,12 +193,49 @@ class Peer:
             except LedgerError as exc:  # raced with ourselves after a restart: fine if now registered
                 if not await self.chain(lambda: len(self.ledger.peer_id_of(self.address)) > 0):
                     raise RuntimeError(f"registration failed: {exc}") from exc
-        self._commits = await self.chain(self._count_my_commits)
+        history = await self.chain(self.ledger.commit_history, self.address)
+        self._my_counts = [int(c.num_samples) for c in history]
+        self._commits = len(history)
+        self._resume_accountant()
         return await self._latest_global()
 
-    def _count_my_commits(self) -> int:
-        current = self.ledger.current_round()
-        return sum(1 for r in range(1, current + 1) if self._committed(r))
+    def _resume_accountant(self) -> None:
+        """Continue the record-level accountant after a restart. The chain's commits are what was
+        released, so they are the accountant's history; a saved file that says otherwise (a crash
+        between a commit and the save) is reported and rewritten."""
+        if self.s.dp is None or self.accountant_path is None:
+            return
+        from_chain = self._record_accountant()
+        if self.accountant_path.exists():
+            try:
+                saved = RecordAccountant.from_dict(json.loads(self.accountant_path.read_text()))
+            except (OSError, ValueError) as exc:
+                log.warning("accountant file %s unreadable (%s): rebuilt from the chain", self.accountant_path, exc)
+            else:
+                if saved.history != from_chain.history:
+                    log.warning(
+                        "accountant file %s holds %d round(s), the chain %d: the chain's commits are what was "
+                        "released, so the accountant continues from them",
+                        self.accountant_path,
+                        len(saved.history),
+                        len(from_chain.history),
+                    )
+        self._save_accountant()
+
+    def _record_accountant(self) -> RecordAccountant:
+        accountant = RecordAccountant()
+        if self.s.dp is not None:
+            for n in self._my_counts:
+                accountant.step_round(self.s.dp, n)
+        return accountant
+
+    def _save_accountant(self) -> None:
+        if self.s.dp is None or self.accountant_path is None:
+            return
+        accountant = self._record_accountant()
+        eps, delta = accountant.get_privacy_spent(self.s.dp.delta)
+        state = accountant.to_dict() | {"policy": self.s.dp.to_dict(), "epsilon": eps, "delta": delta}
+        write_json_atomic(self.accountant_path, state)
 
     def _committed(self, r: int) -> bool:
         return self.address in self.ledger.participants(r)
@@ -272,8 +318,10 @@ class Peer:
         already = await self.chain(self._committed, r)
         if info.state.name == "OPEN" and not already:
             try:
-                out.train_seconds, out.gas_used, spend = await self._contribute(r, global_vector)
+                out.train_seconds, out.gas_used, spend, record = await self._contribute(r, global_vector)
                 out.eps_cumulative, out.delta_cumulative = spend.epsilon, spend.delta
+                if record is not None:
+                    out.record_eps_cumulative, out.record_delta = record.epsilon, record.delta
                 out.committed = True
             except BudgetExhausted as exc:
                 self._set(Phase.BUDGET_SPENT, reason=str(exc))
@@ -321,15 +369,27 @@ class Peer:
             await self.chain(fn, *args)
 
     # ------------------------------------------------------------ contribute
-    async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, Spend]:
-        spend = cumulative_spend(self.s.mechanism, self.num_params, self._commits + 1)
-        cap = (await self.chain(self.ledger.params)).eps_cap_micro
-        eps_micro = wire.eps_to_micro(spend.epsilon)
-        if eps_micro > cap:
-            raise BudgetExhausted(
-                f"committing round {r} would bring eps to {spend.epsilon:.6g} ({spend.protects}), past the "
-                f"swarm's cap {wire.eps_from_micro(cap):.6g}: this peer stops contributing"
-            )
+    async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, Spend, Spend | None]:
+        """Train, perturb, commit (what the policy spends, both figures), then serve."""
+        counts = [*self._my_counts, int(self.train_y.shape[0])]
+        privacy = self.s.shared.privacy
+        eps_micro, record_micro = await self._off_loop(policy.expected_micro, privacy, self.num_params, counts)
+        spend = cumulative_spend(self.s.mechanism, self.num_params, len(counts))
+        record = record_level_spend(self.s.dp, counts) if self.s.dp is not None else None
+        params = await self.chain(self.ledger.params)
+        for what, micro, cap in (
+            (f"eps to {wire.eps_from_micro(eps_micro):.6g} ({spend.protects})", eps_micro, params.eps_cap_micro),
+            (
+                f"record-level eps to {wire.eps_from_micro(record_micro):.6g}",
+                record_micro,
+                params.record_eps_cap_micro,
+            ),
+        ):
+            if micro > cap:
+                raise BudgetExhausted(
+                    f"committing round {r} would bring {what}, past the swarm's cap "
+                    f"{wire.eps_from_micro(cap):.6g}: this peer stops contributing"
+                )
         self._set(Phase.TRAINING)
         t0 = time.monotonic()
         vector, num_samples = await self._off_loop(self._train_and_perturb, r, global_vector)
@@ -339,16 +399,18 @@ class Peer:
         digest = sha256(data).hex()
         self._set(Phase.COMMITTING)
         receipt = await self.chain(
-            self.ledger.commit, r, bytes.fromhex(digest), num_samples, eps_micro, mech_json.encode()
+            self.ledger.commit, r, bytes.fromhex(digest), num_samples, eps_micro, mech_json.encode(), record_micro
         )
         self._commits += 1
+        self._my_counts = counts
+        self._save_accountant()
         # Commit first, then serve: the release is public only once its eps is on chain, and a
         # refused commit (an exception above) leaves nothing stored or announced.
         self.store.put(data)
         if self.s.fault == "wrong-bytes":
             cast(PoisonableStore, self.store).poison(digest)  # testing: commit this digest, serve other bytes
         await self.host.announce_blob(digest)
-        return train_seconds, _gas(receipt), spend
+        return train_seconds, _gas(receipt), spend, record
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
         c = contribute(
@@ -387,6 +449,7 @@ class Peer:
         """The agreement step of round r over its on-chain set, wired to this peer's ledger, host and store."""
         commitments = await self.chain(self.ledger.commitments, r)
         peer_ids = [peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, c.peer)) for c in commitments]
+        refused = [await self._policy_violation(r, c) for c in commitments]
         return Agreement(
             r,
             commitments,
@@ -397,7 +460,29 @@ class Peer:
             announced=self.host.providers,
             read_update=lambda data: wire.read_vector(data, self.num_params, kind="update")[0],
             read_attestations=lambda: self.chain(self.ledger.attestations, r),
+            refused=refused,
         )
+
+    async def _policy_violation(self, r: int, c: Commitment) -> tuple[str, str] | None:
+        """Why commitment `c` of round r breaks the swarm's privacy policy (its mechanism, or an
+        eps record other than what its commits spend), or None. From chain data only, so every
+        honest peer leaves the same commits out."""
+        if c.peer == self.address:
+            return None
+        history = await self.chain(self.ledger.commit_history, c.peer)
+        counts = [int(h.num_samples) for h in history if h.round <= r]
+        reason = await self._off_loop(
+            policy.commit_violation,
+            self.s.shared.privacy,
+            self.num_params,
+            c.mechanism,
+            int(c.eps_micro),
+            int(c.record_eps_micro),
+            counts,
+        )
+        if reason:
+            log.warning("round %d: leaving out %s: %s", r, c.peer, reason[1])
+        return reason
 
     async def _aggregate(
         self,

@@ -118,7 +118,14 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 log.info("round %d %s acc=%s", outcome.round, outcome.state, outcome.accuracy)
 
             peer = Peer(
-                settings, ledger=ledger, host=host, store=store, train_xy=train_xy, test_xy=test_xy, on_status=on_status
+                settings,
+                ledger=ledger,
+                host=host,
+                store=store,
+                train_xy=train_xy,
+                test_xy=test_xy,
+                on_status=on_status,
+                accountant_path=workdir / "privacy-accountant.json",
             )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(registry.keep_fresh)

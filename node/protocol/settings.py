@@ -4,9 +4,35 @@ on (anchored in the genesis blob), and what one peer runs with locally. Built fr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from mechanisms.record_level import DPSGDPolicy
+
+
+@dataclass(frozen=True)
+class PrivacyPolicy:
+    """The swarm's privacy policy, part of its genesis: the local mechanism every peer applies to
+    what it shares (its canonical parameters; empty = none, for `swarm simulate` baselines only)
+    and the DP-SGD every peer trains with (None = plain SGD). A peer with another policy has
+    another genesis digest and is refused at join; every commit spends exactly what it implies."""
+
+    mechanism: Mapping[str, object] = field(default_factory=dict)
+    dp_sgd: DPSGDPolicy | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        # canonical: the digest of the genesis blob must not depend on dict order
+        mechanism = json.loads(json.dumps(dict(self.mechanism), sort_keys=True))
+        return {"mechanism": mechanism, "dp_sgd": self.dp_sgd.to_dict() if self.dp_sgd else None}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PrivacyPolicy:
+        mechanism, dp = d.get("mechanism"), d.get("dp_sgd")
+        if not isinstance(mechanism, dict) or not (dp is None or isinstance(dp, dict)):
+            raise ValueError(f"not a privacy policy: {dict(d)!r}")
+        return cls(mechanism, DPSGDPolicy.from_dict(dp) if dp is not None else None)
 
 
 @dataclass(frozen=True)
@@ -22,6 +48,7 @@ class SharedSettings:
     trim_ratio: float
     krum_f: int
     seed: int
+    privacy: PrivacyPolicy
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -34,6 +61,7 @@ class SharedSettings:
             "trim_ratio": self.trim_ratio,
             "krum_f": self.krum_f,
             "seed": self.seed,
+            "privacy": self.privacy.to_dict(),
         }
 
     @classmethod
@@ -48,33 +76,16 @@ class SharedSettings:
             trim_ratio=float(d["trim_ratio"]),
             krum_f=int(d["krum_f"]),
             seed=int(d["seed"]),
+            privacy=PrivacyPolicy.from_dict(d["privacy"]),
         )
 
 
 @dataclass(frozen=True)
-class DPSGDConfig:
-    """DP-SGD inside local training (opacus): noise multiplier, per-sample clip norm, delta."""
-
-    noise_multiplier: float
-    max_grad_norm: float
-    delta: float = 1e-5
-
-    def __post_init__(self) -> None:
-        if not self.noise_multiplier > 0:
-            raise ValueError(f"noise_multiplier must be > 0, got {self.noise_multiplier!r}")
-        if not self.max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm!r}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
-
-
-@dataclass(frozen=True)
 class PeerSettings:
-    """What one peer runs with: the swarm's shared settings plus its local training, mechanism
-    and timing choices."""
+    """What one peer runs with: the swarm's shared settings (with its privacy policy) plus its
+    local training and timing choices. With DP-SGD, `epochs` and `batch_size` are the policy's."""
 
     shared: SharedSettings
-    mechanism: dict[str, object]  # mechanism params, e.g. {"name": "pnpm", "epsilon": 1.0}
     epochs: int
     batch_size: int
     lr: float
@@ -86,4 +97,12 @@ class PeerSettings:
     chain_timeout: float = 600.0  # longest wait for any one chain state change
     linger: float = 5.0  # seconds to keep serving after the last round, for peers still fetching its model
     fault: str | None = None  # testing only: "wrong-bytes" or "scale:K" (node/peer/faults.py)
-    dp: DPSGDConfig | None = None  # DP-SGD inside local training
+
+    @property
+    def mechanism(self) -> dict[str, object]:
+        """The policy's mechanism parameters, e.g. {"name": "pnpm", "epsilon": 1.0}."""
+        return dict(self.shared.privacy.mechanism)
+
+    @property
+    def dp(self) -> DPSGDPolicy | None:
+        return self.shared.privacy.dp_sgd

@@ -34,6 +34,9 @@ class LedgerTerms:
     attest_window: int
     eps_cap_micro: int
     delta: float
+    eps_step_micro: int = 0  # what one release spends under the policy (0: not a constant)
+    record_eps_cap_micro: int = 0  # record-level (DP-SGD) cap; 0 = no DP-SGD
+    record_delta: float = 0.0
 
 
 class RunChain:
@@ -67,6 +70,9 @@ class RunChain:
                 eps_cap_micro=terms.eps_cap_micro,
                 delta=terms.delta,
                 genesis_digest=sha256(genesis_blob),
+                eps_step_micro=terms.eps_step_micro,
+                record_eps_cap_micro=terms.record_eps_cap_micro,
+                record_delta=terms.record_delta,
             )
         except BaseException:
             self.anvil.stop()

@@ -36,7 +36,7 @@ from node.chain.anvil import find_anvil, free_port
 from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
 from node.config import Config, quorum
-from node.derive import eps_cap_micro, genesis, mechanism_params
+from node.derive import eps_cap_micro, eps_step_micro, genesis, mechanism_params, record_eps_cap_micro
 from node.peer.runner import P2P_PASSWORD_ENV
 from node.runfiles import read_metrics
 from node.runs.chainrun import LedgerTerms, RunChain
@@ -121,6 +121,9 @@ class LocalSwarm:
             attest_window=config.chain.attest_window,
             eps_cap_micro=eps_cap_micro(config),
             delta=config.privacy.delta,
+            eps_step_micro=eps_step_micro(config),
+            record_eps_cap_micro=record_eps_cap_micro(config),
+            record_delta=config.train.dp_delta if config.train.dp_sgd else 0.0,
         )
         # Mixed mining: transactions land at once, and blocks still tick so windows pass.
         self.chain = RunChain(

@@ -10,10 +10,9 @@ from typing import Any
 
 import torch
 
-from mechanisms.accounting import cumulative_spend
 from node.chain.client import LedgerClient
 from node.chain.records import RoundState
-from node.protocol import wire
+from node.protocol import policy, wire
 from node.protocol.blob import sha256
 from node.runs.chainrun import LedgerTerms, RunChain
 
@@ -72,10 +71,21 @@ class ChainRecorder:
     def start(self, sim: Any) -> None:
         c = sim.config
         genesis = wire.genesis_blob(sim.genesis_vector, sim.settings.shared.to_dict())
-        # The cap is exactly what `rounds` contributions spend: no simulated peer can reach past it.
-        cap = wire.eps_to_micro(cumulative_spend(sim.mechanism_params, sim.num_params, c.swarm.rounds).epsilon)
+        # The caps are exactly what `rounds` contributions spend: no simulated peer can reach past them.
+        self.privacy = sim.settings.shared.privacy
+        step = policy.eps_step_micro(sim.mechanism_params, sim.num_params)
+        smallest = min(len(peer.y) for peer in sim.peers)
+        cap, record_cap = policy.expected_micro(self.privacy, sim.num_params, [smallest] * c.swarm.rounds)
+        dp = self.privacy.dp_sgd
         terms = LedgerTerms(
-            min_peers=1, commit_window=self.window, attest_window=self.window, eps_cap_micro=cap, delta=c.privacy.delta
+            min_peers=1,
+            commit_window=self.window,
+            attest_window=self.window,
+            eps_cap_micro=max(cap, 1),
+            delta=c.privacy.delta,
+            eps_step_micro=step,
+            record_eps_cap_micro=record_cap,
+            record_delta=dp.delta if dp is not None else 0.0,
         )
         self.chain = RunChain(self.out, genesis, terms, peers=len(sim.peers))
         self.ledger = self.chain.ledger
@@ -117,8 +127,11 @@ class ChainRecorder:
             raise RuntimeError(f"ledger is in round {self.ledger.current_round()}, the simulation in round {r}")
         for i, vector, samples in zip(chosen, vectors, weights):
             digest = self.chain.archive.put(wire.update_blob(vector, r, self.mechanism_json))
-            eps_micro = wire.eps_to_micro(sim.peers[i].eps)
-            receipt = self._client(i).commit(r, bytes.fromhex(digest), samples, eps_micro, self.mechanism_json.encode())
+            counts = [len(sim.peers[i].y)] * sim.peers[i].commits  # this commit included
+            eps_micro, record_micro = policy.expected_micro(self.privacy, sim.num_params, counts)
+            receipt = self._client(i).commit(
+                r, bytes.fromhex(digest), samples, eps_micro, self.mechanism_json.encode(), record_micro
+            )
             self._add_gas("commit", receipt)
         last_block = self.ledger.round_info(r).opened_block + self.window
         # One past the window's last block: the close must already hold when it is estimated.

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,11 +29,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from opacus.accountants import RDPAccountant
 
 import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
 from mechanisms.randomness import secret_generator
+from mechanisms.record_level import ACCOUNTANT as RECORD_ACCOUNTANT
+from mechanisms.record_level import PROTECTS as RECORD_PROTECTS
+from mechanisms.record_level import record_level_spend
 from node.chain.anvil import find_anvil
 from node.config import Config
 from node.derive import peer_settings
@@ -45,7 +46,7 @@ from node.learning.partition import partition
 from node.learning.train import evaluate
 from node.protocol import wire
 from node.protocol.blob import flatten, unflatten
-from node.protocol.settings import DPSGDConfig, PeerSettings
+from node.protocol.settings import PeerSettings, PrivacyPolicy
 from node.runfiles import MetricsWriter, write_json_atomic
 from node.runs.recorder import ChainRecorder, DigestOnly
 
@@ -116,7 +117,9 @@ def simulation_settings(config: Config, mechanism_params: dict | None = None) ->
     stand_in = copy.deepcopy(config)
     stand_in.privacy.mechanism = "pnpm"
     stand_in.privacy.params = {}
-    return dataclasses.replace(peer_settings(stand_in), mechanism=dict(mechanism_params or {"name": NO_MECHANISM}))
+    base = peer_settings(stand_in)
+    privacy = PrivacyPolicy(dict(mechanism_params or {"name": NO_MECHANISM}), base.dp)
+    return dataclasses.replace(base, shared=dataclasses.replace(base.shared, privacy=privacy))
 
 
 class Simulation:
@@ -426,35 +429,23 @@ class Simulation:
         }
 
     def _dp_sgd_summary(self) -> dict | None:
-        """With DP-SGD in local training: each peer's cumulative record-level eps over every step
-        of every round it took part in (RDP), the largest over peers. node.learning.train accounts one
-        call at a time; the steps of all rounds compose, which is what this adds up."""
+        """With DP-SGD in local training: each peer's record-level eps composed over every step
+        of every round it took part in (mechanisms.record_level, as a swarm peer commits it), the
+        largest over peers."""
         dp = self.settings.dp
         if dp is None:
             return None
         worst = 0.0
         for peer in self.peers:
             if peer.commits:
-                worst = max(
-                    worst, dp_sgd_epsilon(dp, len(peer.y), self.settings.batch_size, self.settings.epochs, peer.commits)
-                )
+                worst = max(worst, record_level_spend(dp, [len(peer.y)] * peer.commits).epsilon)
         return {
             "epsilon": worst,
             "delta": dp.delta,
-            "protects": "each training record (DP-SGD, RDP accountant)",
+            "protects": f"{RECORD_PROTECTS}, replace-one neighbours ({RECORD_ACCOUNTANT})",
             "noise_multiplier": dp.noise_multiplier,
             "max_grad_norm": dp.max_grad_norm,
         }
-
-
-def dp_sgd_epsilon(dp: DPSGDConfig, num_samples: int, batch_size: int, epochs: int, rounds: int) -> float:
-    """Record-level eps of a peer after `rounds` rounds of DP-SGD as node.learning.train runs it: Poisson
-    sampling at rate q = batch/N, ceil(1/q) steps per epoch, every step accounted."""
-
-    rate = min(1.0, batch_size / num_samples)
-    accountant = RDPAccountant()
-    accountant.history = [(dp.noise_multiplier, rate, max(1, math.ceil(1 / rate)) * epochs * rounds)]
-    return float(accountant.get_epsilon(dp.delta))
 
 
 def sample_size(num_peers: int, fraction: float) -> int:

@@ -14,7 +14,7 @@ from node.learning.partition import partition
 from node.learning.train import evaluate
 from node.protocol import wire
 from node.protocol.blob import flatten
-from node.protocol.settings import PeerSettings, SharedSettings
+from node.protocol.settings import PeerSettings, PrivacyPolicy, SharedSettings
 
 # Stated margin (docs/NODE.md): under attack a robust rule stays within 5 points of clean FedAvg.
 MARGIN = 0.05
@@ -34,10 +34,9 @@ def run(rule: str, attack: bool) -> float:
         trim_ratio=0.2,
         krum_f=1,
         seed=7,
+        privacy=PrivacyPolicy(),
     )
-    settings = PeerSettings(
-        shared=shared, mechanism={}, epochs=2, batch_size=32, lr=0.1, lr_decay=1.0, momentum=0.0, rounds=ROUNDS
-    )
+    settings = PeerSettings(shared=shared, epochs=2, batch_size=32, lr=0.1, lr_decay=1.0, momentum=0.0, rounds=ROUNDS)
     model = init_model("logreg", input_shape=shared.input_shape, num_classes=shared.num_classes, seed=7)
     global_vector, spec = flatten(model)
     shards = partition(train.y.numpy(), PEERS, scheme="iid", seed=7)

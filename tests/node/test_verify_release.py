@@ -7,6 +7,8 @@ committed (the digest check passes), so only the release check can catch it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ from mechanisms.accounting import cumulative_spend
 from node.chain.client import LedgerClient
 from node.protocol import wire
 from node.protocol.blob import sha256
-from node.protocol.settings import SharedSettings
+from node.protocol.settings import PrivacyPolicy, SharedSettings
 from node.verify import verify
 from p2p.store import MemoryBlobStore
 
@@ -30,6 +32,7 @@ SHARED = SharedSettings(
     trim_ratio=0.1,
     krum_f=1,
     seed=0,
+    privacy=PrivacyPolicy(),
 )
 
 
@@ -46,7 +49,8 @@ def _one_round(params: dict[str, object], forge=None):
         w3.eth.send_transaction({"from": w3.eth.accounts[0], "to": account.address, "value": 10**20})
     archive = MemoryBlobStore()
     genesis_vector = torch.randn(D, generator=torch.Generator().manual_seed(1)) * 0.1
-    genesis = wire.genesis_blob(genesis_vector, SHARED.to_dict())
+    shared = dataclasses.replace(SHARED, privacy=PrivacyPolicy(params))  # the swarm's policy is `params`
+    genesis = wire.genesis_blob(genesis_vector, shared.to_dict())
     archive.put(genesis)
     eps_micro = wire.eps_to_micro(cumulative_spend(params, D, 1).epsilon)
     deployer = LedgerClient.deploy(
@@ -75,7 +79,7 @@ def _one_round(params: dict[str, object], forge=None):
         digest = archive.put(wire.update_blob(vector, 1, mech_json))
         client.commit(1, bytes.fromhex(digest), 10, eps_micro, mech_json.encode())
     deployer.close_round(1)  # every registered peer committed
-    aggregate = wire.next_global(SHARED, genesis_vector, vectors, [10, 10, 10])
+    aggregate = wire.next_global(shared, genesis_vector, vectors, [10, 10, 10])
     model = wire.model_blob(aggregate, 1)
     archive.put(model)
     for client in clients[:2]:  # a strict majority of 3

@@ -21,7 +21,7 @@ def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
                 "--min-peers",
                 "1",
                 "--eps-cap",
-                "4",
+                "40000",
                 "--json",
             ]
         )
@@ -37,11 +37,13 @@ def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
         connect(automine_chain.url), deployed["address"], Account.from_key(automine_chain.private_keys[6])
     )
     peer.register(b"cli-peer")
-    peer.commit(1, kit.digest("cli"), 9, 1_500_000, kit.MECHANISM)
+    step = deployed["eps_step"]  # what one round of the default policy (PNPM, d x eps) spends
+    assert step > 0 and deployed["record_eps_cap"] is None  # no DP-SGD in the default policy
+    peer.commit(1, kit.digest("cli"), 9, round(step * 1e6), kit.MECHANISM)
     assert main(["ledger", "--rpc-url", automine_chain.url, "--ledger", deployed["address"]]) == 0
     text = capsys.readouterr().out
-    assert "protects: sign only" in text and "eps spent 1.5" in text and "eps cap 4" in text
-    assert "eps 1.5 (at most the swarm's delta" in text and "eps spent 1.5 (delta " in text  # delta beside every eps
+    assert "protects: sign only" in text and f"eps spent {step:g}" in text and "eps cap 40000" in text
+    assert f"eps {step:g} (at most the swarm's delta" in text and f"eps spent {step:g} (delta " in text
     assert main(["ledger", "--rpc-url", automine_chain.url, "--ledger", deployed["address"], "--json"]) == 0
     snap = json.loads(capsys.readouterr().out)
     assert snap["rounds"][0]["commitments"][0]["num_samples"] == 9

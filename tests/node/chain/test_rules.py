@@ -36,9 +36,14 @@ def test_constructor_rejects_bad_params(automine_chain, kit):
     factory = swarm.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
     tx = sender.TransactionSender(swarm.w3, swarm.accounts[0], decoder.RevertDecoder(artifact["abi"]), 30)
     with pytest.raises(errors.InvalidParams, match="minPeers"):
-        tx.send(factory.constructor(0, 5, 5, 10, 0, GENESIS, []), "deploy")
+        tx.send(factory.constructor(0, 5, 5, 10, 0, 0, 0, 0, GENESIS, []), "deploy")
     with pytest.raises(errors.InvalidParams, match="genesisDigest"):
-        tx.send(factory.constructor(1, 5, 5, 10, 0, bytes(32), []), "deploy")
+        tx.send(factory.constructor(1, 5, 5, 10, 0, 0, 0, 0, bytes(32), []), "deploy")
+    with pytest.raises(errors.InvalidParams, match="epsStepMicro"):  # one release would pass the cap
+        tx.send(factory.constructor(1, 5, 5, 10, 0, 11, 0, 0, GENESIS, []), "deploy")
+    for record_cap, record_delta in ((10, 0), (0, 10**13), (10, 10**18)):  # a record cap needs a delta in (0, 1)
+        with pytest.raises(errors.InvalidParams, match="recordDeltaE18"):
+            tx.send(factory.constructor(1, 5, 5, 10, 0, 0, record_cap, record_delta, GENESIS, []), "deploy")
     with pytest.raises(ValueError, match="min_peers"):  # the client checks before sending
         client.LedgerClient.deploy(
             swarm.w3,
@@ -131,6 +136,47 @@ def test_commit_rules(make_swarm):
     with pytest.raises(errors.EpsOverCap):
         a.commit(2, digest("a2"), 10, 2_000_001, MECHANISM)
     b.commit(2, digest("b2"), 20, 1_500_000, MECHANISM)  # equal is not decreasing
+
+
+def test_policy_rules(make_swarm):
+    """A local mechanism spends a constant step: each commit records exactly previous + step.
+    The record-level eps may not decrease nor pass its own cap, and is 0 without DP-SGD."""
+    swarm = make_swarm(3, eps_cap_micro=3_000, eps_step_micro=1_000, record_eps_cap_micro=5_000_000, record_delta=1e-5)
+    a, b, c = swarm.peers
+    swarm.register(3)
+    params = swarm.reader.params()
+    assert (params.eps_step_micro, params.record_eps_cap_micro, params.record_delta) == (1_000, 5_000_000, 1e-5)
+    for wrong in (0, 999, 1_001, 2_000):  # less, more, or a fresh address claiming to start at 0
+        with pytest.raises(errors.EpsNotPolicy) as refused:
+            a.commit(1, digest("a"), 10, wrong, MECHANISM, 1)
+        assert refused.value.fields == {"expectedMicro": 1_000, "givenMicro": wrong}
+    with pytest.raises(errors.RecordEpsOverCap) as over:
+        a.commit(1, digest("a"), 10, 1_000, MECHANISM, 5_000_001)
+    assert over.value.fields == {"givenMicro": 5_000_001, "capMicro": 5_000_000}
+    a.commit(1, digest("a"), 10, 1_000, MECHANISM, 2_000_000)
+    b.commit(1, digest("b"), 10, 1_000, MECHANISM, 2_000_000)
+    c.commit(1, digest("c"), 10, 1_000, MECHANISM, 2_000_000)
+    assert swarm.reader.record_eps_spent(a.account.address) == 2_000_000
+    assert [x.record_eps_micro for x in swarm.reader.commitments(1)] == [2_000_000] * 3
+    a.close_round(1)  # every registered peer committed
+    for peer in (a, b):
+        peer.attest(1, AGG, encode_bitmap([True, True, True]))
+    with pytest.raises(errors.EpsNotPolicy):  # the same eps again: the round's release is not free
+        a.commit(2, digest("a2"), 10, 1_000, MECHANISM, 3_000_000)
+    with pytest.raises(errors.RecordEpsDecreasing) as dec:
+        a.commit(2, digest("a2"), 10, 2_000, MECHANISM, 1_999_999)
+    assert dec.value.fields == {"previousMicro": 2_000_000, "givenMicro": 1_999_999}
+    a.commit(2, digest("a2"), 10, 2_000, MECHANISM, 3_000_000)
+    history = swarm.reader.commit_history(a.account.address)
+    assert [(h.round, h.eps_micro, h.record_eps_micro) for h in history] == [
+        (1, 1_000, 2_000_000),
+        (2, 2_000, 3_000_000),
+    ]
+    # without DP-SGD in the policy (record cap 0), any record-level eps is refused
+    plain = make_swarm(2, eps_cap_micro=3_000, eps_step_micro=1_000)
+    plain.register(1)
+    with pytest.raises(errors.RecordEpsOverCap):
+        plain.peers[0].commit(1, digest("p"), 10, 1_000, MECHANISM, 1)
 
 
 def test_quorum_not_met_extends_the_window(make_swarm):

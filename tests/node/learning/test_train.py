@@ -4,14 +4,13 @@ import math
 
 import pytest
 import torch
-from opacus.accountants import RDPAccountant
 
 from mechanisms.randomness import secret_generator
+from mechanisms.record_level import DPSGDPolicy, round_steps
 from node.learning.data import load_dataset
 from node.learning.models import init_model
 from node.learning.train import evaluate, round_lr, train_local
 from node.protocol.blob import flatten
-from node.protocol.settings import DPSGDConfig
 
 TRAIN = load_dataset("digits")
 TEST = load_dataset("digits", split="test")
@@ -40,7 +39,7 @@ def test_sgd_learns_digits_in_seconds():
     before, _ = evaluate(model, TEST.x, TEST.y)
     result = train_local(model, TRAIN.x, TRAIN.y, epochs=4, batch_size=32, lr=0.1, momentum=0.5, seed=1)
     accuracy, loss = evaluate(model, TEST.x, TEST.y)
-    assert result.num_samples == len(TRAIN) and result.dp_epsilon is None
+    assert result.num_samples == len(TRAIN) and result.dp_steps == 0
     assert before < 0.3 and accuracy > 0.8 > CHANCE and loss < math.log(10)
 
 
@@ -58,27 +57,30 @@ def test_same_seed_same_bits():
     assert torch.equal(flatten(a)[0], flatten(b)[0]) and not torch.equal(flatten(a)[0], flatten(c)[0])
 
 
-def test_dpsgd_runs_with_opacus_and_accounts():
+def test_dpsgd_runs_with_opacus_the_policys_steps():
     n, batch, epochs = 400, 40, 2
-    dp = DPSGDConfig(noise_multiplier=1.1, max_grad_norm=1.0, delta=1e-5)
-    accountant = RDPAccountant()
+    dp = DPSGDPolicy(noise_multiplier=1.1, max_grad_norm=1.0, batch_size=batch, epochs=epochs, delta=1e-5)
     model = fresh()
     keys = list(model.state_dict())
 
     def dp_train(model, **kwargs):
         return train_local(model, TRAIN.x[:n], TRAIN.y[:n], epochs=epochs, batch_size=batch, lr=0.5, dp=dp, **kwargs)
 
-    first = dp_train(model, seed=0, accountant=accountant, privacy_generator=secret_generator())
-    # Reference: the same Poisson-sampled steps accounted by a fresh RDP accountant.
-    reference = RDPAccountant()
-    steps = epochs * math.ceil(n / batch)
-    for _ in range(steps):
-        reference.step(noise_multiplier=1.1, sample_rate=batch / n)
-    # exact: the same opacus computation on the same history (noise 1.1, rate batch / n, `steps`
-    # steps merged into one entry), pure float64 scalar math in one process
-    assert first.dp_epsilon == reference.get_epsilon(1e-5)
-    second = dp_train(model, seed=1, accountant=accountant, privacy_generator=secret_generator())
-    assert second.dp_epsilon > first.dp_epsilon  # cumulative across rounds
+    first = dp_train(model, seed=0, privacy_generator=secret_generator())
+    # exactly the steps the record-level accountant counts for this sample count
+    assert first.dp_steps == round_steps(batch, epochs, n)[1] == epochs * math.ceil(n / batch)
+    with pytest.raises(ValueError, match="policy's batch size"):
+        train_local(
+            fresh(),
+            TRAIN.x[:n],
+            TRAIN.y[:n],
+            epochs=1,
+            batch_size=batch,
+            lr=0.5,
+            dp=dp,
+            seed=0,
+            privacy_generator=secret_generator(),
+        )
     # opacus is detached again: same parameter names, no hooks left behind, finite weights.
     assert list(model.state_dict()) == keys
     assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())
@@ -110,7 +112,7 @@ def test_round_lr_and_errors():
     with pytest.raises(ValueError, match="epochs"):
         train_local(fresh(), TRAIN.x, TRAIN.y, epochs=0, batch_size=8, lr=0.1, seed=0)
     with pytest.raises(ValueError, match="noise_multiplier"):
-        DPSGDConfig(noise_multiplier=0, max_grad_norm=1)
+        DPSGDPolicy(noise_multiplier=0, max_grad_norm=1, batch_size=8, epochs=1)
 
 
 def _standard_layout_training(x, y, dtype):

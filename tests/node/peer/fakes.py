@@ -48,6 +48,7 @@ class _Round:
 class _Account:
     peer_id: bytes
     eps_micro: int = 0
+    record_eps_micro: int = 0
     last_commit_round: int = 0
     last_attest_round: int = 0
 
@@ -63,12 +64,25 @@ class FakeChain:
         commit_window: int = 5,
         attest_window: int = 40,
         eps_cap_micro: int = 10**12,
+        eps_step_micro: int = 0,
+        record_eps_cap_micro: int = 0,
         now: Callable[[], float] = trio.current_time,
         block_time: float = 1.0,
     ) -> None:
         self._now, self._block_time = now, block_time
         self.params = SwarmParams(
-            min_peers, commit_window, attest_window, eps_cap_micro, 0, genesis_digest, False, "0x0", 0
+            min_peers,
+            commit_window,
+            attest_window,
+            eps_cap_micro,
+            0,
+            eps_step_micro,
+            record_eps_cap_micro,
+            10**13 if record_eps_cap_micro else 0,
+            genesis_digest,
+            False,
+            "0x0",
+            0,
         )
         self.accounts: dict[str, _Account] = {}
         self.rounds = [_Round(1, self.block_number(), 0)]
@@ -104,7 +118,14 @@ class FakeChain:
             return self._mined(sender, "register", 0)
 
     def commit(
-        self, sender: str, r: int, digest: bytes, num_samples: int, eps_micro: int, mechanism: bytes
+        self,
+        sender: str,
+        r: int,
+        digest: bytes,
+        num_samples: int,
+        eps_micro: int,
+        mechanism: bytes,
+        record_eps_micro: int = 0,
     ) -> dict[str, int]:
         with self._lock:
             account = self.accounts.get(sender)
@@ -118,19 +139,29 @@ class FakeChain:
             window_over = self.block_number() > live.opened_block + self.params.commit_window
             if live.state is not RoundState.OPEN or (window_over and len(live.commitments) >= self.params.min_peers):
                 raise errors.CommitWindowClosed(round=r)
+            step = self.params.eps_step_micro
+            if step and eps_micro != account.eps_micro + step:
+                raise errors.EpsNotPolicy(expectedMicro=account.eps_micro + step, givenMicro=eps_micro)
             if eps_micro < account.eps_micro:
                 raise errors.EpsDecreasing(previousMicro=account.eps_micro, givenMicro=eps_micro)
             if eps_micro > self.params.eps_cap_micro:
                 raise errors.EpsOverCap(givenMicro=eps_micro, capMicro=self.params.eps_cap_micro)
+            if record_eps_micro < account.record_eps_micro:
+                raise errors.RecordEpsDecreasing(previousMicro=account.record_eps_micro, givenMicro=record_eps_micro)
+            if record_eps_micro > self.params.record_eps_cap_micro:
+                raise errors.RecordEpsOverCap(givenMicro=record_eps_micro, capMicro=self.params.record_eps_cap_micro)
             if int.from_bytes(digest, "big") <= 1 or len(digest) != 32:
                 raise errors.InvalidDigest(digest=bytes(digest).hex())
             if not 0 < num_samples < 2**32:
                 raise errors.InvalidNumSamples(numSamples=num_samples)
             account.eps_micro, account.last_commit_round = eps_micro, r
+            account.record_eps_micro = record_eps_micro
             index = len(live.commitments)
             block = self.block_number()
             live.commitments.append(
-                Commitment(sender, index, bytes(digest), num_samples, eps_micro, bytes(mechanism), block)
+                Commitment(
+                    sender, index, bytes(digest), num_samples, eps_micro, bytes(mechanism), block, record_eps_micro, r
+                )
             )
             return self._mined(sender, "commit", r)
 
@@ -254,6 +285,9 @@ class FakeLedger:
     def commitments(self, round: int) -> list[Commitment]:
         return list(self.chain.round(round).commitments)
 
+    def commit_history(self, address: str) -> list[Commitment]:
+        return [c for rnd in self.chain.rounds for c in rnd.commitments if c.peer == address]
+
     def attestations(self, round: int) -> list[Attestation]:
         rnd = self.chain.round(round)
         return [] if rnd.state is RoundState.OPEN else list(rnd.attestations)
@@ -261,8 +295,18 @@ class FakeLedger:
     def register(self, peer_id: bytes) -> dict[str, int]:
         return self.chain.register(self.account.address, peer_id)
 
-    def commit(self, round: int, digest: bytes, num_samples: int, eps_micro: int, mechanism: bytes) -> dict[str, int]:
-        return self.chain.commit(self.account.address, round, digest, num_samples, eps_micro, mechanism)
+    def commit(
+        self,
+        round: int,
+        digest: bytes,
+        num_samples: int,
+        eps_micro: int,
+        mechanism: bytes,
+        record_eps_micro: int = 0,
+    ) -> dict[str, int]:
+        return self.chain.commit(
+            self.account.address, round, digest, num_samples, eps_micro, mechanism, record_eps_micro
+        )
 
     def close_round(self, round: int) -> dict[str, int]:
         return self.chain.close_round(self.account.address, round)

@@ -22,7 +22,8 @@ from node.learning.models import init_model
 from node.peer.peer import Peer
 from node.protocol import wire
 from node.protocol.blob import flatten, sha256
-from node.protocol.settings import PeerSettings, SharedSettings
+from node.protocol.policy import expected_micro
+from node.protocol.settings import PeerSettings, PrivacyPolicy, SharedSettings
 from p2p.store import MemoryBlobStore
 from tests.node.peer.fakes import FakeChain, FakeHost, FakeLedger, FakeNetwork
 
@@ -36,15 +37,15 @@ SHARED = SharedSettings(
     trim_ratio=0.1,
     krum_f=1,
     seed=0,
+    privacy=PrivacyPolicy({"name": "pnpm", "epsilon": 1.0}),
 )
-MECHANISM = {"name": "pnpm", "epsilon": 1.0}
+MECHANISM = dict(SHARED.privacy.mechanism)
 FETCH_TIMEOUT = 10.0  # seconds of trio time
 
 
 def settings(**overrides: Any) -> PeerSettings:
     base: dict[str, Any] = dict(
         shared=SHARED,
-        mechanism=MECHANISM,
         epochs=1,
         batch_size=16,
         lr=0.1,
@@ -164,7 +165,9 @@ class FakeSwarm:
         member = self.members[i]
         digest = member.store.put(data)
         num_samples = num_samples or samples_of(i)
-        member.ledger.commit(r, bytes.fromhex(digest), num_samples, 1_000_000, wire.canonical(MECHANISM).encode())
+        counts = [c.num_samples for c in member.ledger.commit_history(member.address)] + [num_samples]
+        eps, record = expected_micro(SHARED.privacy, genesis_vector().numel(), counts)  # what the policy spends
+        member.ledger.commit(r, bytes.fromhex(digest), num_samples, eps, wire.canonical(MECHANISM).encode(), record)
         return digest
 
     def peer(self, i: int, *, on_status: PhaseLog | None = None, **overrides: Any) -> Peer:

@@ -1,0 +1,79 @@
+"""What a commit must record under the swarm's privacy policy, as pure functions of what is on
+chain: the policy (in the genesis blob, whose digest the ledger holds) and the sample count of
+each round the peer committed. The peer uses them to commit, every other peer to leave out a
+commit that records anything else, `swarm verify` to check the record.
+
+Two figures per commit (docs/PRIVACY-MODEL.md):
+- the local mechanism's whole-update eps: d x eps per round for a pure coordinate mechanism (the
+  contract itself requires exactly that step, `eps_step_micro`), RDP over the rounds for the
+  Gaussian (not a constant step: checked here);
+- DP-SGD's record-level eps (`mechanisms.record_level`), 0 without DP-SGD.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import mechanisms
+from mechanisms.accounting import cumulative_spend
+from mechanisms.gaussian import Gaussian
+from mechanisms.record_level import record_level_spend
+from node.protocol.settings import PrivacyPolicy
+from node.protocol.wire import canonical, eps_from_micro, eps_to_micro
+
+
+def eps_step_micro(mechanism_params: dict[str, object], num_params: int) -> int:
+    """What one release spends under a pure mechanism, rounded up to whole micro-eps: the contract
+    requires every commit to add exactly this. 0 for the Gaussian (its RDP spend per round is not
+    a constant)."""
+    if isinstance(mechanisms.from_params(mechanism_params), Gaussian):
+        return 0
+    return eps_to_micro(cumulative_spend(mechanism_params, num_params, 1).epsilon)
+
+
+def expected_micro(policy: PrivacyPolicy, num_params: int, sample_counts: Sequence[int]) -> tuple[int, int]:
+    """(whole-update eps, record-level eps), in micro-eps, that a peer records after releasing
+    one round per entry of `sample_counts` (its committed numSamples, oldest first)."""
+    params = dict(policy.mechanism)
+    k = len(sample_counts)
+    step = eps_step_micro(params, num_params)
+    eps = k * step if step else eps_to_micro(cumulative_spend(params, num_params, k).epsilon)
+    record = eps_to_micro(record_level_spend(policy.dp_sgd, sample_counts).epsilon) if policy.dp_sgd else 0
+    return eps, record
+
+
+def tolerance(expected: int) -> int:
+    """Slack for a figure computed off chain: the accountants' last float digits may differ across
+    machines and math libraries (the PLD uses an FFT). One part in a million, at least 1 micro-eps."""
+    return max(1, expected // 1_000_000)
+
+
+def commit_violation(
+    policy: PrivacyPolicy,
+    num_params: int,
+    mechanism: bytes,
+    eps_micro: int,
+    record_eps_micro: int,
+    sample_counts: Sequence[int],
+    *,
+    one_sided: bool = False,
+) -> tuple[str, str] | None:
+    """(which check, why) a commit breaks the policy, or None; the check is "mechanism", "eps" or
+    "record-eps". `sample_counts` ends with this commit's count. `one_sided` (verify): recording
+    more than the policy spends is not a failure, less is."""
+    want = canonical(dict(policy.mechanism))
+    if bytes(mechanism) != want.encode():
+        shown = bytes(mechanism[:200]).decode("utf-8", "replace")
+        return "mechanism", f"committed mechanism {shown} is not the swarm's policy {want}"
+    eps, record = expected_micro(policy, num_params, sample_counts)
+    for check, what, given, expected in (
+        ("eps", "whole-update eps", eps_micro, eps),
+        ("record-eps", "record-level eps", record_eps_micro, record),
+    ):
+        low, high = expected - tolerance(expected), expected + tolerance(expected)
+        if given < low or (not one_sided and given > high):
+            return check, (
+                f"records {what} {eps_from_micro(given):.6f} where the policy spends "
+                f"{eps_from_micro(expected):.6f} after {len(sample_counts)} release(s)"
+            )
+    return None
