@@ -392,6 +392,7 @@ class LedgerClient:
                             "eps_micro": c.eps_micro,
                             "eps": c.eps,
                             "record_eps_micro": c.record_eps_micro,
+                            "record_eps": c.record_eps,
                             "block": c.block_number,
                             "mechanism": c.mechanism.decode("utf-8", "replace"),
                             "mechanism_name": (d := describe_mechanism(c.mechanism))["name"],
@@ -417,11 +418,20 @@ class LedgerClient:
                 "peer_id": pid.hex(),
                 "eps_spent_micro": (e := self.eps_spent(addr)),
                 "eps_spent": eps_from_micro(e),
+                "record_eps_spent_micro": (re := self.record_eps_spent(addr)),
+                "record_eps_spent": eps_from_micro(re),
             }
             for addr, pid in self.registered_peers()
         ]
         last_round, last_digest = self.last_finalized()
-        params = asdict(p) | {"genesis_digest": p.genesis_digest.hex(), "delta": p.delta, "eps_cap": p.eps_cap}
+        params = asdict(p) | {
+            "genesis_digest": p.genesis_digest.hex(),
+            "delta": p.delta,
+            "eps_cap": p.eps_cap,
+            "eps_step": eps_from_micro(p.eps_step_micro),
+            "record_eps_cap": p.record_eps_cap,
+            "record_delta": p.record_delta,
+        }
         return {
             "address": self.address,
             "chain_id": self._read(lambda: self.w3.eth.chain_id, "chain_id"),

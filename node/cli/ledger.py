@@ -22,6 +22,12 @@ def render(snap: dict) -> str:
         f"  quorum {p['min_peers']}, commit window {p['commit_window']} blocks, attestation window "
         f"{p['attest_window']} blocks, eps cap {p['eps_cap']:g}, delta {p['delta']:g}, "
         f"{'allowlist' if p['allowlist_enabled'] else 'open admission'}",
+        f"  privacy policy: each commit adds exactly {p['eps_step']:g} to the whole-update eps"
+        if p["eps_step"]
+        else "  privacy policy: the whole-update eps per round is recomputed by peers and `swarm verify`",
+        f"  record-level (DP-SGD, each training record): cap {p['record_eps_cap']:g}, delta {p['record_delta']:g}"
+        if p["record_eps_cap"]
+        else "  record-level: no DP-SGD in the policy (the training records have no guarantee of their own)",
         f"  genesis {p['genesis_digest']}; current round {snap['current_round']}, last finalized "
         f"round {snap['last_finalized']['round']}",
         "",
@@ -41,6 +47,11 @@ def render(snap: dict) -> str:
                 f"  #{c['index']} {c['peer']} digest {c['digest'][:16]}... samples {c['num_samples']} "
                 f"eps {c['eps']:g} (at most the swarm's delta {p['delta']:g}) via {c['mechanism_name']} "
                 f"(protects: {c['protects']})"
+                + (
+                    f"; record-level eps {c['record_eps']:g} (delta {p['record_delta']:g}, each training record)"
+                    if p["record_eps_cap"]
+                    else ""
+                )
             )
         for a in r["attestations"]:
             out.append(
@@ -52,7 +63,12 @@ def render(snap: dict) -> str:
     for peer in snap["peers"]:
         out.append(
             f"  {peer['address']} eps spent {peer['eps_spent']:g} (delta {p['delta']:g}) "
-            f"peer id {peer['peer_id'][:20]}..."
+            + (
+                f"record-level eps {peer['record_eps_spent']:g} (delta {p['record_delta']:g}) "
+                if p["record_eps_cap"]
+                else ""
+            )
+            + f"peer id {peer['peer_id'][:20]}..."
         )
     return "\n".join(out)
 

@@ -97,9 +97,15 @@ def _print(report: VerifyReport) -> None:
         )
     console.print(t)
     for peer, entry in sorted(report.peers.items()):
+        record = (
+            f"; record-level eps {entry['record_eps_spent']} at delta {entry.get('record_delta')}, protecting "
+            f"{entry.get('record_protects')}"
+            if "record_eps_spent" in entry
+            else ""
+        )
         console.print(
             f"  {peer}: eps spent {entry.get('eps_spent')} at delta {entry.get('delta')} over {entry.get('commits')} "
-            f"commits, protecting {entry.get('protects')}"
+            f"commits, protecting {entry.get('protects')}{record}"
         )
     if report.ok:
         console.print("[green]every check holds[/green]")

@@ -176,8 +176,9 @@ class Peer:
         genesis = wire.genesis_blob(self.genesis_vector, self.s.shared.to_dict())
         if sha256(genesis) != bytes(params.genesis_digest):
             raise RuntimeError(
-                "this peer's swarm settings (model, dataset, aggregation, seed) do not match the ledger's "
-                f"genesis digest {bytes(params.genesis_digest).hex()}: got {sha256(genesis).hex()}"
+                "this peer's swarm settings (model, dataset, aggregation, seed, privacy policy: mechanism and its "
+                "parameters, DP-SGD noise, clip, batch size and epochs) do not match the ledger's genesis digest "
+                f"{bytes(params.genesis_digest).hex()}: got {sha256(genesis).hex()}"
             )
         self.store.put(genesis)
         await self.host.announce_blob(sha256(genesis).hex())

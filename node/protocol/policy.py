@@ -43,8 +43,9 @@ def expected_micro(policy: PrivacyPolicy, num_params: int, sample_counts: Sequen
 
 
 def tolerance(expected: int) -> int:
-    """Slack for a figure computed off chain: the accountants' last float digits may differ across
-    machines and math libraries (the PLD uses an FFT). One part in a million, at least 1 micro-eps."""
+    """Slack for a figure an accountant computes in floating point (RDP, the PLD's FFT): its last
+    digits may differ across machines and math libraries. One part in a million, at least 1
+    micro-eps. A pure mechanism's figure is an exact multiple of its step and gets none."""
     return max(1, expected // 1_000_000)
 
 
@@ -66,11 +67,12 @@ def commit_violation(
         shown = bytes(mechanism[:200]).decode("utf-8", "replace")
         return "mechanism", f"committed mechanism {shown} is not the swarm's policy {want}"
     eps, record = expected_micro(policy, num_params, sample_counts)
-    for check, what, given, expected in (
-        ("eps", "whole-update eps", eps_micro, eps),
-        ("record-eps", "record-level eps", record_eps_micro, record),
+    exact = eps_step_micro(dict(policy.mechanism), num_params) > 0  # integer multiples of the step: no slack
+    for check, what, given, expected, slack in (
+        ("eps", "whole-update eps", eps_micro, eps, 0 if exact else tolerance(eps)),
+        ("record-eps", "record-level eps", record_eps_micro, record, tolerance(record) if policy.dp_sgd else 0),
     ):
-        low, high = expected - tolerance(expected), expected + tolerance(expected)
+        low, high = expected - slack, expected + slack
         if given < low or (not one_sided and given > high):
             return check, (
                 f"records {what} {eps_from_micro(given):.6f} where the policy spends "

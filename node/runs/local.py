@@ -259,9 +259,16 @@ def _watch(swarm: LocalSwarm, json_output: bool) -> None:
 
     config, ledger = swarm.config, swarm.ledger
 
+    dp_sgd = config.train.dp_sgd
+    whole = f"eps (delta), whole update: {_protects(config)}"
+
     def table() -> Table:
-        t = Table(title=f"swarm {ledger.address[:10]}…  round {ledger.current_round()} of {config.swarm.rounds}")
-        for col in ("peer", "round", "phase", "accuracy", "eps (delta), cumulative", "process"):
+        current = min(ledger.current_round(), config.swarm.rounds)
+        t = Table(title=f"swarm {ledger.address[:10]}…  round {current} of {config.swarm.rounds}")
+        columns = ["peer", "round", "phase", "accuracy", whole]
+        if dp_sgd:
+            columns.append("eps (delta), each training record (DP-SGD)")
+        for col in [*columns, "process"]:
             t.add_column(col)
         for p in swarm.peers:
             st, m = p.status(), p.metrics()
@@ -270,9 +277,13 @@ def _watch(swarm: LocalSwarm, json_output: bool) -> None:
             eps = "-"
             if last.get("eps_cumulative") is not None:
                 eps = f"{last['eps_cumulative']:.4g} (delta {last.get('delta_cumulative') or 0:g})"
+            cells = [str(p.index), str(st.get("round", "-")), st.get("phase", "starting"), acc, eps]
+            if dp_sgd:
+                record = last.get("record_eps_cumulative")
+                cells.append("-" if record is None else f"{record:.4g} (delta {last.get('record_delta') or 0:g})")
             code = p.process.poll() if p.process else None
-            state = "running" if p.process and code is None else f"exit {code}"
-            t.add_row(str(p.index), str(st.get("round", "-")), st.get("phase", "starting"), acc, eps, state)
+            cells.append("running" if p.process and code is None else f"exit {code}")
+            t.add_row(*cells)
         return t
 
     console = Console(stderr=True, quiet=json_output)

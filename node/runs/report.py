@@ -39,6 +39,8 @@ def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
                     "loss": None,
                     "eps": {},
                     "delta": 0.0,
+                    "record_eps": {},  # DP-SGD's record-level eps per peer (empty without DP-SGD)
+                    "record_delta": None,
                     "gas": 0,
                     "bytes_fetched": 0,
                     "committed": 0,
@@ -52,6 +54,9 @@ def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
             if m.get("eps_cumulative") is not None:
                 row["eps"][m["peer"]] = m["eps_cumulative"]
                 row["delta"] = max(row["delta"], float(m.get("delta_cumulative") or 0.0))
+            if m.get("record_eps_cumulative") is not None:
+                row["record_eps"][m["peer"]] = m["record_eps_cumulative"]
+                row["record_delta"] = m.get("record_delta")
             row["gas"] += int(m.get("gas_used") or 0)
             row["bytes_fetched"] += int(m.get("bytes_received") or 0)
             row["committed"] += bool(m.get("committed"))
@@ -96,11 +101,14 @@ def write_report(
     mechanism = run_info["config"]["privacy"]["mechanism"]
     protects = run_info["protects"]  # from the mechanism's guarantee (node.runs.local)
     eps_spent: dict[str, float | None] = {}
+    record_eps_spent: dict[str, float | None] = {}
     for p in peers:
         try:
             eps_spent[p.address] = eps_from_micro(ledger.eps_spent(p.address))
+            record_eps_spent[p.address] = eps_from_micro(ledger.record_eps_spent(p.address))
         except Exception:  # the chain may be gone after a hard stop; metrics still hold the figures
-            eps_spent[p.address] = None
+            eps_spent[p.address] = record_eps_spent[p.address] = None
+    dp_sgd = bool(run_info["config"]["train"]["dp_sgd"])
     verify_cmd = f"swarm verify --run {out}"
     report = {
         "run": str(out),
@@ -109,6 +117,7 @@ def write_report(
         "interrupted": interrupted,
         "rounds": rows,
         "eps_spent": eps_spent,
+        "record_eps_spent": record_eps_spent if dp_sgd else None,
         "mechanism": mechanism,
         "protects": protects,
         "peer_exit_codes": [p.returncode for p in peers],
@@ -120,16 +129,22 @@ def write_report(
         f"# Swarm run {out.name}",
         "",
         f"- ledger: `{run_info['ledger']}` (chain id {run_info['chain_id']})",
-        f"- mechanism: `{mechanism}`; the eps below protects {protects}",
+        f"- mechanism: `{mechanism}`; its eps (whole shared update) protects {protects}",
+        f"- record-level eps: each training record (DP-SGD), replace-one neighbours, at delta "
+        f"{run_info['config']['train']['dp_delta']:g}"
+        if dp_sgd
+        else "- record-level eps: none (no DP-SGD: the training records have no guarantee of their own)",
         f"- peers: {len(peers)}, exit codes {report['peer_exit_codes']}" + (" (interrupted)" if interrupted else ""),
         f"- verify: `{verify_cmd}`",
         "",
-        "| round | state | accuracy | max eps per peer (delta) | gas | bytes fetched |",
-        "|---|---|---|---|---|---|",
+        "| round | state | accuracy | max eps per peer (delta), whole update | max record-level eps (delta), "
+        "each training record | gas | bytes fetched |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         acc = f"{r['accuracy']:.4f}" if r["accuracy"] is not None else "-"
         eps = f"{max(r['eps'].values()):.6g} ({r['delta']:g})" if r["eps"] else "-"
-        lines.append(f"| {r['round']} | {r['state']} | {acc} | {eps} | {r['gas']:,} | {r['bytes_fetched']:,} |")
+        rec = f"{max(r['record_eps'].values()):.4g} ({r['record_delta']:g})" if r["record_eps"] else "-"
+        lines.append(f"| {r['round']} | {r['state']} | {acc} | {eps} | {rec} | {r['gas']:,} | {r['bytes_fetched']:,} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     return report

@@ -12,36 +12,57 @@ from pathlib import Path
 
 import pytest
 
+from mechanisms.record_level import record_level_spend
 from node.config import load_config
-from node.derive import num_params
+from node.derive import dp_policy, eps_step_micro
+from node.protocol.wire import eps_to_micro
 from node.runs.local import LocalSwarm
 
 pytestmark = pytest.mark.slow
 
-SETS = ["swarm.peers=4", "swarm.rounds=2", "chain.min_peers=3"]
+SETS = ["swarm.peers=4", "swarm.rounds=2", "chain.min_peers=3", "chain.commit_window=240", "train.dp_sgd=true"]
+CAP = 12.0  # record-level: above what a 337-record peer spends in 2 rounds (7.9), below a 100-record peer's (16.8)
 
 
-def test_peer_over_budget_stops_contributing_and_follows(tmp_path):
-    d = num_params(load_config(None, SETS))
-    # eps 1 per coordinate: d per round, 2d for the run; the cap allows 2.5 d
-    config = load_config(None, [*SETS, f"chain.eps_cap={2.5 * d}"])
-    greedy = ["privacy.epsilon=2"]  # 2d per round: its second commit would reach 4d > 2.5d
-    with LocalSwarm(config, tmp_path / "run", peer_overrides={3: greedy}) as swarm:
+def test_peer_over_its_record_level_budget_stops_contributing_and_follows(tmp_path):
+    """Every peer runs the swarm's policy (DP-SGD under PNPM). Peer 3 holds fewer records (its
+    data is its own business), so its record-level eps grows faster and its second commit would
+    pass the record-level cap: it stops contributing and follows. The three others finalize both
+    rounds, and every figure on chain is exactly what the policy spends."""
+    config = load_config(None, [*SETS, f"chain.record_eps_cap={CAP}"])
+    policy = dp_policy(config)
+    small = ["data.limit=400"]  # 100 records instead of 337
+    with LocalSwarm(config, tmp_path / "run", peer_overrides={3: small}) as swarm:
         swarm.start()
-        swarm.wait(400)
+        swarm.wait(500)
         assert [p.process.returncode for p in swarm.peers] == [0, 0, 0, 0]
-        greedy_peer = swarm.peers[3]
-        assert greedy_peer.address in swarm.ledger.participants(1)
-        assert greedy_peer.address not in swarm.ledger.participants(2)
+        small_peer = swarm.peers[3]
+        assert small_peer.address in swarm.ledger.participants(1)
+        assert small_peer.address not in swarm.ledger.participants(2)
         assert swarm.ledger.round_info(2).state.name == "FINALIZED"  # the 3 others still make quorum
-        assert swarm.ledger.eps_spent(greedy_peer.address) == 2 * d * 1_000_000
-        assert all(swarm.ledger.eps_spent(p.address) == 2 * d * 1_000_000 for p in swarm.peers[:3])
-        log = (greedy_peer.workdir / "peer.log").read_text()
-        assert "past the swarm's cap" in log and "stops contributing" in log
-        second = [m for m in greedy_peer.metrics() if m["round"] == 2][-1]
+        log = (small_peer.workdir / "peer.log").read_text()
+        assert "record-level eps" in log and "past the swarm's cap" in log and "stops contributing" in log
+        second = [m for m in small_peer.metrics() if m["round"] == 2][-1]
         assert not second["committed"]  # it followed the round and holds the finalized model
         assert second["global_digest"] == bytes(swarm.ledger.finalized_digest(2)).hex()
+        # on chain: exactly the policy's figures, both of them
+        step = eps_step_micro(config)
+        for p in swarm.peers[:3]:
+            history = swarm.ledger.commit_history(p.address)
+            counts = [h.num_samples for h in history]
+            assert len(counts) == 2 and counts[0] == counts[1] > 300
+            assert swarm.ledger.eps_spent(p.address) == 2 * step
+            record = swarm.ledger.record_eps_spent(p.address)
+            assert record == eps_to_micro(record_level_spend(policy, counts).epsilon)
+            # the peer keeps its accountant in its workdir: the same composition, continued over rounds
+            saved = json.loads((p.workdir / "privacy-accountant.json").read_text())
+            assert len(saved["history"]) == 2 and saved["epsilon"] == pytest.approx(record / 1e6, abs=1e-6)
+        assert swarm.ledger.record_eps_spent(small_peer.address) == eps_to_micro(
+            record_level_spend(policy, [100]).epsilon
+        )
         swarm.finish(interrupted=False)
+        report = (swarm.out / "report.md").read_text()
+        assert "each training record (DP-SGD)" in report
 
 
 def processes_mentioning(text: str) -> list[int]:

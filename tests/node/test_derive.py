@@ -50,3 +50,15 @@ def test_genesis_depends_on_the_shared_settings_only():
     assert genesis(load_config(None, ["train.lr=0.01", "swarm.peers=9"])) == base  # local choices
     assert genesis(load_config(None, ["aggregation.rule=median"])) != base  # shared: anchored on chain
     assert genesis(load_config(None, ["swarm.seed=1"])) != base
+    # the privacy policy is the swarm's: the mechanism, its parameters, and DP-SGD's settings
+    for shared in (
+        ["privacy.epsilon=2"],
+        ["privacy.mechanism=duchi"],
+        ["train.dp_sgd=true"],
+        ["train.dp_sgd=true", "train.dp_noise_multiplier=2"],
+    ):
+        assert genesis(load_config(None, shared)) != base, shared
+    dp = genesis(load_config(None, ["train.dp_sgd=true"]))
+    for shared in (["train.dp_max_grad_norm=2"], ["train.batch_size=64"], ["train.epochs=1"], ["train.dp_delta=1e-6"]):
+        assert genesis(load_config(None, ["train.dp_sgd=true", *shared])) != dp, shared
+    assert genesis(load_config(None, ["train.batch_size=64"])) == base  # without DP-SGD: a local choice

@@ -36,7 +36,7 @@ SHARED = SharedSettings(
 )
 
 
-def _one_round(params: dict[str, object], forge=None):
+def _one_round(params: dict[str, object], forge=None, *, commit_as=None, eps_shift=0):
     """Deploy, register 3 peers, commit their releases (peer 2's replaced by `forge(update,
     genuine)` when given), close, attest the true aggregate; verify with a read-only client."""
     from eth_account import Account
@@ -76,8 +76,14 @@ def _one_round(params: dict[str, object], forge=None):
         if forge is not None and i == 2:
             vector = forge(update, vector).to(torch.float32)
         vectors.append(vector)
-        digest = archive.put(wire.update_blob(vector, 1, mech_json))
-        client.commit(1, bytes.fromhex(digest), 10, eps_micro, mech_json.encode())
+        committed_json, committed_eps = mech_json, eps_micro
+        if i == 2 and commit_as is not None:  # peer 2 names other parameters, honestly accounted for them
+            committed_json = wire.canonical(commit_as)
+            committed_eps = wire.eps_to_micro(cumulative_spend(commit_as, D, 1).epsilon)
+        if i == 2:
+            committed_eps += eps_shift
+        digest = archive.put(wire.update_blob(vector, 1, committed_json))
+        client.commit(1, bytes.fromhex(digest), 10, committed_eps, committed_json.encode())
     deployer.close_round(1)  # every registered peer committed
     aggregate = wire.next_global(shared, genesis_vector, vectors, [10, 10, 10])
     model = wire.model_blob(aggregate, 1)
@@ -134,6 +140,38 @@ def test_unchecked_mechanism_passes_a_raw_update():
     params = M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0).params()
     report, _ = _one_round(params, lambda update, genuine: update)
     assert report.ok, report.failures
+
+
+PNPM = M.get("pnpm", epsilon=2.0).params()
+GAUSSIAN = M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0, delta=1e-5).params()
+
+
+@pytest.mark.parametrize(
+    "policy, commit_as",
+    [
+        (PNPM, M.get("pnpm", epsilon=1.5).params()),  # a cheaper eps than the swarm's, accounted as such
+        (GAUSSIAN, M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0, delta=0.5).params()),  # its own delta
+        (DUCHI, M.get("duchi", epsilon=1.0, clip=False).params()),  # other parameters of the same mechanism
+    ],
+    ids=["pnpm-cheaper-eps", "gaussian-own-delta", "duchi-other-params"],
+)
+def test_a_commit_under_other_parameters_than_the_policy_fails_verify(policy, commit_as):
+    """The attacks of the issue: each peer's eps used to be checked against parameters it chose
+    itself. Now the policy in the genesis decides; the finalized aggregate that includes the
+    commit is flagged too."""
+    report, addresses = _one_round(policy, commit_as=commit_as)
+    checks = sorted((f.peer, f.check) for f in report.failures)
+    assert checks == [(addresses[2], "aggregate"), (addresses[2], "mechanism")], report.failures
+    assert "is not the swarm's policy" in next(f.detail for f in report.failures if f.check == "mechanism")
+
+
+def test_verify_eps_is_one_sided():
+    """Recording less than the policy spends fails; recording more is over-cautious, not a lie."""
+    under, addresses = _one_round(PNPM, eps_shift=-2)
+    assert [(f.peer, f.check) for f in under.failures if f.check == "eps"] == [(addresses[2], "eps")]
+    assert "where the policy spends" in under.failures[0].detail
+    over, _ = _one_round(PNPM, eps_shift=+1000)
+    assert over.ok, over.failures
 
 
 @pytest.mark.parametrize("mechanism", ["duchi", "hm", "pm", "ldp-fl", "sampled"])

@@ -1,0 +1,83 @@
+"""The record-level accountant (mechanisms/record_level.py): replace-one neighbours through
+dp_accounting's PLD, checked against closed forms and against the steps DP-SGD really takes."""
+
+from __future__ import annotations
+
+import math
+
+import dp_accounting
+import pytest
+from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+from mechanisms.gaussian import analytic_gaussian_epsilon
+from mechanisms.record_level import DPSGDPolicy, RecordAccountant, record_level_spend, round_steps
+
+POLICY = DPSGDPolicy(noise_multiplier=1.0, max_grad_norm=1.0, batch_size=256, epochs=2, delta=1e-5)
+
+
+@pytest.mark.parametrize("sigma", [1.0, 2.0, 4.0])
+def test_one_full_batch_step_is_the_gaussian_mechanism_at_sensitivity_two(sigma):
+    """q = 1, one step: replacing a record moves the clipped sum by up to 2 clips, so the step is
+    the Gaussian mechanism with sensitivity 2 (noise sigma x clip); the analytic Gaussian
+    (Balle & Wang 2018) gives its exact eps. The PLD's pessimistic grid may only add, by less than
+    its discretisation allows (1e-3 per composed step, times a small factor)."""
+    accountant = RecordAccountant([(sigma, 1.0, 1)])
+    eps, delta = accountant.get_privacy_spent(1e-5)
+    exact = analytic_gaussian_epsilon(sigma, 1e-5, sensitivity=2.0)
+    assert delta == 1e-5
+    assert exact <= eps <= exact + 0.01, (eps, exact)
+
+
+def test_replace_one_costs_more_than_add_remove_and_less_than_group_privacy():
+    sigma, q, steps = 1.0, 256 / 3000, 60
+    ours = RecordAccountant([(sigma, q, steps)]).get_privacy_spent(1e-5)[0]
+    add_remove = PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, value_discretization_interval=1e-3
+    )
+    add_remove.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    a = add_remove.get_epsilon(1e-5)
+    # group privacy (replace = remove + add) gives (2 eps, (1 + e^eps) delta) from add/remove at delta / (1 + e^eps)
+    a_small = add_remove.get_epsilon(1e-5 / (1 + math.exp(a)))
+    assert a < ours < 2 * a_small, (a, ours, a_small)
+
+
+def test_composition_is_monotone_and_grouping_does_not_change_it():
+    spends = [record_level_spend(POLICY, [3000] * k).epsilon for k in range(0, 6)]
+    assert spends[0] == 0.0 and all(x < y for x, y in zip(spends, spends[1:]))
+    rate, steps = round_steps(256, 2, 3000)
+    split = RecordAccountant([(1.0, rate, steps)] * 3).get_privacy_spent(1e-5)[0]
+    merged = RecordAccountant([(1.0, rate, 3 * steps)]).get_privacy_spent(1e-5)[0]
+    assert split == merged  # the same composition: grouped before the PLD is built
+    # fewer records at the same batch: a larger sample rate, a larger eps
+    assert record_level_spend(POLICY, [1000]).epsilon > record_level_spend(POLICY, [3000]).epsilon
+
+
+def test_round_steps_follow_opacus_conventions():
+    assert round_steps(256, 2, 3000) == (256 / 3000, 2 * math.ceil(3000 / 256))
+    assert round_steps(500, 1, 100) == (1.0, 1)  # a batch larger than the data: every record, one step
+    for bad in ((0, 1, 10), (1, 0, 10), (1, 1, 0), (True, 1, 10)):
+        with pytest.raises(ValueError):
+            round_steps(*bad)
+
+
+def test_state_round_trips_and_rejects_garbage():
+    accountant = RecordAccountant()
+    accountant.step_round(POLICY, 3000)
+    accountant.step_round(POLICY, 2500)
+    again = RecordAccountant.from_dict(accountant.to_dict())
+    assert again.history == accountant.history
+    assert again.get_privacy_spent(1e-5) == accountant.get_privacy_spent(1e-5)
+    for bad in ({}, {"accountant": "rdp", "history": []}, {"accountant": "pld-replace-one", "history": [[1.0, 0.5]]}):
+        with pytest.raises(ValueError):
+            RecordAccountant.from_dict(bad)
+    with pytest.raises(ValueError):
+        RecordAccountant([(1.0, 1.5, 3)])  # a sample rate above 1
+    assert DPSGDPolicy.from_dict(POLICY.to_dict()) == POLICY
+    with pytest.raises(ValueError):
+        DPSGDPolicy.from_dict({"noise_multiplier": 1.0})
+
+
+def test_the_spend_says_what_it_protects():
+    spend = record_level_spend(POLICY, [3000, 3000])
+    assert spend.protects == "each training record (DP-SGD)" and spend.scope == "record"
+    assert spend.delta == 1e-5 and "replace-one" in spend.statement and "2 round(s)" in spend.statement

@@ -1,0 +1,87 @@
+"""The swarm's privacy policy (in the genesis) binds every peer: a peer with another policy is
+refused at join, and a commit that names another mechanism or records another eps than the
+policy spends is left out by every honest peer, without fetching its blob (it was released under
+terms nobody agreed to, and counting it would reward the lie)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import trio
+
+from node.protocol import wire
+from node.protocol.policy import expected_micro
+from node.protocol.settings import PrivacyPolicy
+from tests.node.peer.harness import SHARED, FakeSwarm, genesis_vector, run_virtual, samples_of, update_blob
+
+T, F = True, False
+D = genesis_vector().numel()
+POLICY_EPS = expected_micro(SHARED.privacy, D, [samples_of(2)])[0]  # what one PNPM release spends
+
+
+@pytest.mark.parametrize(
+    "mechanism, eps_micro",
+    [
+        ({"name": "pnpm", "epsilon": 0.5}, POLICY_EPS // 2),  # a cheaper mechanism, honestly accounted
+        (dict(SHARED.privacy.mechanism), POLICY_EPS // 2),  # the policy's mechanism, half its spend recorded
+        (dict(SHARED.privacy.mechanism), POLICY_EPS * 2),  # more than it spends: not the policy either
+        ({"name": "duchi", "epsilon": 1.0, "clip": True}, POLICY_EPS),  # another mechanism, the same figure
+    ],
+    ids=["other-eps", "under-recorded", "over-recorded", "other-mechanism"],
+)
+def test_a_commit_that_breaks_the_policy_is_left_out_unfetched(mechanism, eps_micro):
+    async def main():
+        swarm = FakeSwarm(3)
+        swarm.register(0, 1, 2)
+        blobs = [update_blob(i) for i in range(3)]
+        swarm.commit(0, blobs[0])
+        swarm.commit(1, blobs[1])
+        liar = swarm.members[2]
+        digest = liar.store.put(blobs[2])
+        liar.ledger.commit(1, bytes.fromhex(digest), samples_of(2), eps_micro, wire.canonical(mechanism).encode())
+        swarm.members[0].ledger.close_round(1)
+
+        peer = swarm.peer(0)
+        agreement = await peer._agreement(1)
+        included = await agreement.run()
+
+        assert included == [T, T, F]
+        assert agreement.blobs.malformed == [F, F, T] and agreement.blobs.vectors[2] is None
+        assert all(t.digest != digest for t in swarm.network.transfers)  # never fetched
+
+    run_virtual(main)
+
+
+def test_the_honest_commit_is_included():
+    async def main():
+        swarm = FakeSwarm(3)
+        swarm.register(0, 1, 2)
+        for i in range(3):
+            swarm.commit(i, update_blob(i))  # the harness commits exactly what the policy spends
+        swarm.members[0].ledger.close_round(1)
+        agreement = await swarm.peer(0)._agreement(1)
+        assert await agreement.run() == [T, T, T]
+
+    run_virtual(main)
+
+
+@pytest.mark.parametrize(
+    "privacy",
+    [
+        PrivacyPolicy({"name": "pnpm", "epsilon": 2.0}),
+        PrivacyPolicy({"name": "duchi", "epsilon": 1.0, "clip": True}),
+    ],
+    ids=["other-eps", "other-mechanism"],
+)
+def test_a_peer_with_another_privacy_policy_is_refused_at_join(privacy):
+    async def main():
+        swarm = FakeSwarm(2)
+        shared = dataclasses.replace(SHARED, privacy=privacy)
+        peer = swarm.peer(0, shared=shared)
+        with pytest.raises(RuntimeError, match="privacy policy"):
+            await peer.start()
+        assert not swarm.chain.accounts  # refused before registering
+        await trio.sleep(0)
+
+    run_virtual(main)
