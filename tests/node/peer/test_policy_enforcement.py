@@ -6,11 +6,14 @@ terms nobody agreed to, and counting it would reward the lie)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import trio
 
+from mechanisms.record_level import DPSGDPolicy, record_level_spend
 from node.protocol import wire
+from node.protocol.blob import sha256
 from node.protocol.policy import expected_micro
 from node.protocol.settings import PrivacyPolicy
 from tests.node.peer.harness import SHARED, FakeSwarm, genesis_vector, run_virtual, samples_of, update_blob
@@ -83,5 +86,32 @@ def test_a_peer_with_another_privacy_policy_is_refused_at_join(privacy):
             await peer.start()
         assert not swarm.chain.accounts  # refused before registering
         await trio.sleep(0)
+
+    run_virtual(main)
+
+
+def test_a_restarted_peer_continues_its_record_level_accountant(tmp_path, caplog):
+    """The record-level accountant lives in the workdir and continues over restarts; the chain's
+    commits are what was released, so a file that says otherwise is reported and rewritten."""
+    dp = DPSGDPolicy(noise_multiplier=1.0, max_grad_norm=1.0, batch_size=16, epochs=1)
+    shared = dataclasses.replace(SHARED, privacy=PrivacyPolicy(dict(SHARED.privacy.mechanism), dp))
+    path = tmp_path / "privacy-accountant.json"
+
+    async def main():
+        swarm = FakeSwarm(2)
+        genesis = sha256(wire.genesis_blob(genesis_vector(), shared.to_dict()))
+        swarm.chain.params = dataclasses.replace(swarm.chain.params, genesis_digest=genesis)
+        swarm.register(0, 1)
+        swarm.commit(0, update_blob(0), num_samples=48)  # released before a crash
+        for stale in (None, {"accountant": "pld-replace-one", "history": [[1.0, 0.5, 2]] * 3}):
+            if stale is not None:
+                path.write_text(json.dumps(stale))
+            peer = swarm.peer(0, shared=shared)
+            peer.accountant_path = path
+            await peer.start()
+            saved = json.loads(path.read_text())
+            assert saved["history"] == [[1.0, 16 / 48, 3]]  # one round of 48 records: q = 16/48, 3 steps
+            assert saved["epsilon"] == record_level_spend(dp, [48]).epsilon and saved["delta"] == dp.delta
+        assert "the chain's commits are what was released" in caplog.text
 
     run_virtual(main)
