@@ -49,13 +49,17 @@ def run_swarm(anvil, n: int) -> dict:
         eps_cap_micro=100_000_000,
         delta=1e-5,
         genesis_digest=digest("genesis"),
+        eps_step_micro=1_000_000,  # a pure local mechanism: the contract checks previous + step
+        record_eps_cap_micro=100_000_000,  # and DP-SGD's record-level figure: the worst case, both recorded
+        record_delta=1e-5,
     )
     peers = [deployer] + [LedgerClient(w3, deployer.address, a) for a in accounts[1:]]
     register = [p.register(b"peer-%d" % i)["gasUsed"] for i, p in enumerate(peers)]
     rounds = []
     for r in (1, 2):
         commits = [
-            p.commit(r, digest(f"{r}-{i}"), 1000 + i, r * 1_000_000, MECHANISM)["gasUsed"] for i, p in enumerate(peers)
+            p.commit(r, digest(f"{r}-{i}"), 1000 + i, r * 1_000_000, MECHANISM, r * 2_000_000)["gasUsed"]
+            for i, p in enumerate(peers)
         ]
         anvil.mine(window + 1)
         close = peers[0].close_round(r)["gasUsed"]
