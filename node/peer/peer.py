@@ -27,7 +27,7 @@ from mechanisms.accounting import Spend, cumulative_spend
 from mechanisms.randomness import secret_generator
 from mechanisms.record_level import RecordAccountant, record_level_spend
 from node.chain.errors import LedgerError, RoundNotClosed
-from node.chain.records import Commitment, RoundInfo
+from node.chain.records import PROTECTS_WORDS, Commitment, RoundInfo
 from node.learning.contribute import contribute, round_seed
 from node.learning.models import init_model
 from node.learning.train import evaluate
@@ -71,8 +71,10 @@ class RoundOutcome:
     loss: float | None = None
     eps_cumulative: float | None = None  # the local mechanism's, whole shared update
     delta_cumulative: float | None = None  # the delta that eps_cumulative holds at
+    eps_protects: str | None = None  # what eps_cumulative protects ("sign" for PNPM), from the guarantee
     record_eps_cumulative: float | None = None  # DP-SGD's, each training record (None without DP-SGD)
     record_delta: float | None = None
+    record_protects: str | None = None
     train_seconds: float = 0.0
     round_seconds: float = 0.0
     bytes_received: int = 0  # blob bytes this peer fetched from others during the round
@@ -321,8 +323,10 @@ class Peer:
             try:
                 out.train_seconds, out.gas_used, spend, record = await self._contribute(r, global_vector)
                 out.eps_cumulative, out.delta_cumulative = spend.epsilon, spend.delta
+                out.eps_protects = f"whole shared update: {PROTECTS_WORDS.get(spend.protects, spend.protects)}"
                 if record is not None:
                     out.record_eps_cumulative, out.record_delta = record.epsilon, record.delta
+                    out.record_protects = record.protects
                 out.committed = True
             except BudgetExhausted as exc:
                 self._set(Phase.BUDGET_SPENT, reason=str(exc))

@@ -55,6 +55,10 @@ def test_peer_over_its_record_level_budget_stops_contributing_and_follows(tmp_pa
             record = swarm.ledger.record_eps_spent(p.address)
             assert record == eps_to_micro(record_level_spend(policy, counts).epsilon)
             # the peer keeps its accountant in its workdir: the same composition, continued over rounds
+            last = [m for m in p.metrics() if m["round"] == 2][-1]  # metrics.jsonl: each eps with scope and delta
+            assert last["record_eps_cumulative"] == pytest.approx(record / 1e6, abs=1e-6)
+            assert last["record_delta"] == 1e-5 and last["record_protects"] == "each training record (DP-SGD)"
+            assert "sign only" in last["eps_protects"] and last["delta_cumulative"] == 0.0
             saved = json.loads((p.workdir / "privacy-accountant.json").read_text())
             assert len(saved["history"]) == 2 and saved["epsilon"] == pytest.approx(record / 1e6, abs=1e-6)
         assert swarm.ledger.record_eps_spent(small_peer.address) == eps_to_micro(
