@@ -122,6 +122,9 @@ class Spend:
     scope: str
     statement: str
     method: str = ""
+    # The part of `delta` that the floating-point sampler adds (Guarantee.residual_delta per
+    # release, summed over releases: the events where a draw departs from the exact law add up).
+    residual_delta: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -163,6 +166,8 @@ def cumulative_spend(
     )
 
     if isinstance(mech, Gaussian):
+        # The exact Gaussian's (eps, delta) from RDP (or basic composition), plus the float64
+        # sampler's residual delta once per round (a union bound over the rounds' draws).
         delta = mech.delta if target_delta is None else target_delta
         rdp = RDPGaussianAccountant(mech.sigma / mech.sensitivity, sample_rate)
         rdp.step(rounds)
@@ -171,21 +176,26 @@ def cumulative_spend(
             basic = basic_composition(g.epsilon, rounds, mech.delta)[0]
             if basic < eps:
                 eps, method = basic, "basic"
+        residual = rounds * g.residual_delta
         return Spend(
             eps,
-            delta if rounds else 0.0,
+            delta + residual if rounds else 0.0,
             g.protects,
             "vector",
-            f"{mech.name}: ({eps:.6g}, {delta:g})-LDP for {what} over {rounds} rounds "
-            f"({method}, sample rate {sample_rate:g})",
+            f"{mech.name}: ({eps:.6g}, {delta:g} + {residual:.3g})-LDP for {what} over {rounds} rounds "
+            f"({method}, sample rate {sample_rate:g}; + the float64 sampler's residual delta)",
             method,
+            residual,
         )
 
     releases = rounds * (num_coordinates if g.scope == "coordinate" else 1)
     if sample_rate != 1.0:
         raise ValueError("sample_rate < 1 is accounted only for the gaussian mechanism")
-    eps, delta, method = basic_composition(g.epsilon, releases)[0], 0.0, "basic"
-    if target_delta is not None and releases > 0:
+    # Pure releases (the local mechanisms' floating-point excess is inside their eps: Laplace
+    # is calibrated so that its snapping bound meets it); a residual delta, if any, adds up.
+    residual = releases * g.residual_delta
+    eps, delta, method = basic_composition(g.epsilon, releases, g.delta)[0], releases * g.delta, "basic"
+    if target_delta is not None and releases > 0 and g.delta == 0.0:
         adv = advanced_composition(g.epsilon, releases, target_delta)[0]
         if adv < eps:
             eps, delta, method = adv, target_delta, "advanced"
@@ -198,4 +208,5 @@ def cumulative_spend(
         f"{mech.name}: ({eps:.6g}, {delta:g})-LDP for {what}, whole update, {per} at "
         f"eps {g.epsilon:g} each ({method} composition)",
         method,
+        residual,
     )

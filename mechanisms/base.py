@@ -29,6 +29,8 @@ class Guarantee:
     scope: "coordinate" (each coordinate is one release: a tensor of d coordinates costs d*eps)
            or "vector" (the whole tensor passed to one `perturb` call is one release).
     statement: one line a human can read.
+    residual_delta: the part of `delta` that the floating-point sampler adds to the exact
+           mechanism's (already included in delta; docs/MECHANISMS.md, "Floating point").
     """
 
     epsilon: float
@@ -36,6 +38,7 @@ class Guarantee:
     protects: str
     scope: str
     statement: str
+    residual_delta: float = 0.0
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)

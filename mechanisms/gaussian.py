@@ -10,6 +10,14 @@ offered for comparison there.
 Neighbouring relation: LOCAL. The peer's update is clipped to L2 norm S and any two clipped
 updates are neighbours, so the sensitivity is D = 2S. `noise_multiplier` z follows opacus'
 convention sigma = z * S; the (eps, delta) stated are for D = 2S, i.e. a unit noise z/2.
+
+Sampling: float64 Box-Muller on U* (`local.round_down_uniform_`, a uniform real rounded down to a
+double: it reaches every binade), so the noise reaches 37.6 sigma. torch's float32 `normal_`
+(24-bit uniforms) never goes past 5.77 sigma, and its float64 one past 8.57 sigma; a noise cut at
+R sigma lets a shift of D sigmas be seen with probability Phi(D - R) in one coordinate (8.2e-5 at
+5.77 sigma and z = 1, D = 2) and up to exp(-(R - D)^2/2) for a Box-Muller pair (8.3e-4).
+`float_residual_delta` bounds what is left at 37.6 sigma; `guarantee` and
+`accounting.cumulative_spend` add it to delta.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from collections.abc import Callable
 
 import torch
 
-from .base import Guarantee, Mechanism, check_delta, check_epsilon, check_positive, check_tensor
+from .base import Guarantee, Mechanism, check_delta, check_epsilon, check_positive, check_tensor, scratch
+from .local import TAIL_EXPONENT, blocks, random_bits_, round_down_uniform_
 
 _SQRT2 = math.sqrt(2.0)
 
@@ -86,6 +95,74 @@ def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.
     return math.sqrt(2.0 * math.log(1.25 / delta)) * check_positive(sensitivity, "sensitivity") / epsilon
 
 
+# Beyond this radius (in sigmas) the sampler's radius is not the exact Box-Muller one: U* is the
+# exact rounding of its real uniform only above 2^-1022 (sqrt(2 * 1022 ln 2) = 37.64, with a margin).
+TAIL_RADIUS = math.sqrt(2.0 * TAIL_EXPONENT) * (1.0 - 2.0**-40)
+# A release has at most 2^62 Box-Muller pairs (a tensor has fewer than 2^63 elements).
+MAX_PAIRS = 2.0**62
+# exp(-r^2/2) is convex in r^2 on [0, D^2] when r/D exceeds (3 + sqrt 5)/2 = 2.618.
+_CONVEX_RATIO = 2.62
+
+
+def float_residual_delta(sigma: float, sensitivity: float) -> float:
+    """The delta the float64 sampler adds to the exact Gaussian mechanism's, per release.
+
+    The sampler draws pairs of coordinates by Box-Muller from one radius r (in sigmas), exact
+    (up to float rounding of the noise values) while r < R = TAIL_RADIUS and arbitrary beyond.
+    For neighbours x, x' whose difference puts D_p (in sigmas, sum of D_p^2 <= D^2, D =
+    sensitivity / sigma) on pair p, an output can be impossible from x', or come from an inexact
+    draw, only if some pair with D_p > 0 has r >= R - D_p; outside that event both laws are the
+    exact Gaussian's. So delta grows by at most sum_p P[r_p >= R - D_p] = sum_p exp(-(R - D_p)^2/2)
+    (r^2/2 is exponential). That is convex in D_p^2 when R >= 2.62 D, so it is largest with all of
+    D on one pair: exp(-(R - D)^2/2) + (pairs - 1) exp(-R^2/2); otherwise each term is at most
+    exp(-(R - D)^2/2). Pairs <= MAX_PAIRS. Rounded up; 1 when D >= R.
+    At z = 1 (D = 2): 1.5e-276. The same bound gives 8.3e-4 for torch's float32 normal_ (R = 5.77;
+    the one-coordinate tail Phi(D - R) alone is 8.2e-5) and 4.2e-10 for its float64 normal_
+    (R = 8.57).
+    """
+    d = check_positive(sensitivity, "sensitivity") / check_positive(sigma, "sigma")
+    r = TAIL_RADIUS
+    if d >= r:
+        return 1.0
+    shell = math.exp(-0.5 * (r - d) ** 2)
+    tail = 2.0**-1021  # >= exp(-R^2/2) = 2^-1022 (1 + 2^-39)
+    residual = shell + MAX_PAIRS * tail if r >= _CONVEX_RATIO * d else MAX_PAIRS * shell
+    return min(1.0, math.nextafter(residual * (1.0 + 2.0**-40), math.inf))
+
+
+def add_gaussian_noise(
+    x: torch.Tensor, scale: float, sigma: float, out: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
+    """out <- scale * x + N(0, sigma^2) per coordinate (x, out flat, of one dtype).
+
+    Box-Muller: coordinates i and i + m of each block (m = ceil(block / 2)) share the radius
+    sigma sqrt(-2 ln U*) and the angle 2 pi V: r cos and r sin. U* (`round_down_uniform_`) is
+    exact in every binade, so the radius reaches TAIL_RADIUS sigma (37.6) instead of the 5.77 of
+    torch's float32 `normal_` (24-bit uniforms); -2 ln U* is taken in float64. The angle has the
+    precision of the output: V on a 2^-24 grid with float32 cos/sin for float32 outputs (as
+    torch's own float32 normal_), 2^-53 and float64 for float64 outputs. Randomness: only
+    `generator` (two 63-bit draws per pair).
+    """
+    dtype = out.dtype
+    angle_bits = 24 if dtype == torch.float32 else 53
+    extra_bits = min(42, 63 - angle_bits)  # the rest of the angle's draw extends U*'s binade draw
+    for lo, hi in blocks(x.numel()):
+        k = hi - lo
+        m = (k + 1) // 2
+        bits = random_bits_(scratch(m, torch.int64, 0), generator)
+        aux = random_bits_(scratch(m, torch.int64, 1), generator)
+        extra = torch.bitwise_right_shift(aux, angle_bits, out=scratch(m, torch.int64, 2))
+        u = round_down_uniform_(scratch(m, torch.float64, 0), bits, extra, extra_bits, generator)
+        radius = scratch(m, dtype, 1).copy_(u.log_().mul_(-2.0)).sqrt_().mul_(sigma)
+        theta = scratch(m, dtype, 2).copy_(aux.bitwise_and_((1 << angle_bits) - 1))  # exact
+        theta.mul_(2.0 * math.pi * 2.0**-angle_bits)
+        z = scratch(k, dtype, 3)
+        torch.mul(torch.cos(theta, out=z[:m]), radius, out=z[:m])
+        torch.mul(torch.sin(theta[: k - m], out=z[m:]), radius[: k - m], out=z[m:])
+        torch.add(z, x[lo:hi], alpha=scale, out=out[lo:hi])
+    return out
+
+
 _NORM_ROW = 256
 
 
@@ -148,33 +225,38 @@ class Gaussian(Mechanism):
     def sensitivity(self) -> float:
         return 2.0 * self.clip_norm
 
+    @property
+    def residual_delta(self) -> float:
+        """What the float64 sampler adds to delta per release (`float_residual_delta`)."""
+        return float_residual_delta(self.sigma, self.sensitivity)
+
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         flat = check_tensor(x)
         norm = l2_norm(flat)
         scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
-        out = torch.empty_like(flat).normal_(0.0, self.sigma, generator=generator)
-        out.add_(flat, alpha=scale)
-        return out.view(x.shape)
+        return add_gaussian_noise(flat, scale, self.sigma, torch.empty_like(flat), generator).view(x.shape)
 
     def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         """Each element as a one-coordinate update: clip to [-S, S], add N(0, sigma^2)."""
         flat = check_tensor(x).clamp(-self.clip_norm, self.clip_norm)
-        out = torch.empty_like(flat).normal_(0.0, self.sigma, generator=generator)
-        return out.add_(flat).view(x.shape)
+        return add_gaussian_noise(flat, 1.0, self.sigma, torch.empty_like(flat), generator).view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
         return torch.full_like(check_tensor(x), self.sigma**2).view(x.shape)
 
     @property
     def guarantee(self) -> Guarantee:
+        residual = self.residual_delta
         return Guarantee(
             self.epsilon,
-            self.delta,
+            self.delta + residual,
             "value",
             "vector",
             f"gaussian: the whole tensor, clipped to L2 norm {self.clip_norm:g}, is "
-            f"({self.epsilon:.6g}, {self.delta:g})-LDP per release (sigma {self.sigma:.6g}, "
-            "analytic calibration, sensitivity 2*clip_norm)",
+            f"({self.epsilon:.6g}, {self.delta:g} + {residual:.3g})-LDP per release (sigma {self.sigma:.6g}, "
+            "analytic calibration, sensitivity 2*clip_norm; + the float64 sampler's residual delta, "
+            "noise cut at 37.6 sigma)",
+            residual,
         )
 
     def params(self) -> dict[str, object]:

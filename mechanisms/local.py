@@ -5,9 +5,10 @@ the first step folded into the draw: `uniform_(low, high)` costs the same as `un
 it in place through the inverse CDF of the mechanism's output law, in as few whole-tensor passes
 as possible. Decisions "u < p" are read off as floor(u - p) in {-1, 0} (exact: the rounded
 difference keeps its sign, and 0 falls on the "not below" side), so no boolean masks (slow on
-CPU) and no torch.where. Laplace and the exponential mechanism draw 53-bit uniforms into float64
-blocks instead and write each finished block into the output (see `_BLOCK`). Formulas cite the
-papers in docs/MECHANISMS.md.
+CPU) and no torch.where. The exponential mechanism draws 53-bit uniforms into float64 blocks
+instead and writes each finished block into the output (see `_BLOCK`); Laplace is the snapping
+mechanism on an exact uniform U* (`round_down_uniform_`, docs/MECHANISMS.md "Floating point"),
+also by blocks. Formulas cite the papers in docs/MECHANISMS.md.
 """
 
 from __future__ import annotations
@@ -73,9 +74,159 @@ _BLOCK = 1 << 18
 _MINUS_ONE = torch.tensor(-1.0, dtype=torch.float64)
 
 
-def _blocks(n: int) -> Iterator[tuple[int, int]]:
+def blocks(n: int) -> Iterator[tuple[int, int]]:
     """(start, stop) of consecutive blocks covering range(n)."""
     return ((lo, min(n, lo + _BLOCK)) for lo in range(0, n, _BLOCK))
+
+
+# ---------------------------------------------------------------------------------------------
+# Floating-point noise (docs/MECHANISMS.md, "Floating point"): a uniform that reaches every
+# float64 binade, and the snapping mechanism's calibration and proven bound.
+
+_EXPONENT_MASK = torch.tensor(0x7FF0000000000000)  # the exponent field of a float64 (0-dim
+_MANTISSA_MASK = torch.tensor((1 << 52) - 1)  # tensors: a Python int operand is slower)
+# A U* whose binade draw came out 0 (R below 2^-bits) is drawn again one level down; below
+# 2^-1022 (where U* is no longer exact) nothing needs it: -ln U* > 708 either way.
+_NORMAL_MIN = 2.0**-1022
+_MAX_DEPTH = 40  # the levels below the first have 53 bits each: 2^-2120, far below 2^-1022
+# Assumed bound on the error of torch's float64 log, in ulps of the result (Sleef's u10 and
+# glibc's log are documented within 1 ulp; tests/mechanisms/test_float_noise.py measures it).
+LOG_ULPS = 4.0
+# Beyond this -ln U* the sampler's U* is no longer the exact rounding of its real uniform
+# (subnormals): U* < 2^-1022 happens with probability 2^-1022.
+TAIL_EXPONENT = 1022.0 * math.log(2.0)
+
+
+def random_bits_(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """out (int64) <- 63 uniform random bits per element (torch: random64() mod 2^63)."""
+    return out.random_(generator=generator)
+
+
+def round_down_uniform_(
+    out: torch.Tensor,
+    bits: torch.Tensor,
+    extra: torch.Tensor,
+    extra_bits: int,
+    generator: torch.Generator | None,
+    depth: int = 0,
+) -> torch.Tensor:
+    """out (float64) <- U*, a uniform real R on (0, 1) rounded DOWN to a float64 (Mironov 2012's
+    U*: each double d with probability next(d) - d).
+
+    `bits` (int64) holds 63 random bits (`random_bits_`): its low 52 become the significand, its
+    top 11 and the `extra_bits` (<= 42) random bits in the low end of `extra` (int64, independent
+    of `bits`) form an integer h of 11 + extra_bits bits; h 2^-(11 + extra_bits), a uniform on
+    that grid, has the binade of R: [2^-j, 2^(1-j)) with probability 2^-j. Both buffers are used
+    as scratch. h = 0 (R below the grid, probability 2^-(11 + extra_bits)) is drawn again one
+    level down (R = 2^-(11 + extra_bits) R'), from fresh draws.
+
+    A 53-bit uniform (torch's float64 `uniform_`) cannot go below 2^-53, so -ln of it stops at
+    36.7 and its gaps widen toward 0; U* has relative spacing 2^-52 in every binade:
+    U* <= R < U* (1 + 2^-52), so -ln U* is within 2^-52 of the exact -ln R (down to 2^-1022).
+    Randomness: only `generator`.
+    """
+    grid = 11 + extra_bits
+    ob = out.view(torch.int64)
+    torch.bitwise_right_shift(bits, 52, out=ob)
+    extra.bitwise_or_(ob.bitwise_left_shift_(extra_bits))  # h < 2^53: exact as a float64
+    out.copy_(extra).mul_(2.0**-grid)  # h 2^-grid: exact
+    ob.bitwise_and_(_EXPONENT_MASK).bitwise_or_(bits.bitwise_and_(_MANTISSA_MASK))
+    if depth < _MAX_DEPTH and out.numel() and float(out.min()) < _NORMAL_MIN:  # h = 0 somewhere
+        idx = torch.nonzero(out < _NORMAL_MIN).view(-1)
+        k = idx.numel()
+        more = random_bits_(torch.empty(k, dtype=torch.int64), generator)
+        deeper = round_down_uniform_(
+            torch.empty(k, dtype=torch.float64),
+            random_bits_(torch.empty(k, dtype=torch.int64), generator),
+            more.bitwise_right_shift_(21),
+            42,
+            generator,
+            depth + 1,
+        )
+        out[idx] = deeper.mul_(2.0**-grid)  # exact while normal
+    return out
+
+
+def smallest_power_of_two_at_least(x: float) -> float:
+    """The smallest power of 2 >= x > 0 (exact, via the binary exponent)."""
+    mantissa, exponent = math.frexp(x)  # x = mantissa 2^exponent, mantissa in [1/2, 1)
+    return x if mantissa == 0.5 else math.ldexp(1.0, exponent)
+
+
+def _round_up(x: float) -> float:
+    return math.nextafter(x, math.inf)
+
+
+def snap_error(steps: int) -> float:
+    """rho: a bound, in grid units L, on |v - w| for the snapping mechanism's computed v and the
+    exact v' = (t - D)/L + S c T_R with T_R = -ln R (R the real uniform U* rounds) over every
+    draw where either lies within the outer grid point plus 1 (|T| <= (2 steps + 3)/c):
+    2^-52 from U* <= R < U*(1 + 2^-52), LOG_ULPS ulps of the log (relative 2^-52 each) on
+    c T <= 2 steps + 3, and one rounding (2^-53 relative) in each of t - D, c S LOG(U*) and the
+    sum, on values <= steps, 2 steps + 3 and steps + 1 (the scaling by 1/L is exact)."""
+    return 2.0**-52 * ((LOG_ULPS + 1.0) * (2 * steps + 3) + 1.0)
+
+
+def snap_bound(scale: float, snap: float, steps: int) -> float:
+    """The eps the float64 snapping mechanism (as `Laplace.perturb` computes it) satisfies for
+    inputs in [-1, 1], noise scale b = `scale`, grid L = `snap`, outer grid point `steps` L:
+
+        eps' = (2/b)(1 + 2^-52) + 32 rho,   rho = snap_error(steps).
+
+    Proof sketch (docs/MECHANISMS.md): the computed v is within rho of the exact Laplace value
+    v' (same R, S, phi), so the output k satisfies v' in [k - 1/2 - rho, k + 1/2 + rho] and is k
+    whenever v' is in [k - 1/2 + rho, k + 1/2 - rho] (ends: the clamped tails, likewise). The
+    exact v' is the Laplace mechanism, 2/b-DP for any event; shrinking a cell of width 1 by rho
+    at each end loses at most a factor 1 + 4 rho e^(1/c) / (1 - 2 rho) <= 1 + 30 rho of its
+    probability under a Laplace of scale c = b/L > 1/2 (log-density 1/c-Lipschitz). Every R
+    below 2^-1022 (where U* is no longer exact) saturates the clamp either way (checked in
+    `snapping_calibration`). 2/b itself is rounded: (1 + 2^-52) covers it. Rounded up."""
+    rho = snap_error(steps)
+    return _round_up(_round_up(2.0 / scale) * (1.0 + 2.0**-52) + 32.0 * rho)
+
+
+def _snapping_grid(epsilon: float, snap: float) -> tuple[float, float, int]:
+    """(b, L, steps) for the noise scale b = 2/epsilon on the grid L: the outer grid point at
+    least 1 + 32 b from 0 (the clamp binds with probability <= e^-32 / 2), as far as exactness
+    allows (every draw with -ln U* > TAIL_EXPONENT must land beyond it, like the exact law)."""
+    scale = 2.0 / epsilon
+    c = scale / snap
+    inner = math.ceil(1.0 / snap) + 1  # |t/L - phi| <= 1/L + 1/2 stays below it
+    steps = math.ceil((1.0 + 32.0 * scale) / snap) + 1
+    # saturation: from any input >= -inner (> -steps), noise c T >= 2 steps + 1 lands past the
+    # outer point (rho and the log's error are far inside the 2^-40 margin), for all T beyond
+    # TAIL_EXPONENT
+    most = math.floor((TAIL_EXPONENT * c * (1.0 - 2.0**-40) - 1.0) / 2.0)
+    steps = min(steps, most)
+    if steps < inner + 1:
+        raise ValueError(f"epsilon {epsilon!r} is too large for the float64 snapping mechanism")
+    return scale, snap, steps
+
+
+def snapping_calibration(epsilon: float) -> tuple[float, float, int]:
+    """(b, L, steps) for `Laplace`: L the smallest power of 2 >= 2/epsilon (Mironov's Lambda for
+    the requested scale) and the smallest noise scale b whose proven bound `snap_bound` is at
+    most `epsilon`: the floating-point excess (~1e-12) is paid by a slightly larger b, so b
+    exceeds L by at most that much when 2/epsilon is a power of 2 (c = b/L in (1/2, 1 + 1e-11],
+    which the proof allows)."""
+    snap = smallest_power_of_two_at_least(2.0 / epsilon)
+    target = epsilon
+    for _ in range(64):
+        scale, snap, steps = _snapping_grid(target, snap)
+        bound = snap_bound(scale, snap, steps)
+        if bound <= epsilon:
+            return scale, snap, steps
+        target -= (bound - epsilon) + 4.0 * math.ulp(epsilon) + (bound - 2.0 / scale)
+        if not target > epsilon / 2:
+            break
+    raise ValueError(f"epsilon {epsilon!r} is too small for the float64 snapping mechanism's floating-point bound")
+
+
+def snapping_variance(scale: float, snap: float) -> float:
+    """Var of the dithered snapped Laplace output: 2 b^2 + L^2/12. Exact for a continuous dither
+    and no clamp; the 11-bit dither moves it by at most L^2 2^-20 and the clamp (binding with
+    probability <= e^-32/2) by less than 2^-40 b^2."""
+    return 2.0 * scale * scale + snap * snap / 12.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,33 +579,74 @@ class PNPM(Mechanism):
 
 
 class Laplace(_PureLocal):
-    """Laplace mechanism on [-1, 1] (sensitivity 2): t + Lap(2/eps); unbiased, Var = 8/eps^2.
+    """Laplace mechanism on [-1, 1] (sensitivity 2) as Mironov's snapping mechanism (CCS 2012,
+    Section 5.2), with a subtractive dither that keeps it unbiased.
 
-    Noise by inverse CDF from 53-bit uniforms (float32 uniforms would cap |noise| at 16.6 scales
-    and leave an event of probability 2^-24 with an infinite likelihood ratio).
+    Per coordinate: k = clamp(round((t - D + b S |LOG(U*)|) / L), -steps, steps), output
+    (k + phi) L, where b is the noise scale, S a fair sign, U* a uniform real on (0, 1) rounded
+    down to a float64 (`round_down_uniform_`), L = `snap` the smallest power of 2 >= 2/epsilon,
+    phi = (j + 1/2)/2048 - 1/2 a dither (j: 11 random bits) and D = phi L. Given phi this is the
+    snapping mechanism on the input t - D: the output lies on a grid L apart, so the low bits of the float
+    noise (whose set of reachable values depends on t: Mironov's attack) are rounded away, and
+    the noise cannot be cut short (U* reaches every float64 binade). `snap_bound` gives the
+    proven eps of the float computation; b is calibrated so that this bound, floating-point
+    excess included, is at most the requested epsilon. Unbiased (the dither); Var = 2 b^2 +
+    L^2 / 12 (`variance`).
     """
 
     name = "laplace"
     domain = "[-1, 1]"
     release_check = "nothing: t + Lap(2/eps) can be any real number"
 
+    def __init__(self, epsilon: float, clip: bool = False) -> None:
+        super().__init__(epsilon, clip)
+        self.scale, self.snap, self.steps = snapping_calibration(self.epsilon)
+        self.float_excess = snap_bound(self.scale, self.snap, self.steps) - 2.0 / self.scale
+
+    @property
+    def bound(self) -> float:
+        """Every output lies in [-bound, bound] (the outer grid point plus the dither)."""
+        return (self.steps + 0.5) * self.snap
+
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)
         out = _output(t)
-        for lo, hi in _blocks(t.numel()):
-            # y = 2u - 1 + 2^-53 exactly (high - low rounds to 2): the odd multiples of 2^-53 in
-            # (-1, 1), symmetric, never 0 and |y| <= 1 - 2^-53, so 1 - |y| is exact and > 0
-            y = uniform_draw(scratch(hi - lo, torch.float64, 0), -(1.0 - 2.0**-53), 1.0, generator)
-            g = torch.abs(y, out=scratch(hi - lo, torch.float64, 1))
-            affine_(g, -1.0, 1.0).log_().copysign_(y)  # noise / b = sign(y) |log(1 - |y|)|
-            tb = scratch(hi - lo, torch.float64, 2).copy_(t[lo:hi])  # mixed-dtype ops are slow
-            torch.add(tb, g, alpha=2.0 / self.epsilon, out=g)
-            out[lo:hi].copy_(g)  # the sum in float64, rounded once into the output
+        snap, steps, c = self.snap, float(self.steps), self.scale / self.snap
+        for lo, hi in blocks(t.numel()):
+            n = hi - lo
+            bits = random_bits_(scratch(n, torch.int64, 0), generator)
+            # aux: the sign and the dither in its low 12 bits, 42 more binade bits in bits 21..62
+            aux = random_bits_(scratch(n, torch.int64, 1), generator)
+            extra = torch.bitwise_right_shift(aux, 21, out=scratch(n, torch.int64, 2))
+            noise = round_down_uniform_(scratch(n, torch.float64, 0), bits, extra, 42, generator).log_()
+            # w uniform on 0..4095, s = w - 2047.5: sign(s) is a fair sign S and |s| - 1/2 = j is
+            # uniform on 0..2047 and independent of it; the dither is phi = (j + 1/2)/2048 - 1/2
+            s = scratch(n, torch.float64, 1).copy_(aux.bitwise_and_(4095)).sub_(2047.5)
+            noise.copysign_(s)  # S LOG(U*): the Laplace noise over b
+            neg_phi = affine_(s.abs_(), -1.0 / 2048.0, 0.5)  # -phi = 1/2 - |s|/2048: exact
+            v = scratch(n, torch.float64, 2).copy_(t[lo:hi])  # mixed-dtype ops are slow
+            torch.add(neg_phi, v, alpha=1.0 / snap, out=v)  # t/L - phi (t/L exact)
+            v.add_(noise, alpha=c).clamp_(-steps, steps).round_()  # k: snapped, in units of L
+            torch.sub(v, neg_phi, out=v)  # k + phi: exact
+            torch.mul(v, snap, out=out[lo:hi])  # (k + phi) L rounded once into the output
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
         t = self._input(x)
-        return torch.full_like(t, 8.0 / self.epsilon**2).view(x.shape)
+        return torch.full_like(t, snapping_variance(self.scale, self.snap)).view(x.shape)
+
+    @property
+    def guarantee(self) -> Guarantee:
+        return Guarantee(
+            self.epsilon,
+            0.0,
+            "value",
+            "coordinate",
+            f"laplace: eps={self.epsilon:g}-LDP for each coordinate's value in {self.domain} "
+            f"(snapping mechanism, Mironov 2012: noise scale {self.scale:.17g}, grid {self.snap:g}, "
+            f"outputs in [-{self.bound:g}, {self.bound:g}]; the bound includes the floating-point "
+            f"excess {self.float_excess:.3g}); a tensor of d coordinates costs d*eps",
+        )
 
 
 class Exponential(_PureLocal):
@@ -477,7 +669,7 @@ class Exponential(_PureLocal):
         b = 4.0 / self.epsilon
         c = math.exp(-1.0 / b)
         out = _output(t)
-        for lo, hi in _blocks(t.numel()):
+        for lo, hi in blocks(t.numel()):
             n = hi - lo
             u = uniform_draw(scratch(n, torch.float64, 0), 0.0, 1.0, generator)
             tb = scratch(n, torch.float64, 1).copy_(t[lo:hi])
