@@ -26,8 +26,10 @@ from node.protocol.blob import flatten
 from node.runs.local import LocalSwarm
 from p2p.store import DiskBlobStore
 
-# The README promises this accuracy for `./run demo` (4 peers, 5 rounds, digits, PNPM eps 1).
-DEMO_MIN_ACCURACY = 0.80
+# The README promises this accuracy for `./run demo` (4 peers, 5 rounds, Fashion-MNIST, DP-SGD at
+# record-level eps <= 8 under PNPM eps 1; measured 80 to 81%).
+DEMO_MIN_ACCURACY = 0.75
+DEMO_MAX_RECORD_EPS = 8.0
 
 pytestmark = pytest.mark.slow
 
@@ -41,6 +43,19 @@ def demo_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "run"
     demo = Path(__file__).resolve().parents[2] / "examples" / "demo.toml"  # what `./run demo` runs
     proc = swarm_cli("up", "--config", str(demo), "--out", str(out), "--json")
+    assert proc.returncode == 0, f"swarm up failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def pnpm_only_run(tmp_path_factory) -> Path:
+    """The demo without DP-SGD, 2 rounds: PNPM's noise is then the only thing between an archive
+    reader and the plain-SGD update, which is what the archive attack below needs to be sharp
+    (DP-SGD's own noise would break its invariant by itself)."""
+    out = tmp_path_factory.mktemp("pnpm") / "run"
+    demo = Path(__file__).resolve().parents[2] / "examples" / "demo.toml"
+    sets = ["train.dp_sgd=false", "swarm.rounds=2", "data.limit=8000", "train.lr=0.5", "train.batch_size=64"]
+    proc = swarm_cli("up", "--config", str(demo), "--out", str(out), "--json", *[a for s in sets for a in ("--set", s)])
     assert proc.returncode == 0, f"swarm up failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return out
 
@@ -63,6 +78,10 @@ def test_demo_finishes_learns_and_verifies(demo_run):
     assert "swarm verify --run" in report_md and "max eps per peer (delta)" in report_md
     assert all(r["delta"] == 0.0 for r in rounds)  # PNPM is pure eps-LDP: delta 0, printed beside eps
     assert report["protects"].startswith("sign only")  # PNPM's eps is labelled sign-only, from its guarantee
+    # the guarantee that means something: each training record, DP-SGD, on chain and in the report
+    record = report["record_eps_spent"]
+    assert len(record) == 4 and all(0 < eps <= DEMO_MAX_RECORD_EPS for eps in record.values()), record
+    assert "each training record (DP-SGD)" in report_md
 
     # every peer holds the same global model after every round, and it is the finalized one
     per_peer = peer_rounds(demo_run)
@@ -78,6 +97,8 @@ def test_demo_finishes_learns_and_verifies(demo_run):
     assert all(r["aggregate_ok"] and r["blobs_ok"] == 4 and r["eps_ok"] == 4 for r in ended)
     assert all(r["releases_ok"] == 4 for r in ended)  # PNPM: nothing checkable, so nothing flagged
     assert all(entry["delta"] == 0.0 for entry in verdict["peers"].values())
+    assert all(entry["record_delta"] == 1e-5 for entry in verdict["peers"].values())
+    assert all(entry["record_eps_spent"] == record[peer] for peer, entry in verdict["peers"].items())
 
 
 def test_verify_names_an_altered_blob(demo_run, tmp_path):
@@ -208,7 +229,8 @@ def _undo_seeded_pnpm(blob_vector: torch.Tensor, mechanism: dict, seed: int) -> 
     return blob_vector / t
 
 
-def test_the_published_archive_does_not_give_the_noise_back(demo_run):
+def test_the_published_archive_does_not_give_the_noise_back(pnpm_only_run):
+    demo_run = pnpm_only_run
     config = load_config(demo_run / "config.toml")
     info = json.loads((demo_run / "run.json").read_text())
     bias = _last_bias_slice(config)
