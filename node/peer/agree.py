@@ -198,7 +198,17 @@ class Agreement:
                 data = await self._obtain(digest_hex, blobs.providers(i, self._announced(digest_hex)))
                 blobs.vectors[i] = self._read_update(data)
             except BlobError as exc:  # right digest, malformed content: nobody can use it
-                log.warning("round %d: blob of %s is malformed: %s", self.round, self.commitments[i].peer, exc)
+                # every decode failure is a BlobError (node.protocol.blob, wire.read_vector): left out
+                # here as on every peer; the log names the round, the participant and the blob
+                log.warning(
+                    "round %d: blob %s of participant %d (%s, peer %s) is malformed, left out: %s",
+                    self.round,
+                    digest_hex[:16],
+                    i,
+                    self.commitments[i].peer,
+                    blobs.peer_ids[i],
+                    exc,
+                )
                 blobs.malformed[i] = True
             except Exception as exc:  # P2P errors: try again (other holders) until cancelled
                 log.info("round %d: fetch of %s failed: %s", self.round, digest_hex[:12], exc)

@@ -443,6 +443,8 @@ class Peer:
         included = await agreement.run()
         self._set(Phase.AGGREGATING)
         digest = await self._aggregate(r, previous, agreement.commitments, agreement.blobs.vectors, included)
+        if digest is None:  # aggregation failed (logged): no vote this round, the peer goes on
+            return [], 0
         self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
         try:
             receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), encode_bitmap(included))
@@ -496,13 +498,18 @@ class Peer:
         commitments: list[Commitment],
         vectors: list[torch.Tensor | None],
         included: list[bool],
-    ) -> str:
-        """The next global model from the included blobs in ledger order, stored and announced; its digest."""
+    ) -> str | None:
+        """The next global model from the included blobs in ledger order, stored and announced; its
+        digest. None if the aggregation raised: logged, and nothing is attested for the round."""
         used = [v for v, inc in zip(vectors, included) if inc and v is not None]
         if len(used) != sum(included):
             raise RuntimeError(f"round {r}: an included blob was not fetched")  # agree.decide_inclusion rules it out
         weights = [int(c.num_samples) for c, inc in zip(commitments, included) if inc]
-        new_vector = await self._off_loop(wire.next_global, self.s.shared, previous, used, weights)
+        try:
+            new_vector = await self._off_loop(wire.next_global, self.s.shared, previous, used, weights)
+        except Exception as exc:  # defence in depth: wire.read_vector bounds the values, but never crash here
+            log.error("round %d: aggregation of %d blobs failed, attesting nothing: %s", r, len(used), exc)
+            return None
         data = wire.model_blob(new_vector, r)
         digest = self.store.put(data)
         await self.host.announce_blob(digest)

@@ -19,6 +19,12 @@ order by SIMD width and thread count. So no rule here reduces floats in an order
   vector, bit for bit.
 -0.0 is replaced by +0.0 on input, so a sort cannot leak the input order through the sign of zero.
 median, trimmed-mean and krum ignore the weights (they are checked, not used).
+
+The fixed point holds any input with |v| < VALUE_BOUND (2^20) in a round of at most
+MAX_PARTICIPANTS (256) participants whose weights are at most MAX_WEIGHT (the ledger's cap on a
+commit's sample count, 2^32 - 1): then max|v| < 2^20 and the total weight W < 2^40, so the scale
+s = min(40, 61 - 20 - 40 - 1) >= 0 exists and no sum overflows. node.protocol.wire.read_vector
+refuses update blobs outside that bound (a malformed blob, left out alike by every peer).
 """
 
 from __future__ import annotations
@@ -33,6 +39,13 @@ import torch
 RULES = ("fedavg", "median", "trimmed-mean", "krum")
 MAX_SCALE_BITS = 40  # finer than float32's resolution for any value above 2^-16
 SUM_BOUND_BITS = 61  # |sum of weight * quantized value| < 2^61, so 2 * sum + W fits in int64
+# What the fixed point is guaranteed to hold (module doc): the inputs' bound follows from the
+# largest total weight, MAX_PARTICIPANTS * MAX_WEIGHT < 2^MAX_WEIGHT_BITS.
+MAX_PARTICIPANTS = 256  # a round's participants the guarantee is computed for
+MAX_WEIGHT = 2**32 - 1  # a weight is a commit's sample count; the ledger refuses larger ones
+MAX_WEIGHT_BITS = (MAX_PARTICIPANTS * MAX_WEIGHT - 1).bit_length()  # ceil(log2(max W)) = 40
+VALUE_BOUND_BITS = SUM_BOUND_BITS - 1 - MAX_WEIGHT_BITS  # 20: max|v| < 2^20 keeps s >= 0
+VALUE_BOUND = 2.0**VALUE_BOUND_BITS  # 1,048,576: inputs must satisfy |v| < VALUE_BOUND
 
 
 def aggregate(
@@ -90,11 +103,13 @@ def _fixed_point_mean(rows: Sequence[torch.Tensor], weights: Sequence[int]) -> t
     max_abs = max(float(row.abs().max()) for row in rows)
     # max_abs < 2^e exactly (frexp gives max_abs = m * 2^e with 0.5 <= m < 1).
     e = math.frexp(max_abs)[1] if max_abs > 0 else 0
-    scale_bits = min(MAX_SCALE_BITS, SUM_BOUND_BITS - e - math.ceil(math.log2(total_weight)) - 1)
-    if scale_bits < 0:
+    weight_bits = (total_weight - 1).bit_length()  # ceil(log2 W), exactly (a float log2 rounds above 2^53)
+    scale_bits = min(MAX_SCALE_BITS, SUM_BOUND_BITS - e - weight_bits - 1)
+    if scale_bits < 0:  # never for |v| < VALUE_BOUND and W <= MAX_PARTICIPANTS * MAX_WEIGHT
         raise ValueError(
             f"values too large for exact fixed-point averaging: max |v| = {max_abs:.3g} "
-            f"with total weight {total_weight}"
+            f"with total weight {total_weight} (the bound is |v| < {VALUE_BOUND:.0f} for a total weight "
+            f"below 2^{MAX_WEIGHT_BITS})"
         )
     total = torch.zeros(rows[0].shape[0], dtype=torch.int64)
     for row, w in zip(rows, weights):

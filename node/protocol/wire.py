@@ -10,7 +10,7 @@ import torch
 
 from mechanisms import canonical_json
 from node.protocol import blob
-from node.protocol.aggregate import aggregate
+from node.protocol.aggregate import MAX_PARTICIPANTS, VALUE_BOUND, VALUE_BOUND_BITS, aggregate
 from node.protocol.settings import SharedSettings
 
 VECTOR = "vector"  # the one tensor every blob holds: the flat float32 parameter vector
@@ -74,13 +74,35 @@ def model_blob(vector: torch.Tensor, round_number: int) -> bytes:
 
 
 def read_vector(data: bytes, num_params: int, *, kind: str | None = None) -> tuple[torch.Tensor, dict[str, str]]:
-    """Decode and validate a blob holding exactly one float32 vector of `num_params`."""
+    """Decode and validate a blob holding exactly one float32 vector of `num_params`. An update
+    blob's values must also be what the exact aggregation can hold (`check_update_values`).
+    Every failure is a `blob.BlobError`: the peers and `swarm verify` all decode through here,
+    so they leave out the same blobs."""
     tensors, meta = blob.decode_blob(
         data, max_size=max_blob_size(num_params), expected={VECTOR: ((num_params,), torch.float32)}
     )
     if kind is not None and meta.get("kind") != kind:
         raise blob.BlobError(f"expected a {kind!r} blob, got kind {meta.get('kind')!r}")
-    return tensors[VECTOR], meta
+    vector = tensors[VECTOR]
+    if meta.get("kind") == "update":  # whatever kind the caller asked for: these values get aggregated
+        check_update_values(vector)
+    return vector, meta
+
+
+def check_update_values(vector: torch.Tensor) -> None:
+    """BlobError unless every value is finite with |v| < aggregate.VALUE_BOUND (2^20): what the
+    fixed-point sums of fedavg and trimmed-mean hold without overflow for any round of up to
+    aggregate.MAX_PARTICIPANTS participants, whatever sample counts the ledger accepted. One
+    rule for every rule and every peer: a blob outside it is malformed, not aggregated."""
+    magnitude = vector.abs()
+    outside = ~(magnitude < VALUE_BOUND)  # NaN compares False: outside too
+    if bool(outside.any()):
+        i = int(torch.nonzero(outside)[0])
+        raise blob.BlobError(
+            f"update value {vector[i].numpy()!s} at coordinate {i} is not strictly inside "
+            f"+-{VALUE_BOUND:.0f} (2^{VALUE_BOUND_BITS}), what the exact aggregation of up to "
+            f"{MAX_PARTICIPANTS} participants holds"
+        )
 
 
 def max_blob_size(num_params: int) -> int:

@@ -98,7 +98,7 @@ class LocalSwarm:
             raise FileExistsError(f"--out {out} exists and is not empty: choose a new folder")
         self.config, self.out = config, out
         self.faults = faults or {}
-        self.peer_overrides = peer_overrides or {}  # per-peer --set (local choices such as its data; the privacy policy is the swarm's)
+        self.peer_overrides = peer_overrides or {}  # per-peer --set: local choices (its data)
         self.say = say or (lambda msg: None)
         self.peers: list[PeerProcess] = []
         self._password = secrets.token_hex(16)
