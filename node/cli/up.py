@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from node.cli import common
@@ -45,6 +46,15 @@ def handle(args: argparse.Namespace) -> int:
     else:
         print((Path(report["run"]) / "report.md").read_text())
         print(f"run folder: {report['run']}\nverify it:  {report['verify_command']}")
+    return exit_status(report)
+
+
+def exit_status(report: dict) -> int:
+    """130 after Ctrl-C (the shell's convention); 1 if the run failed (report["failure"]: no round
+    finalized, most rounds aborted, rounds missing) or a peer exited non-zero; else 0."""
     if report["interrupted"]:
-        return 130  # the shell's convention for Ctrl-C
+        return 130
+    if report.get("failure"):
+        print(f"swarm up: FAILED: {report['failure']}", file=sys.stderr)
+        return 1
     return 0 if all(rc == 0 for rc in report["peer_exit_codes"]) else 1

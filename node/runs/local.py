@@ -262,9 +262,21 @@ def _watch(swarm: LocalSwarm, json_output: bool) -> None:
     dp_sgd = config.train.dp_sgd
     whole = f"eps (delta), whole update: {_protects(config)}"
 
+    ended: dict[int, str] = {}  # round -> "finalized" | "aborted", read once each
+
     def table() -> Table:
-        current = min(ledger.current_round(), config.swarm.rounds)
-        t = Table(title=f"swarm {ledger.address[:10]}…  round {current} of {config.swarm.rounds}")
+        live_round = ledger.current_round()
+        for r in range(1, live_round):
+            if r not in ended:
+                ended[r] = ledger.round_info(r).state.name.lower()
+        finalized = sum(s == "finalized" for s in ended.values())
+        aborted = len(ended) - finalized
+        current = min(live_round, config.swarm.rounds)
+        warn = "  [bold red]most rounds aborted[/bold red]" if 2 * aborted > len(ended) > 0 else ""
+        t = Table(
+            title=f"swarm {ledger.address[:10]}…  round {current} of {config.swarm.rounds}: "
+            f"{finalized} finalized, {aborted} aborted{warn}"
+        )
         columns = ["peer", "round", "phase", "accuracy", whole]
         if dp_sgd:
             columns.append("eps (delta), each training record (DP-SGD)")

@@ -71,6 +71,22 @@ def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
     return rows
 
 
+def run_failure(rows: list[dict], rounds_wanted: int, interrupted: bool) -> str | None:
+    """Why a finished run failed, or None: no round finalized, more than half of the rounds that
+    ended were aborted, or (not interrupted) fewer rounds ended than were asked for. A run that
+    learnt nothing must not look like a success."""
+    ended = [r for r in rows if r["state"] in ("finalized", "aborted")]
+    finalized = sum(r["state"] == "finalized" for r in ended)
+    aborted = len(ended) - finalized
+    if not finalized:
+        return f"no round finalized ({aborted} aborted, {len(rows) - len(ended)} never ended): the swarm learnt nothing"
+    if 2 * aborted > len(ended):
+        return f"{aborted} of {len(ended)} rounds were aborted (no majority agreed on an aggregate in time)"
+    if not interrupted and len(ended) < rounds_wanted:
+        return f"only {len(ended)} of the {rounds_wanted} rounds asked for ended"
+    return None
+
+
 def plot(rows: list[dict], path: Path) -> None:
     # The object API, not pyplot: no global figure state and no display backend to choose.
     fig = Figure(figsize=(6.4, 3.6))
@@ -110,11 +126,13 @@ def write_report(
             eps_spent[p.address] = record_eps_spent[p.address] = None
     dp_sgd = bool(run_info["config"]["train"]["dp_sgd"])
     verify_cmd = f"swarm verify --run {out}"
+    failure = run_failure(rows, int(run_info["config"]["swarm"]["rounds"]), interrupted)
     report = {
         "run": str(out),
         "ledger": run_info["ledger"],
         "chain_id": run_info["chain_id"],
         "interrupted": interrupted,
+        "failure": failure,
         "rounds": rows,
         "eps_spent": eps_spent,
         "record_eps_spent": record_eps_spent if dp_sgd else None,
@@ -128,6 +146,7 @@ def write_report(
     lines = [
         f"# Swarm run {out.name}",
         "",
+        *([f"**FAILED: {failure}.** See the peers' logs: `{out}/peers/*/peer.log`.", ""] if failure else []),
         f"- ledger: `{run_info['ledger']}` (chain id {run_info['chain_id']})",
         f"- mechanism: `{mechanism}`; its eps (whole shared update) protects {protects}",
         f"- record-level eps: each training record (DP-SGD), replace-one neighbours, at delta "

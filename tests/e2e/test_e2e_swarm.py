@@ -71,7 +71,7 @@ def test_demo_finishes_learns_and_verifies(demo_run):
     report = json.loads((demo_run / "report.json").read_text())
     rounds = report["rounds"]
     assert [r["round"] for r in rounds] == [1, 2, 3, 4, 5]
-    assert all(r["state"] == "finalized" for r in rounds)
+    assert all(r["state"] == "finalized" for r in rounds) and report["failure"] is None
     assert rounds[-1]["accuracy"] >= DEMO_MIN_ACCURACY, rounds
     assert (demo_run / "progress.png").stat().st_size > 1000
     report_md = (demo_run / "report.md").read_text()
