@@ -9,6 +9,13 @@ pragma solidity 0.8.28;
  * majority of a round's participants attesting the same (digest, inclusion bitmap) finalizes the
  * round; a round nobody finalizes within the attestation window can be aborted by anyone.
  *
+ * Admission: an allowlist the deployer manages, or open. The majority counts the round's
+ * committers (at least `minPeers`, fixed at deployment), not the registered or allowed members:
+ * with an allowlist every committer is a member the deployer admitted; with open admission anyone
+ * may register, so Sybil addresses can decide rounds (`swarm deploy --open` says so). A digest
+ * is committed at most once per round (a copied update is refused), and `numSamples`, the
+ * FedAvg weight, is capped by `maxSamples`.
+ *
  * Privacy accounting: each commit carries two cumulative figures. `epsMicro` is the local
  * mechanism's whole-update epsilon: where the swarm's policy spends a constant amount per release
  * (`epsStepMicro` > 0: pure mechanisms, d x eps per round under basic composition) the contract
@@ -23,10 +30,11 @@ pragma solidity 0.8.28;
  *
  * Gas layout (why the storage looks the way it does): every transaction a peer sends touches a
  * constant number of slots, whatever the number of peers, and creates at most one new slot
- * (22,100 gas each). A commit writes the peer's slot, the live-round slot, the peer's latest-digest
- * slot (created at registration, so a commit only overwrites it) and one new slot, its entry in
- * the participant list. The digest of a peer's earlier commitments therefore lives in the
- * Committed events only: `commitmentOf` returns it for the peer's latest round. An attestation
+ * (22,100 gas each). A commit writes the peer's slot, the live-round slot and one new slot, its
+ * participant entry, keyed by (round, digest): the same key refuses a duplicate digest for free.
+ * The entry is therefore found by digest, not by position: the participant order (the order
+ * inclusion bitmaps use) is the `index` of the Committed events, which `commitmentsByDigest`
+ * and the stored participant count check. An attestation
  * writes the peer's slot and one vote counter; `closeRound` pre-writes the round's outcome slot so
  * the finalizing attestation only overwrites it. No transaction loops over peers.
  */
@@ -55,6 +63,20 @@ contract SwarmLedger {
         bool allowlistEnabled;
         address deployer;
         uint64 deployBlock;
+        uint32 maxSamples;
+    }
+
+    /// @notice The numeric parameters given at deployment.
+    struct Settings {
+        uint32 minPeers; // quorum: commitments needed before a round can close (>= 1)
+        uint64 commitWindow; // blocks after a round opens during which it takes commitments (>= 1)
+        uint64 attestWindow; // blocks after a round closes before anyone may abort it (>= 1)
+        uint64 epsCapMicro; // cap on each peer's cumulative epsilon, in millionths
+        uint64 deltaE18; // the swarm's delta, in units of 1e-18 (1e-5 -> 1e13)
+        uint64 epsStepMicro; // what one release spends under the policy (0: not constant)
+        uint64 recordEpsCapMicro; // cap on each peer's record-level (DP-SGD) epsilon; 0 = no DP-SGD
+        uint64 recordDeltaE18; // the record-level delta, in units of 1e-18 (0 without DP-SGD)
+        uint32 maxSamples; // cap on a commit's numSamples (the FedAvg weight); 0 = 2^32 - 1
     }
 
     /// @notice What a view returns about one round.
@@ -65,15 +87,6 @@ contract SwarmLedger {
         uint64 endedBlock; // block the round was finalized or aborted in; 0 while open or closed
         uint32 participantCount;
         bytes32 finalizedDigest; // 0 unless finalized
-    }
-
-    /// @notice One commitment, as stored.
-    struct Commitment {
-        address peer;
-        uint32 index; // position in participants(round): bit `index` of an inclusion bitmap
-        bytes32 digest; // 0 if this is not the peer's latest commitment: read the Committed event
-        uint64 numSamples;
-        uint64 epsMicro;
     }
 
     /// @dev One slot per registered address (240 bits); `lastCommitRound`/`lastAttestRound` detect a
@@ -96,6 +109,7 @@ contract SwarmLedger {
         uint48 baseRound; // last finalized round (0 = genesis): the model this round starts from
         uint32 participantCount;
         RoundState state;
+        uint24 removedCommitters; // participants of this round removed from the allowlist since
     }
 
     /// @dev Written once when a round closes; endedBlock of r is openedBlock of r+1.
@@ -105,7 +119,7 @@ contract SwarmLedger {
         uint32 participantCount;
     }
 
-    /// @dev A participant list entry: one slot.
+    /// @notice A participant entry, one slot, keyed by (round, digest); peer 0 = no such commitment.
     struct Participant {
         address peer;
         uint32 numSamples;
@@ -150,8 +164,12 @@ contract SwarmLedger {
     error EpsOverCap(uint64 givenMicro, uint64 capMicro);
     /// @notice A digest must not be 0 or 1 (1 marks a closed, not finalized, round).
     error InvalidDigest(bytes32 digest);
-    /// @notice numSamples must be between 1 and 2^32 - 1.
+    /// @notice numSamples must be at least 1.
     error InvalidNumSamples(uint64 numSamples);
+    /// @notice numSamples may not pass the swarm's `maxSamples` (the FedAvg weight is capped).
+    error NumSamplesOverCap(uint64 numSamples, uint32 maxSamples);
+    /// @notice Another participant already committed `digest` in `round` (a copied update).
+    error DuplicateDigest(uint64 round, bytes32 digest);
     /// @notice The round is not open.
     error RoundNotOpen(uint64 round, RoundState state);
     /// @notice The round is not closed (still open, or already finalized or aborted).
@@ -197,8 +215,8 @@ contract SwarmLedger {
 
     // ------------------------------------------------------------------ storage
 
-    /// @dev Marks a slot as created but empty: a round closed and not finalized, or a registered
-    /// peer with no commitment yet. Never a valid digest (sha256 output 1 is not a concern).
+    /// @dev Marks a slot as created but empty: a round closed and not finalized. Never a valid
+    /// digest (sha256 output 1 is not a concern).
     bytes32 private constant RESERVED = bytes32(uint256(1));
 
     uint32 private immutable _minPeers;
@@ -213,20 +231,20 @@ contract SwarmLedger {
     bool private immutable _allowlistEnabled;
     address private immutable _deployer;
     uint64 private immutable _deployBlock;
+    uint32 private immutable _maxSamples;
 
     Live private _live;
     mapping(address => Peer) private _peers;
     mapping(address => bytes) private _peerIds;
     mapping(bytes32 => address) private _peerIdOwner;
     mapping(address => bool) private _allowed;
-    mapping(uint64 => mapping(uint256 => Participant)) private _participants;
-    /// @dev The digest of each peer's latest commitment (RESERVED before the first).
-    mapping(address => bytes32) private _latestDigest;
+    /// @dev Participant entries per keccak256(round, digest): the one slot a commit creates.
+    mapping(bytes32 => Participant) private _commits;
     mapping(uint64 => RoundRecord) private _records;
     /// @dev RESERVED from closeRound, then the aggregate digest if finalized.
     mapping(uint64 => bytes32) private _outcome;
-    /// @dev How many addresses ever registered: once all of them committed, a round may close
-    /// before its window ends (nobody else can still join it).
+    /// @dev How many registered addresses can still commit (registered, not removed from the
+    /// allowlist): once all of them committed, a round may close before its window ends.
     uint32 private _registeredCount;
     /// @dev votes per keccak256(round, aggregateDigest, included).
     mapping(bytes32 => uint32) private _votes;
@@ -234,46 +252,31 @@ contract SwarmLedger {
     // ------------------------------------------------------------------ setup
 
     /**
-     * @param minPeers quorum: commitments needed before a round can close (>= 1)
-     * @param commitWindow blocks after a round opens during which it takes commitments (>= 1)
-     * @param attestWindow blocks after a round closes before anyone may abort it (>= 1)
-     * @param epsCapMicro cap on each peer's cumulative epsilon, in millionths
-     * @param deltaE18 the swarm's delta, in units of 1e-18 (1e-5 -> 1e13)
-     * @param epsStepMicro what one release spends under the policy (0: not constant, see above)
-     * @param recordEpsCapMicro cap on each peer's record-level (DP-SGD) epsilon; 0 = no DP-SGD
-     * @param recordDeltaE18 the record-level delta, in units of 1e-18 (0 without DP-SGD)
+     * @param settings the swarm's numeric parameters (one struct: eleven loose constructor
+     * arguments do not fit the EVM stack when decoded)
      * @param genesisDigest digest of the initial model round 1 starts from
      * @param allowlist if non-empty, only these addresses (and those the deployer adds) may register
      */
-    constructor(
-        uint32 minPeers,
-        uint64 commitWindow,
-        uint64 attestWindow,
-        uint64 epsCapMicro,
-        uint64 deltaE18,
-        uint64 epsStepMicro,
-        uint64 recordEpsCapMicro,
-        uint64 recordDeltaE18,
-        bytes32 genesisDigest,
-        address[] memory allowlist
-    ) {
-        if (minPeers == 0) revert InvalidParams("minPeers");
-        if (commitWindow == 0) revert InvalidParams("commitWindow");
-        if (attestWindow == 0) revert InvalidParams("attestWindow");
-        if (epsCapMicro == 0) revert InvalidParams("epsCapMicro");
-        if (deltaE18 >= 1e18) revert InvalidParams("deltaE18");
-        if (epsStepMicro > epsCapMicro) revert InvalidParams("epsStepMicro");
-        if (recordDeltaE18 >= 1e18 || (recordEpsCapMicro > 0) != (recordDeltaE18 > 0))
-            revert InvalidParams("recordDeltaE18");
+    constructor(Settings memory settings, bytes32 genesisDigest, address[] memory allowlist) {
+        if (settings.minPeers == 0) revert InvalidParams("minPeers");
+        if (settings.commitWindow == 0) revert InvalidParams("commitWindow");
+        if (settings.attestWindow == 0) revert InvalidParams("attestWindow");
+        if (settings.epsCapMicro == 0) revert InvalidParams("epsCapMicro");
+        if (settings.deltaE18 >= 1e18) revert InvalidParams("deltaE18");
+        if (settings.epsStepMicro > settings.epsCapMicro) revert InvalidParams("epsStepMicro");
+        if (
+            settings.recordDeltaE18 >= 1e18 || (settings.recordEpsCapMicro > 0) != (settings.recordDeltaE18 > 0)
+        ) revert InvalidParams("recordDeltaE18");
         if (uint256(genesisDigest) <= 1) revert InvalidParams("genesisDigest");
-        _minPeers = minPeers;
-        _commitWindow = commitWindow;
-        _attestWindow = attestWindow;
-        _epsCapMicro = epsCapMicro;
-        _deltaE18 = deltaE18;
-        _epsStepMicro = epsStepMicro;
-        _recordEpsCapMicro = recordEpsCapMicro;
-        _recordDeltaE18 = recordDeltaE18;
+        _minPeers = settings.minPeers;
+        _commitWindow = settings.commitWindow;
+        _attestWindow = settings.attestWindow;
+        _epsCapMicro = settings.epsCapMicro;
+        _deltaE18 = settings.deltaE18;
+        _epsStepMicro = settings.epsStepMicro;
+        _recordEpsCapMicro = settings.recordEpsCapMicro;
+        _recordDeltaE18 = settings.recordDeltaE18;
+        _maxSamples = settings.maxSamples == 0 ? type(uint32).max : settings.maxSamples;
         _genesisDigest = genesisDigest;
         _allowlistEnabled = allowlist.length > 0;
         _deployer = msg.sender;
@@ -288,7 +291,8 @@ contract SwarmLedger {
             closedBlock: 0,
             baseRound: 0,
             participantCount: 0,
-            state: RoundState.OPEN
+            state: RoundState.OPEN,
+            removedCommitters: 0
         });
         emit RoundOpened(1, 0, genesisDigest);
     }
@@ -296,29 +300,42 @@ contract SwarmLedger {
     // ------------------------------------------------------------------ admission
 
     /**
-     * @notice Add addresses to the allowlist (deployer only; only if deployed with one).
+     * @notice Add addresses to the allowlist (deployer only; only if deployed with one). A removed
+     * registered peer that is allowed again can commit again and counts for early close again.
      * @param accounts addresses that may register
      */
     function allow(address[] calldata accounts) external {
         if (msg.sender != _deployer) revert NotDeployer(msg.sender);
         if (!_allowlistEnabled) revert InvalidParams("allowlist");
         for (uint256 i = 0; i < accounts.length; ++i) {
+            Peer storage peer = _peers[accounts[i]];
+            if (peer.registered && peer.banned) {
+                _registeredCount += 1;
+                if (peer.lastCommitRound == _live.round) _live.removedCommitters -= 1;
+            }
             _allowed[accounts[i]] = true;
-            _peers[accounts[i]].banned = false;
+            peer.banned = false;
             emit AllowlistChanged(accounts[i], true);
         }
     }
 
     /**
      * @notice Remove an address from the allowlist (deployer only). A registered peer that is
-     * removed can no longer commit; commitments it already made stay valid.
+     * removed can no longer commit nor attest, and no round waits for it (it leaves
+     * `registeredCount`, and its commitment in the live round no longer counts for early close);
+     * commitments it already made stay in their rounds' participant lists.
      * @param account the address to remove
      */
     function disallow(address account) external {
         if (msg.sender != _deployer) revert NotDeployer(msg.sender);
         if (!_allowlistEnabled) revert InvalidParams("allowlist");
+        Peer storage peer = _peers[account];
+        if (peer.registered && !peer.banned) {
+            _registeredCount -= 1;
+            if (peer.lastCommitRound == _live.round) _live.removedCommitters += 1;
+        }
         _allowed[account] = false;
-        _peers[account].banned = true;
+        peer.banned = true;
         emit AllowlistChanged(account, false);
     }
 
@@ -336,7 +353,6 @@ contract SwarmLedger {
         if (owner != address(0)) revert PeerIdTaken(peerId, owner);
         _peerIdOwner[key] = msg.sender;
         _peerIds[msg.sender] = peerId;
-        _latestDigest[msg.sender] = RESERVED;
         peer.registered = true;
         _registeredCount += 1;
         emit Registered(msg.sender, peerId);
@@ -347,10 +363,11 @@ contract SwarmLedger {
     /**
      * @notice Commit the digest of the update the sender published for `round`.
      * @dev Accepted while the round is open and either the commit window has not passed or the
-     * quorum is not reached yet (the window extends). The epsilon is spent from here on.
+     * quorum is not reached yet (the window extends). The epsilon is spent from here on. A digest
+     * another participant already committed in the round is refused (DuplicateDigest).
      * @param round the current round
      * @param digest sha256 of the published update blob
-     * @param numSamples local training samples (aggregation weight), 1 to 2^32 - 1
+     * @param numSamples local training samples (aggregation weight), 1 to maxSamples
      * @param epsMicro the sender's cumulative whole-update epsilon after this round, in millionths
      * @param recordEpsMicro the sender's cumulative record-level (DP-SGD) epsilon, in millionths
      * @param mechanism canonical JSON of the mechanism parameters (kept in the event only)
@@ -381,7 +398,10 @@ contract SwarmLedger {
         if (recordEpsMicro < peer.recordEpsMicro) revert RecordEpsDecreasing(peer.recordEpsMicro, recordEpsMicro);
         if (recordEpsMicro > _recordEpsCapMicro) revert RecordEpsOverCap(recordEpsMicro, _recordEpsCapMicro);
         if (uint256(digest) <= 1) revert InvalidDigest(digest);
-        if (numSamples == 0 || numSamples > type(uint32).max) revert InvalidNumSamples(numSamples);
+        if (numSamples == 0) revert InvalidNumSamples(numSamples);
+        if (numSamples > _maxSamples) revert NumSamplesOverCap(numSamples, _maxSamples);
+        bytes32 key = keccak256(abi.encodePacked(round, digest));
+        if (_commits[key].peer != address(0)) revert DuplicateDigest(round, digest);
 
         uint32 index = live.participantCount;
         _peers[msg.sender] = Peer({
@@ -393,14 +413,14 @@ contract SwarmLedger {
             banned: false
         });
         _live.participantCount = index + 1;
-        _participants[round][index] = Participant(msg.sender, uint32(numSamples), epsMicro);
-        _latestDigest[msg.sender] = digest;
+        _commits[key] = Participant(msg.sender, uint32(numSamples), epsMicro);
         emit Committed(round, msg.sender, index, digest, numSamples, epsMicro, recordEpsMicro, mechanism);
     }
 
     /**
      * @notice Close `round` (anyone): at least `minPeers` committed, and either the commit
-     * window has passed or every registered peer has committed (nobody is left to wait for).
+     * window has passed or every peer that can still commit has (nobody is left to wait for:
+     * peers removed from the allowlist count neither as committed nor as awaited).
      * The participant list is final from here.
      * @param round the current round
      */
@@ -409,7 +429,7 @@ contract SwarmLedger {
         if (round != live.round) revert WrongRound(round, live.round);
         if (live.state != RoundState.OPEN) revert RoundNotOpen(round, live.state);
         uint256 lastBlock = uint256(live.openedBlock) + _commitWindow;
-        if (block.number <= lastBlock && live.participantCount < _registeredCount) {
+        if (block.number <= lastBlock && live.participantCount - live.removedCommitters < _registeredCount) {
             revert CommitWindowOpen(round, uint64(lastBlock));
         }
         if (live.participantCount < _minPeers) revert QuorumNotMet(round, live.participantCount, _minPeers);
@@ -422,7 +442,7 @@ contract SwarmLedger {
 
     /**
      * @notice Attest the aggregate the sender computed for a closed round (participants only,
-     * once). A strict majority of participants attesting the same (digest, bitmap) finalizes the
+     * once, and not after removal from the allowlist). A strict majority of participants attesting the same (digest, bitmap) finalizes the
      * round and opens the next one from that model.
      * @param round the current round, closed
      * @param aggregateDigest sha256 of the aggregate model
@@ -436,6 +456,7 @@ contract SwarmLedger {
         if (live.state != RoundState.CLOSED) revert RoundNotClosed(round, live.state);
         Peer storage peer = _peers[msg.sender];
         if (peer.lastCommitRound != round) revert NotParticipant(round, msg.sender);
+        if (peer.banned) revert NotAllowed(msg.sender);
         if (peer.lastAttestRound == round) revert AlreadyAttested(round, msg.sender);
         if (uint256(aggregateDigest) <= 1) revert InvalidDigest(aggregateDigest);
         uint256 count = live.participantCount;
@@ -483,7 +504,8 @@ contract SwarmLedger {
             closedBlock: 0,
             baseRound: baseRound,
             participantCount: 0,
-            state: RoundState.OPEN
+            state: RoundState.OPEN,
+            removedCommitters: 0
         });
         emit RoundOpened(round + 1, baseRound, baseDigest);
     }
@@ -509,7 +531,8 @@ contract SwarmLedger {
                 _genesisDigest,
                 _allowlistEnabled,
                 _deployer,
-                _deployBlock
+                _deployBlock,
+                _maxSamples
             );
     }
 
@@ -538,26 +561,22 @@ contract SwarmLedger {
         return RoundInfo(state, rec.openedBlock, rec.closedBlock, ended, rec.participantCount, digest);
     }
 
-    /// @notice The participants of `round` in commit order (the order inclusion bitmaps use).
-    function participants(uint64 round) external view returns (address[] memory list) {
-        uint256 count = _participantCount(round);
-        list = new address[](count);
-        for (uint256 i = 0; i < count; ++i) list[i] = _participants[round][i].peer;
-    }
-
-    /// @notice The commitment `peer` made in `round`; reverts NotParticipant if none. The digest
-    /// is stored for the peer's latest commitment only (0 otherwise: see the Committed event).
-    /// @dev A view: the linear search costs no transaction gas.
-    function commitmentOf(uint64 round, address peer) external view returns (Commitment memory) {
-        uint256 count = _participantCount(round);
-        for (uint256 i = 0; i < count; ++i) {
-            Participant memory p = _participants[round][i];
-            if (p.peer == peer) {
-                bytes32 digest = _peers[peer].lastCommitRound == round ? _latestDigest[peer] : bytes32(0);
-                return Commitment(peer, uint32(i), digest, p.numSamples, p.epsMicro);
-            }
+    /**
+     * @notice The stored participant entries of `round` for `digests` (peer 0 where nobody
+     * committed that digest in that round). The participant order is the `index` of the
+     * Committed events; a reader checks those events against these entries and the count.
+     * @param round a round, current or past
+     * @param digests update digests, as committed
+     */
+    function commitmentsByDigest(
+        uint64 round,
+        bytes32[] calldata digests
+    ) external view returns (Participant[] memory entries) {
+        _participantCount(round);
+        entries = new Participant[](digests.length);
+        for (uint256 i = 0; i < digests.length; ++i) {
+            entries[i] = _commits[keccak256(abi.encodePacked(round, digests[i]))];
         }
-        revert NotParticipant(round, peer);
     }
 
     /// @notice The cumulative epsilon `peer` has committed, in millionths.
@@ -580,7 +599,7 @@ contract SwarmLedger {
         return _peerIdOwner[keccak256(peerId)];
     }
 
-    /// @notice How many addresses have registered.
+    /// @notice How many registered addresses can still commit (removed ones do not count).
     function registeredCount() external view returns (uint256) {
         return _registeredCount;
     }

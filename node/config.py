@@ -94,6 +94,7 @@ class ChainConfig:
     fetch_timeout: float
     block_time: float
     run_timeout: float
+    max_samples: int = 0  # cap on a commit's numSamples (the FedAvg weight); 0 = the contract's 2^32 - 1
     rpc_url: str | None = None
     ledger: str | None = None
 
@@ -305,6 +306,7 @@ def _check_ranges(c: Config) -> None:
         (c.chain.attest_window >= 1, "chain.attest_window", "must be >= 1 block"),
         (c.chain.eps_cap >= 0, "chain.eps_cap", "must be >= 0 (0 = exactly what swarm.rounds rounds spend)"),
         (c.chain.record_eps_cap >= 0, "chain.record_eps_cap", "must be >= 0 (0 = what swarm.rounds rounds spend)"),
+        (0 <= c.chain.max_samples < 2**32, "chain.max_samples", "must be in 0..2^32 - 1 (0 = 2^32 - 1)"),
         (c.chain.fetch_timeout > 0, "chain.fetch_timeout", "must be > 0"),
         (c.chain.block_time > 0, "chain.block_time", "must be > 0"),
         (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),

@@ -19,15 +19,17 @@ shared settings (model, aggregation rule): its digest is on chain.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
 from mechanisms.record_level import record_level_spend
-from node.chain.client import LedgerClient
+from node.chain.client import LedgerClient, load_artifact
+from node.chain.records import RoundInfo
 from node.protocol import policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
 from node.protocol.settings import SharedSettings
@@ -82,9 +84,26 @@ class BlobSource(Protocol):
 
 
 def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
-    """`ledger`: a read-only LedgerClient; `archive`: a blob store holding the run's blobs."""
+    """`ledger`: a read-only LedgerClient; `archive`: a blob store holding the run's blobs.
+    Whatever goes wrong inside a check is a named failure of the report, never an exception."""
 
     report = VerifyReport(ledger=ledger.address)
+    try:
+        report.failures.extend(check_code(ledger))
+    except Exception as exc:
+        report.failures.append(Failure(0, "-", "code", f"the deployed code could not be checked: {_why(exc)}"))
+    try:
+        _verify_rounds(ledger, archive, report)
+    except Exception as exc:  # outside any one round: genesis, parameters, the final eps totals
+        report.failures.append(Failure(0, "-", "verify", f"verification stopped: {_why(exc)}"))
+    return report
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyReport) -> None:
     params = ledger.params()
     genesis_digest = bytes(params.genesis_digest)
     genesis = archive.get(genesis_digest.hex())
@@ -97,25 +116,26 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
                 f"genesis blob {genesis_digest.hex()} missing from the archive or not matching the ledger's digest",
             )
         )
-        return report
-
-    tensors, meta = decode_blob(genesis, max_size=1 << 31, expected=None)
-    shared = SharedSettings.from_dict(json.loads(meta["swarm"]))
+        return
+    try:
+        tensors, meta = decode_blob(genesis, max_size=1 << 31, expected=None)
+        shared = SharedSettings.from_dict(json.loads(meta["swarm"]))
+    except Exception as exc:
+        report.failures.append(Failure(0, "-", "genesis", f"the genesis blob is unreadable: {_why(exc)}"))
+        return
     num_params = tensors[wire.VECTOR].numel()
-    global_vector = tensors[wire.VECTOR].to(torch.float32)
+    genesis_vector = tensors[wire.VECTOR].to(torch.float32)
     privacy = shared.privacy
     try:
         committed: mechanisms.Mechanism | None = mechanisms.from_params(dict(privacy.mechanism))
     except (ValueError, KeyError, TypeError) as exc:
         report.failures.append(Failure(0, "-", "genesis", f"the genesis privacy policy builds no mechanism: {exc}"))
-        return report
+        return
     counts_by_peer: dict[str, list[int]] = {}
     last_eps: dict[str, tuple[int, int]] = {}
 
-    for r in range(1, ledger.current_round() + 1):
-        info = ledger.round_info(r)
-        check = RoundCheck(round=r, state=info.state.name.lower())
-        report.rounds.append(check)
+    def check_round(r: int, info: RoundInfo, check: RoundCheck, previous: torch.Tensor) -> torch.Tensor | None:
+        """Round r's checks; the model recomputed from its included blobs if it finalized, else None."""
         commitments = ledger.commitments(r)
         check.participants = len(commitments)
         vectors: list[torch.Tensor | None] = []
@@ -125,8 +145,12 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
             counts = counts_by_peer.setdefault(peer, [])
             counts.append(int(c.num_samples))
             last_eps[peer] = (int(c.eps_micro), int(c.record_eps_micro))
-            data = archive.get(bytes(c.digest).hex())
-            vector = None
+            vector, data, unreadable = None, None, ""
+            try:
+                data = archive.get(bytes(c.digest).hex())
+            except Exception as exc:  # the archive's own trouble: this blob is unusable, the rest goes on
+                unreadable = _why(exc)
+                report.failures.append(Failure(r, peer, "blob", f"the archive could not read the blob: {unreadable}"))
             if data is None:
                 detail = "blob missing from the archive"
             elif sha256(data) != bytes(c.digest):
@@ -167,19 +191,19 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
                     report.failures.append(Failure(r, peer, "release", detail))
 
         if info.state.name != "FINALIZED":
-            continue
+            return None
         finalized = info.finalized_digest  # set for every finalized round (RoundInfo)
         if finalized is None:
             report.failures.append(Failure(r, "-", "aggregate", "finalized round without a finalized digest"))
             check.aggregate_ok = False
-            continue
+            return None
         bitmap = _finalizing_bitmap(ledger, r, finalized, len(commitments))
         if bitmap is None:
             report.failures.append(
                 Failure(r, "-", "attestation", "no majority attestation found for the finalized digest")
             )
             check.aggregate_ok = False
-            continue
+            return None
         included = decode_bitmap(bitmap, len(commitments))
         check.included = sum(included)
         for c, inc, against_policy in zip(commitments, included, breaks_policy):
@@ -200,26 +224,54 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
             )
         if unusable:
             check.aggregate_ok = False
-            continue
+            return None
         recomputed = wire.next_global(
             shared,
-            global_vector,
+            previous,
             [v for v, inc in zip(vectors, included) if inc and v is not None],  # none missing: checked above
             [int(c.num_samples) for c, inc in zip(commitments, included) if inc],
         )
         digest = sha256(wire.model_blob(recomputed, r))
         check.aggregate_ok = digest == finalized
-        if not check.aggregate_ok:
-            report.failures.append(
-                Failure(
-                    r,
-                    "-",
-                    "aggregate",
-                    f"recomputed aggregate {digest.hex()[:16]}... differs "
-                    f"from the finalized digest {finalized.hex()[:16]}...",
-                )
+        if check.aggregate_ok:
+            return recomputed
+        report.failures.append(
+            Failure(
+                r,
+                "-",
+                "aggregate",
+                f"recomputed aggregate {digest.hex()[:16]}... differs "
+                f"from the finalized digest {finalized.hex()[:16]}...",
             )
-        global_vector = recomputed
+        )
+        return None
+
+    global_vector: torch.Tensor | None = genesis_vector
+    for r in range(1, ledger.current_round() + 1):
+        check = RoundCheck(round=r, state="unknown")
+        report.rounds.append(check)
+        try:
+            info = ledger.round_info(r)
+        except Exception as exc:
+            report.failures.append(Failure(r, "-", "round", f"the round could not be read: {_why(exc)}"))
+            global_vector = None
+            continue
+        check.state = info.state.name.lower()
+        recomputed = None
+        if global_vector is None:
+            if info.state.name == "FINALIZED":
+                check.aggregate_ok = False
+                report.failures.append(
+                    Failure(r, "-", "aggregate", "not recomputed: the previous finalized model is not known")
+                )
+        else:
+            try:
+                recomputed = check_round(r, info, check, global_vector)
+            except Exception as exc:  # whatever a hostile chain or archive makes a check raise
+                check.aggregate_ok = False if info.state.name == "FINALIZED" else check.aggregate_ok
+                report.failures.append(Failure(r, "-", "round", f"the round could not be checked: {_why(exc)}"))
+        if info.state.name == "FINALIZED":
+            global_vector = _next_model(archive, report, r, info.finalized_digest, recomputed, num_params)
 
     for peer, (eps_micro, record_micro) in last_eps.items():
         on_chain = int(ledger.eps_spent(peer))
@@ -238,7 +290,178 @@ def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
                     f"{eps_micro} / {record_micro}",
                 )
             )
-    return report
+
+
+def _next_model(
+    archive: BlobSource,
+    report: VerifyReport,
+    r: int,
+    finalized: bytes | None,
+    recomputed: torch.Tensor | None,
+    num_params: int,
+) -> torch.Tensor | None:
+    """The model the round after finalized round r starts from. The archived model blob is checked
+    against the finalized digest (check "aggregate-blob"); when round r could not be recomputed,
+    verification goes on from that archived model (digest checked), else from nothing (None)."""
+    if finalized is None:
+        return recomputed
+    data = archive.get(finalized.hex())
+    if data is None:
+        report.failures.append(
+            Failure(r, "-", "aggregate-blob", f"finalized model {finalized.hex()} not in the archive")
+        )
+        return recomputed
+    if sha256(data) != finalized:
+        report.failures.append(
+            Failure(
+                r,
+                "-",
+                "aggregate-blob",
+                f"archived model altered: its bytes hash to {sha256(data).hex()[:16]}..., "
+                f"not the finalized digest {finalized.hex()[:16]}...",
+            )
+        )
+        return recomputed
+    try:
+        vector, meta = wire.read_vector(data, num_params, kind="model")
+    except BlobError as exc:
+        report.failures.append(Failure(r, "-", "aggregate-blob", f"finalized model blob unreadable: {exc}"))
+        return recomputed
+    if meta.get("round") != str(r):
+        report.failures.append(
+            Failure(r, "-", "aggregate-blob", f"finalized model blob names round {meta.get('round')!r}, not {r}")
+        )
+    return recomputed if recomputed is not None else vector.to(torch.float32)
+
+
+# ------------------------------------------------------------------ the deployed code
+
+
+def check_code(ledger: LedgerClient) -> list[Failure]:
+    """The runtime code at the ledger address is the artifact's deployedBytecode, up to the
+    immutables (masked out at the artifact's `immutableReferences`); each immutable holds one value
+    across its uses, the value `params()` reports; and the deployment transaction (at params'
+    deploy block, from its deployer) ran the artifact's creation code with constructor arguments
+    that are those values. A chain or state file whose code (or an immutable) was patched fails
+    with check "code"."""
+    artifact = load_artifact()
+    references: dict[str, list[dict[str, int]]] = artifact.get("immutableReferences", {})
+    expected = bytes.fromhex(artifact["deployedBytecode"].removeprefix("0x"))
+    code = bytes(ledger.w3.eth.get_code(ledger.address))
+    fail = [Failure(0, "-", "code", detail) for detail in _code_differences(code, expected, references)]
+    if fail:
+        return fail
+    params = asdict(ledger.params())
+    held: dict[str, Any] = {}
+    for name, refs in references.items():
+        values = {code[ref["start"] : ref["start"] + ref["length"]] for ref in refs}
+        field_name = _snake(name)
+        if len(values) != 1:
+            fail.append(Failure(0, "-", "code", f"immutable {name} holds {len(values)} different values in the code"))
+            continue
+        word = values.pop()
+        if field_name not in params:
+            fail.append(Failure(0, "-", "code", f"immutable {name} has no counterpart in params()"))
+            continue
+        value = _as_param(word, params[field_name])
+        held[field_name] = value
+        if _norm(value) != _norm(params[field_name]):
+            fail.append(
+                Failure(
+                    0,
+                    "-",
+                    "code",
+                    f"immutable {name}: params() reports {params[field_name]!r}, the code holds {value!r}",
+                )
+            )
+    if not fail:
+        fail += [Failure(0, "-", "code", d) for d in _deployment_differences(ledger, artifact, held)]
+    return fail
+
+
+def _code_differences(code: bytes, expected: bytes, references: dict[str, list[dict[str, int]]]) -> list[str]:
+    if not references:
+        return ["the contract artifact records no immutableReferences: run python scripts/compile_contracts.py"]
+    if len(code) != len(expected):
+        return [f"the code at the ledger address is {len(code)} bytes, the artifact's {len(expected)}"]
+    masked, reference = bytearray(code), bytearray(expected)
+    for refs in references.values():
+        for ref in refs:
+            masked[ref["start"] : ref["start"] + ref["length"]] = bytes(ref["length"])
+            reference[ref["start"] : ref["start"] + ref["length"]] = bytes(ref["length"])
+    if masked != reference:
+        first = next(i for i, (a, b) in enumerate(zip(masked, reference)) if a != b)
+        return [f"the code at the ledger address differs from the artifact's deployedBytecode (first at byte {first})"]
+    return []
+
+
+def _deployment_differences(ledger: LedgerClient, artifact: dict[str, Any], held: dict[str, Any]) -> list[str]:
+    """The constructor arguments of the transaction that created the ledger against what its code holds."""
+    from eth_abi import decode
+
+    w3, address = ledger.w3, ledger.address
+    block = w3.eth.get_block(int(held.get("deploy_block", 0)), full_transactions=True)
+    creation = bytes.fromhex(artifact["bytecode"].removeprefix("0x"))
+    for tx in block["transactions"]:
+        if isinstance(tx, bytes) or tx.get("to"):  # a creation has no recipient (None or empty)
+            continue
+        created = w3.eth.get_transaction_receipt(tx["hash"]).get("contractAddress")
+        if created is None or str(created).lower() != address.lower():
+            continue
+        raw: Any = tx.get("input", tx.get("data", b""))  # eth-tester names it data
+        data = bytes.fromhex(raw.removeprefix("0x")) if isinstance(raw, str) else bytes(raw)
+        if not data.startswith(creation):
+            return ["the deployment transaction did not run the artifact's creation code"]
+        inputs = next(item["inputs"] for item in artifact["abi"] if item["type"] == "constructor")
+        args = decode([_abi_type(i) for i in inputs], data[len(creation) :])
+        wanted = _named_args(inputs, args)
+        wanted["allowlist_enabled"] = len(wanted.pop("allowlist", ())) > 0
+        wanted["deployer"] = tx["from"]
+        if wanted.get("max_samples") == 0:  # the contract stores 0 as "no cap below uint32's maximum"
+            wanted["max_samples"] = 2**32 - 1
+        diffs = []
+        for key, value in wanted.items():
+            if key in held and _norm(held[key]) != _norm(value):
+                diffs.append(f"{key}: the deployment set {value!r}, the code holds {held[key]!r}")
+        return diffs
+    return [f"no transaction in block {held.get('deploy_block')} created the ledger {address}"]
+
+
+def _abi_type(item: dict[str, Any]) -> str:
+    """An ABI input's canonical type, tuples (structs) spelled out."""
+    if item["type"].startswith("tuple"):
+        return "(" + ",".join(_abi_type(c) for c in item["components"]) + ")" + item["type"][len("tuple") :]
+    return str(item["type"])
+
+
+def _named_args(inputs: list[dict[str, Any]], values: Any) -> dict[str, Any]:
+    """Decoded constructor arguments by snake_case name, the fields of a struct argument flattened."""
+    named: dict[str, Any] = {}
+    for item, value in zip(inputs, values):
+        if item["type"] == "tuple":
+            named.update(_named_args(item["components"], value))
+        else:
+            named[_snake(item["name"])] = value
+    return named
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name.lstrip("_")).lower()
+
+
+def _as_param(word: bytes, like: object) -> object:
+    """An immutable's 32-byte word read as the type params() reports it in."""
+    if isinstance(like, bool):
+        return int.from_bytes(word, "big") != 0
+    if isinstance(like, (bytes, bytearray)):
+        return bytes(word[-len(like) :]) if like else bytes(word)
+    if isinstance(like, str):  # an address
+        return "0x" + word[-20:].hex()
+    return int.from_bytes(word, "big")
+
+
+def _norm(value: object) -> object:
+    return value.lower() if isinstance(value, str) else bytes(value) if isinstance(value, (bytes, bytearray)) else value
 
 
 def _finalizing_bitmap(ledger: LedgerClient, r: int, digest: bytes, n: int) -> bytes | None:

@@ -6,7 +6,9 @@ for 4, 16 and 64 peers, on a real Anvil. Writes the section "ledger" of docs/BEN
 Gas is a count, not a time: it is the same on every machine. Each swarm runs two rounds and the
 second is reported (steady state: every slot a peer rewrites already exists). In a round every
 peer commits, one peer closes, and attestations arrive until the strict majority (n // 2 + 1)
-finalizes; the round's total is divided by n for the per-peer figure.
+finalizes; the round's total is divided by n for the per-peer figure. Every commit carries its
+own digest, so the duplicate-digest check (one participant entry keyed by (round, digest)) is in
+the commit figure, and the swarm caps numSamples (maxSamples) like a deployed one would.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def run_swarm(anvil, n: int) -> dict:
         eps_step_micro=1_000_000,  # a pure local mechanism: the contract checks previous + step
         record_eps_cap_micro=100_000_000,  # and DP-SGD's record-level figure: the worst case, both recorded
         record_delta=1e-5,
+        max_samples=100_000,
     )
     peers = [deployer] + [LedgerClient(w3, deployer.address, a) for a in accounts[1:]]
     register = [p.register(b"peer-%d" % i)["gasUsed"] for i, p in enumerate(peers)]

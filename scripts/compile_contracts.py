@@ -29,7 +29,17 @@ SETTINGS = {
     "optimizer": {"enabled": True, "runs": 10000},
     # shanghai, not cancun: Ganache and other maintained local chains stop at shanghai (no MCOPY)
     "evmVersion": "shanghai",
-    "outputSelection": {"*": {"*": ["abi", "evm.bytecode.object", "evm.deployedBytecode.object"]}},
+    "outputSelection": {
+        "*": {
+            "*": [
+                "abi",
+                "evm.bytecode.object",
+                "evm.deployedBytecode.object",
+                "evm.deployedBytecode.immutableReferences",
+            ],
+            "": ["ast"],  # only to name the immutables (AST ids) in immutableReferences
+        }
+    },
 }
 
 
@@ -87,6 +97,32 @@ def compile_artifact() -> dict:
         "abi": contract["abi"],
         "bytecode": "0x" + contract["evm"]["bytecode"]["object"],
         "deployedBytecode": "0x" + contract["evm"]["deployedBytecode"]["object"],
+        # where the runtime code holds each immutable (zeros in deployedBytecode): `swarm verify` masks them to
+        # compare a deployment's code with this artifact, and reads them back against params()
+        "immutableReferences": _named_immutables(
+            contract["evm"]["deployedBytecode"].get("immutableReferences", {}), out["sources"][SOURCE.name]["ast"]
+        ),
+    }
+
+
+def _named_immutables(references: dict[str, list[dict]], ast: dict) -> dict[str, list[dict[str, int]]]:
+    """solc's immutableReferences (keyed by AST id) keyed by the variable's name instead, sorted."""
+    names: dict[str, str] = {}
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if node.get("nodeType") == "VariableDeclaration" and node.get("mutability") == "immutable":
+                names[str(node["id"])] = node["name"]
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(ast)
+    return {
+        names[ast_id]: sorted(({"start": r["start"], "length": r["length"]} for r in refs), key=lambda r: r["start"])
+        for ast_id, refs in sorted(references.items(), key=lambda item: names[item[0]])
     }
 
 

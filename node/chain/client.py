@@ -26,7 +26,7 @@ from web3 import HTTPProvider, Web3
 from web3.types import EventData, TxReceipt
 
 from node.chain.decoder import RevertDecoder
-from node.chain.errors import LedgerError
+from node.chain.errors import LedgerError, NotParticipant
 from node.chain.records import (
     DELTA_SCALE,
     Attestation,
@@ -107,6 +107,7 @@ class LedgerClient:
         record_eps_cap_micro: int = 0,
         record_delta: float = 0.0,
         allowlist: list[str] | None = None,
+        max_samples: int = 0,
         tx_timeout: float = DEFAULT_TX_TIMEOUT_S,
     ) -> LedgerClient:
         """Deploy a new swarm ledger from `account` and return a client on it.
@@ -114,7 +115,8 @@ class LedgerClient:
         `eps_step_micro`: what one release spends under the swarm's privacy policy, which the
         contract then requires of every commit (0: not a constant, checked off chain);
         `record_eps_cap_micro` and `record_delta`: the record-level DP-SGD cap and delta (both 0
-        without DP-SGD)."""
+        without DP-SGD); `allowlist`: the addresses that may register (None or empty: anyone may);
+        `max_samples`: the cap on a commit's numSamples, the FedAvg weight (0: 2^32 - 1)."""
         for name, value, low in (
             ("min_peers", min_peers, 1),
             ("commit_window", commit_window, 1),
@@ -125,6 +127,8 @@ class LedgerClient:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if not 0 <= delta < 1:
             raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or not 0 <= max_samples < 2**32:
+            raise ValueError(f"max_samples must be an integer in [0, 2^32 - 1] (0 = 2^32 - 1), got {max_samples!r}")
         for name, value in (("eps_step_micro", eps_step_micro), ("record_eps_cap_micro", record_eps_cap_micro)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -136,7 +140,7 @@ class LedgerClient:
             raise ValueError("genesis_digest must be 32 bytes (a sha256 digest), not 0 or 1")
         artifact = load_artifact()
         factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-        constructor = factory.constructor(
+        settings = (
             min_peers,
             commit_window,
             attest_window,
@@ -145,6 +149,10 @@ class LedgerClient:
             eps_step_micro,
             record_eps_cap_micro,
             round(record_delta * DELTA_SCALE),
+            max_samples,
+        )
+        constructor = factory.constructor(
+            settings,
             bytes(genesis_digest),
             [Web3.to_checksum_address(a) for a in allowlist or []],
         )
@@ -227,7 +235,7 @@ class LedgerClient:
 
     def params(self) -> SwarmParams:
         p = self._view("params")
-        return SwarmParams(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], bytes(p[8]), p[9], p[10], p[11])
+        return SwarmParams(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], bytes(p[8]), p[9], p[10], p[11], p[12])
 
     def current_round(self) -> int:
         return self._view("currentRound")
@@ -245,20 +253,21 @@ class LedgerClient:
         )
 
     def participants(self, round: int) -> list[str]:
-        return list(self._view("participants", round))
+        """The participants of `round` in commit order (the order inclusion bitmaps use)."""
+        return [c.peer for c in self.commitments(round)]
 
     def commitment_of(self, round: int, address: str) -> Commitment:
-        """The stored commitment of `address` in `round` (mechanism bytes from the event)."""
+        """The commitment of `address` in `round`; raises NotParticipant if it made none."""
         address = Web3.to_checksum_address(address)
-        peer, index, digest, num_samples, eps_micro = self._view("commitmentOf", round, address)
         for c in self.commitments(round):
-            if c.index == index:
+            if c.peer == address:
                 return c
-        raise LedgerError(f"round {round}: no Committed event for {address} (the RPC's logs are incomplete)")
+        raise NotParticipant(round=round, account=address)
 
     def commitments(self, round: int) -> list[Commitment]:
         """All commitments of `round` in participant order, from the Committed events, checked
-        against the participant list in storage."""
+        against storage: as many as the stored participant count, indexes 0..n-1, and each one
+        the entry stored under its (round, digest) (peer, numSamples, epsMicro)."""
         info = self.round_info(round)
         to_block = info.closed_block or self.block_number()
         logs = self._logs("Committed", info.opened_block, to_block, {"round": round})
@@ -279,9 +288,14 @@ class LedgerClient:
             ),
             key=lambda c: c.index,
         )
-        stored = self.participants(round)
-        if [c.peer for c in found] != stored:
-            raise LedgerError(f"round {round}: Committed events do not match the stored participant list")
+        if [c.index for c in found] != list(range(info.participant_count)):
+            raise LedgerError(
+                f"round {round}: {len(found)} Committed events for {info.participant_count} stored participants"
+                " (the RPC's logs are incomplete)"
+            )
+        stored = self._view("commitmentsByDigest", round, [c.digest for c in found]) if found else []
+        if [(c.peer, c.num_samples, c.eps_micro) for c in found] != [tuple(e) for e in stored]:
+            raise LedgerError(f"round {round}: Committed events do not match the participant entries in storage")
         return found
 
     def commit_history(self, address: str) -> list[Commitment]:
@@ -338,6 +352,10 @@ class LedgerClient:
 
     def is_registered(self, address: str) -> bool:
         return self._view("isRegistered", Web3.to_checksum_address(address))
+
+    def is_allowed(self, address: str) -> bool:
+        """Whether `address` may register (always true on an open ledger)."""
+        return self._view("isAllowed", Web3.to_checksum_address(address))
 
     def finalized_digest(self, round: int) -> bytes | None:
         digest = bytes(self._view("finalizedDigest", round))

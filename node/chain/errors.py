@@ -68,7 +68,13 @@ RecordEpsOverCap = _refusal(
 )
 EpsOverCap = _refusal("EpsOverCap", "cumulative eps {givenMicro} micro-eps passes the swarm's cap {capMicro}")
 InvalidDigest = _refusal("InvalidDigest", "digest 0x{digest} is not allowed (0 and 1 are reserved)")
-InvalidNumSamples = _refusal("InvalidNumSamples", "numSamples must be 1 to 2^32 - 1, got {numSamples}")
+InvalidNumSamples = _refusal("InvalidNumSamples", "numSamples must be at least 1, got {numSamples}")
+NumSamplesOverCap = _refusal(
+    "NumSamplesOverCap", "numSamples {numSamples} passes the swarm's cap {maxSamples} (the FedAvg weight is capped)"
+)
+DuplicateDigest = _refusal(
+    "DuplicateDigest", "round {round}: another participant already committed digest 0x{digest} (a copied update)"
+)
 RoundNotOpen = _refusal("RoundNotOpen", "round {round} is not open (it is {state})")
 RoundNotClosed = _refusal("RoundNotClosed", "round {round} is not closed (it is {state})")
 NotParticipant = _refusal("NotParticipant", "{account} did not commit in round {round}")

@@ -35,6 +35,7 @@ class SwarmParams:
     allowlist_enabled: bool
     deployer: str
     deploy_block: int
+    max_samples: int = 2**32 - 1  # cap on a commit's numSamples (the FedAvg weight)
 
     @property
     def delta(self) -> float:

@@ -1,9 +1,25 @@
-"""`swarm deploy`: deploy a SwarmLedger contract and print its address."""
+"""`swarm deploy`: deploy a SwarmLedger contract and print its address.
+
+Admission is a choice on every chain but a local one: `--allow ADDR...` (an allowlist the
+deployer manages) or `--open` (anyone may register, with a warning of what that means). A chain
+is local when its chain id is a development chain's, 31337 (Anvil, Hardhat) or 1337 (Ganache,
+geth --dev): their accounts come from public mnemonics, so there is nothing to admit against. The
+RPC URL does not decide it: a loopback URL can just as well reach a node of a public chain, a
+tunnel, or a fork that keeps the public chain's id.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+
+LOCAL_CHAIN_IDS = frozenset({31337, 1337})
+OPEN_WARNING = (
+    "warning: open admission: anyone may register with this ledger, and a strict majority of a "
+    "round's committers finalizes it, so whoever registers enough (Sybil) addresses can decide "
+    "rounds. Use --allow ADDR... to admit only known peers."
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,11 +63,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="override one config value (repeatable)",
     )
     p.add_argument(
+        "--max-samples",
+        type=int,
+        help="cap on a commit's numSamples, the FedAvg weight (default: the config's chain.max_samples; 0 = 2^32 - 1)",
+    )
+    admission = p.add_mutually_exclusive_group()
+    admission.add_argument(
         "--allow",
-        action="append",
+        action="extend",
+        nargs="+",
         metavar="ADDR",
         default=[],
-        help="admit only these addresses (repeatable); without it anyone may register",
+        help="admit only these addresses (the deployer can allow or disallow more later); "
+        "on a non-local chain this or --open is required",
+    )
+    admission.add_argument(
+        "--open",
+        action="store_true",
+        help="anyone may register (Sybil addresses can then decide rounds); "
+        "local chains (chain id 31337 or 1337) are open without it",
     )
     p.add_argument("--keystore", default=None, help="keystore file (default ~/.swarm/keystore.json)")
     p.add_argument("--tx-timeout", type=float, default=120.0, help="seconds to wait for the receipt")
@@ -82,7 +112,7 @@ def handler(args: argparse.Namespace) -> int:
     from node.protocol.blob import sha256
     from node.protocol.wire import eps_from_micro, eps_to_micro
 
-    config = common.load(args, {})
+    config = common.load(args, {"max_samples": "chain.max_samples"})
     try:
         genesis = _digest(args.genesis_digest) if args.genesis_digest else sha256(genesis_blob(config))
         min_peers = args.min_peers if args.min_peers is not None else quorum(config)
@@ -101,8 +131,17 @@ def handler(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CLIError(str(exc)) from None
     try:
-        account = keys.load_account(args.keystore, create=True)
         w3 = connect(args.rpc_url)
+        chain_id = w3.eth.chain_id
+        if not args.allow and not args.open and chain_id not in LOCAL_CHAIN_IDS:
+            raise CLIError(
+                f"chain {chain_id} is not a local chain (ids {sorted(LOCAL_CHAIN_IDS)}): choose admission with "
+                "--allow ADDR... (only these addresses may register) or --open (anyone may; Sybil addresses "
+                "can then decide rounds)"
+            )
+        if args.open:
+            print(OPEN_WARNING, file=sys.stderr)
+        account = keys.load_account(args.keystore, create=True)
         client = LedgerClient.deploy(
             w3,
             account,
@@ -116,13 +155,16 @@ def handler(args: argparse.Namespace) -> int:
             record_eps_cap_micro=record_cap_micro,
             record_delta=record_delta,
             allowlist=args.allow or None,
+            max_samples=config.chain.max_samples,
             tx_timeout=args.tx_timeout,
         )
     except (ValueError, keys.AccountLoadError, LedgerError) as exc:
         raise CLIError(str(exc)) from None
     result = {
         "address": client.address,
-        "chain_id": w3.eth.chain_id,
+        "chain_id": chain_id,
+        "admission": "allowlist" if args.allow else "open",
+        "max_samples": client.params().max_samples,
         "deployer": account.address,
         "gas_used": client.gas_used["deploy"],
         "block": client.params().deploy_block,

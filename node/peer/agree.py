@@ -2,20 +2,26 @@
 "Agreement on the set").
 
 Peers whose fetch deadlines expire at different moments would attest different bitmaps and no
-(digest, bitmap) would reach a majority. So while fetching, a peer reads the round's
-attestations: the first one on chain whose bitmap includes the peer's own blob becomes its focal
-set (a peer never votes for a set that leaves its own blob out, though a strict majority
-that agrees without it still finalizes). It fetches what of that set it lacks from
-the peers that attested it (they hold those blobs), for at most one more `fetch_timeout`, and
-votes the same bitmap; without a focal set it can complete, it votes what it fetched itself.
+(digest, bitmap) would reach a majority. So a peer reads the round's attestations while it
+fetches. An attestation is a possible focal set only if its bitmap includes the peer's own blob
+AND every blob the peer holds valid, and no blob the peer found malformed: a peer never votes a
+set that leaves out a blob it fetched itself, so an attester cannot censor a blob by attesting
+first without it. Of the possible focal sets, one that no other contains wins (supersets first),
+the earliest in chain order among those. The focal set is re-chosen from the chain and from
+what the peer holds every time it is read, so a blob fetched later drops every set without it.
 
 The steps, in order (`Agreement.run`):
 
 1. `fetch_round_set`: every blob of the on-chain set, while `watch_attestations` learns holders
-   and the focal set; ends when every blob is settled (fetched or malformed), when the focal set
-   is, or at the deadline.
-2. `complete_focal_set`: what of the focal set is still missing, from its attesters too.
-3. `decide`: the inclusion bitmap (`decide_inclusion`).
+   (an attester holds the blobs it included, so a blob unreachable at its committer is fetched
+   from them); ends when every blob is settled (fetched or malformed) or at the deadline. No
+   attestation cuts this step short: a set that leaves a slow blob out must not stop us waiting
+   for it.
+2. `complete_focal_set`: what of the focal set is still missing, from its attesters, for at most
+   one more `fetch_timeout`: this is how peers that missed a blob converge on the set of those
+   that hold it.
+3. `decide`: the inclusion bitmap (`decide_inclusion`): the focal set if we hold all of it, else
+   what we fetched ourselves. Both are exactly the blobs we hold, since a focal set contains them.
 
 `RoundBlobs` holds what the peer knows and decides from it without any I/O, so the decisions are
 testable without trio; `Agreement` does the waiting, every wait under a deadline.
@@ -44,9 +50,26 @@ WATCH_INTERVAL = 0.5  # seconds between two reads of the round's attestations
 # ------------------------------------------------------------------ decisions (no I/O)
 
 
-def first_including(bitmaps: Sequence[list[bool]], mine: int) -> list[bool] | None:
-    """The focal set: the first bitmap (in chain order) that includes participant `mine`."""
-    return next((list(bits) for bits in bitmaps if bits[mine]), None)
+def acceptable(bits: list[bool], mine: int, have: list[bool], malformed: list[bool]) -> bool:
+    """Whether a peer may adopt `bits` as its focal set: it includes the peer's own blob and
+    every blob the peer holds, and no blob the peer found malformed (or refused)."""
+    return (
+        bits[mine] and all(b or not h for b, h in zip(bits, have)) and not any(b and m for b, m in zip(bits, malformed))
+    )
+
+
+def choose_focal(
+    bitmaps: Sequence[list[bool]], mine: int, have: list[bool], malformed: list[bool] | None = None
+) -> list[bool] | None:
+    """The focal set: of the acceptable bitmaps (chain order), the first that no other acceptable
+    bitmap strictly contains; None if none is acceptable."""
+    bad = malformed if malformed is not None else [False] * len(have)
+    candidates = [list(bits) for bits in bitmaps if acceptable(list(bits), mine, have, bad)]
+
+    def contained(a: list[bool], b: list[bool]) -> bool:  # a is a strict subset of b
+        return a != b and all(y or not x for x, y in zip(a, b))
+
+    return next((a for a in candidates if not any(contained(a, b) for b in candidates)), None)
 
 
 def decide_inclusion(have: list[bool], focal: list[bool] | None) -> list[bool]:
@@ -66,7 +89,7 @@ class RoundBlobs:
     vectors: list[torch.Tensor | None] = field(default_factory=list)
     malformed: list[bool] = field(default_factory=list)  # right digest, unusable content
     holders: list[list[str]] = field(default_factory=list)  # attesters that included blob i hold it
-    focal: list[bool] | None = None
+    bitmaps: list[list[bool]] = field(default_factory=list)  # the round's attested bitmaps, chain order
 
     def __post_init__(self) -> None:
         n = len(self.peer_ids)
@@ -88,23 +111,26 @@ class RoundBlobs:
         return all(self.is_settled(i) for i in range(self.n) if wanted[i])
 
     def done(self) -> bool:
-        """Fetching can stop: every blob is settled, or every blob of the focal set is."""
-        return self.settled([True] * self.n) or (self.focal is not None and self.settled(self.focal))
+        """Fetching can stop: every blob is settled. (A focal set does not end step 1: see the module doc.)"""
+        return self.settled([True] * self.n)
 
     def have(self) -> list[bool]:
         return [v is not None for v in self.vectors]
 
+    @property
+    def focal(self) -> list[bool] | None:
+        """The focal set now: from the attestations read so far and the blobs held now (`choose_focal`)."""
+        return choose_focal(self.bitmaps, self.mine, self.have(), self.malformed)
+
     def learn(self, attestations: Sequence[Attestation], index: dict[str, int]) -> None:
-        """Read the round's attestations (chain order): every attester holds the blobs it
-        included, and the first one that includes our blob becomes the focal set."""
-        bitmaps = [decode_bitmap(a.included, self.n) for a in attestations]
-        for a, bits in zip(attestations, bitmaps):
+        """Read the round's attestations (chain order, the whole list each time): every attester
+        holds the blobs it included; the bitmaps are the candidates for the focal set."""
+        self.bitmaps = [decode_bitmap(a.included, self.n) for a in attestations]
+        for a, bits in zip(attestations, self.bitmaps):
             attester = self.peer_ids[index[a.peer]]
             for i in range(self.n):
                 if bits[i] and attester not in self.holders[i]:
                     self.holders[i].append(attester)
-        if self.focal is None:
-            self.focal = first_including(bitmaps, self.mine)
 
     def providers(self, i: int, announced: list[str]) -> list[str]:
         """Whom to ask for blob i: its committer, the attesters that hold it, then whoever announced it."""
@@ -181,14 +207,15 @@ class Agreement:
         return included
 
     async def _fetch_until(self, deadline: float, wanted: list[bool]) -> None:
+        """Fetch the unsettled blobs of `wanted` until all of `wanted` is settled, or the deadline."""
         with trio.move_on_at(deadline):
             async with trio.open_nursery() as nursery:
                 for i in range(self.blobs.n):
                     if wanted[i] and not self.blobs.is_settled(i):
-                        nursery.start_soon(self.fetch_blob, i, nursery.cancel_scope)
-                nursery.start_soon(self.watch_attestations, nursery.cancel_scope)
+                        nursery.start_soon(self.fetch_blob, i, wanted, nursery.cancel_scope)
+                nursery.start_soon(self.watch_attestations, wanted, nursery.cancel_scope)
 
-    async def fetch_blob(self, i: int, scope: trio.CancelScope) -> None:
+    async def fetch_blob(self, i: int, wanted: list[bool], scope: trio.CancelScope) -> None:
         """Fetch blob i until we have it or it proves malformed (or the deadline cancels us),
         asking again every RETRY_INTERVAL: holders learnt meanwhile are asked too."""
         blobs = self.blobs
@@ -213,13 +240,13 @@ class Agreement:
             except Exception as exc:  # P2P errors: try again (other holders) until cancelled
                 log.info("round %d: fetch of %s failed: %s", self.round, digest_hex[:12], exc)
                 await trio.sleep(RETRY_INTERVAL)
-        if blobs.done():
+        if blobs.settled(wanted):
             scope.cancel()
 
-    async def watch_attestations(self, scope: trio.CancelScope) -> None:
-        """Read the attestations every WATCH_INTERVAL; stop the fetch step once it is done."""
+    async def watch_attestations(self, wanted: list[bool], scope: trio.CancelScope) -> None:
+        """Read the attestations every WATCH_INTERVAL (holders, focal candidates); stop once `wanted` is settled."""
         self.blobs.learn(await self._read_attestations(), self.index)
-        while not self.blobs.done():  # or until the step's deadline cancels us
+        while not self.blobs.settled(wanted):  # or until the step's deadline cancels us
             await trio.sleep(WATCH_INTERVAL)
             self.blobs.learn(await self._read_attestations(), self.index)
         scope.cancel()

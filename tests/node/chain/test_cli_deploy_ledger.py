@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
-from node.cli import main
+import pytest
+from eth_account import Account
+
+from node.chain.client import LedgerClient, connect
+from node.cli import deploy, main
 
 
 def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
@@ -55,3 +60,51 @@ def test_cli_errors_are_clean(automine_chain, monkeypatch, capsys):
     assert "--genesis-digest" in capsys.readouterr().err
     assert main(["ledger", "--rpc-url", automine_chain.url, "--ledger", "0x" + "12" * 20]) == 2
     assert "no contract" in capsys.readouterr().err
+
+
+def _deploy(chain, *extra: str) -> int:
+    genesis = hashlib.sha256(b"genesis model").hexdigest()
+    return main(["deploy", "--rpc-url", chain.url, "--genesis-digest", genesis, "--min-peers", "1", "--json", *extra])
+
+
+def test_deploy_to_a_non_local_chain_needs_an_admission_choice(testnet_chain, monkeypatch, capsys):
+    """Anvil with chain id 11155111 (Sepolia's) on 127.0.0.1: the chain id, not the URL, makes a
+    chain local, so admission must be chosen."""
+    monkeypatch.setenv("SWARM_PRIVATE_KEY", testnet_chain.private_keys[5])
+    assert testnet_chain.chain_id not in deploy.LOCAL_CHAIN_IDS
+    assert _deploy(testnet_chain) == 2
+    err = capsys.readouterr().err
+    assert "not a local chain" in err and "--allow" in err and "--open" in err
+
+    members = [Account.from_key(k).address for k in testnet_chain.private_keys[6:8]]
+    assert _deploy(testnet_chain, "--allow", *members, "--max-samples", "500") == 0
+    out = capsys.readouterr()
+    deployed = json.loads(out.out)
+    assert "warning" not in out.err
+    assert (deployed["admission"], deployed["max_samples"]) == ("allowlist", 500)
+    ledger = LedgerClient(connect(testnet_chain.url), deployed["address"])
+    assert ledger.params().allowlist_enabled and ledger.params().max_samples == 500
+    assert all(ledger.is_allowed(m) for m in members)
+    assert not ledger.is_allowed(Account.from_key(testnet_chain.private_keys[4]).address)
+
+    assert _deploy(testnet_chain, "--open") == 0
+    out = capsys.readouterr()
+    deployed = json.loads(out.out)  # the warning goes to stderr: --json output stays parseable
+    assert deployed["admission"] == "open" and deployed["max_samples"] == 2**32 - 1
+    assert "anyone may register" in out.err and "Sybil" in out.err and "majority" in out.err
+    assert not LedgerClient(connect(testnet_chain.url), deployed["address"]).params().allowlist_enabled
+
+    with pytest.raises(SystemExit) as both:  # one choice or the other
+        _deploy(testnet_chain, "--open", "--allow", members[0])
+    assert both.value.code == 2
+    capsys.readouterr()
+
+
+def test_max_samples_defaults_to_the_config(automine_chain, monkeypatch, capsys):
+    monkeypatch.setenv("SWARM_PRIVATE_KEY", automine_chain.private_keys[5])
+    assert _deploy(automine_chain, "--set", "chain.max_samples=250") == 0  # a local chain: open without a flag
+    out = capsys.readouterr()
+    deployed = json.loads(out.out)
+    assert (deployed["admission"], deployed["max_samples"]) == ("open", 250) and "warning" not in out.err
+    assert _deploy(automine_chain, "--set", "chain.max_samples=-1") == 2
+    assert "chain.max_samples" in capsys.readouterr().err

@@ -36,25 +36,25 @@ def test_constructor_rejects_bad_params(automine_chain, kit):
     factory = swarm.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
     tx = sender.TransactionSender(swarm.w3, swarm.accounts[0], decoder.RevertDecoder(artifact["abi"]), 30)
     with pytest.raises(errors.InvalidParams, match="minPeers"):
-        tx.send(factory.constructor(0, 5, 5, 10, 0, 0, 0, 0, GENESIS, []), "deploy")
+        tx.send(factory.constructor((0, 5, 5, 10, 0, 0, 0, 0, 0), GENESIS, []), "deploy")
     with pytest.raises(errors.InvalidParams, match="genesisDigest"):
-        tx.send(factory.constructor(1, 5, 5, 10, 0, 0, 0, 0, bytes(32), []), "deploy")
+        tx.send(factory.constructor((1, 5, 5, 10, 0, 0, 0, 0, 0), bytes(32), []), "deploy")
     with pytest.raises(errors.InvalidParams, match="epsStepMicro"):  # one release would pass the cap
-        tx.send(factory.constructor(1, 5, 5, 10, 0, 11, 0, 0, GENESIS, []), "deploy")
+        tx.send(factory.constructor((1, 5, 5, 10, 0, 11, 0, 0, 0), GENESIS, []), "deploy")
     for record_cap, record_delta in ((10, 0), (0, 10**13), (10, 10**18)):  # a record cap needs a delta in (0, 1)
         with pytest.raises(errors.InvalidParams, match="recordDeltaE18"):
-            tx.send(factory.constructor(1, 5, 5, 10, 0, 0, record_cap, record_delta, GENESIS, []), "deploy")
-    with pytest.raises(ValueError, match="min_peers"):  # the client checks before sending
-        client.LedgerClient.deploy(
-            swarm.w3,
-            swarm.accounts[0],
-            min_peers=0,
-            commit_window=1,
-            attest_window=1,
-            eps_cap_micro=1,
-            delta=0.0,
-            genesis_digest=GENESIS,
-        )
+            tx.send(factory.constructor((1, 5, 5, 10, 0, 0, record_cap, record_delta, 0), GENESIS, []), "deploy")
+    base = dict(min_peers=1, commit_window=1, attest_window=1, eps_cap_micro=1, delta=0.0, genesis_digest=GENESIS)
+    for wrong, match in (
+        ({"min_peers": 0}, "min_peers"),
+        ({"max_samples": -1}, "max_samples"),
+        (
+            {"max_samples": 2**32},
+            "max_samples",
+        ),
+    ):  # the client checks before sending
+        with pytest.raises(ValueError, match=match):
+            client.LedgerClient.deploy(swarm.w3, swarm.accounts[0], **(base | wrong))
 
 
 def test_registration_rules(make_swarm):
@@ -323,3 +323,77 @@ def test_round_closes_early_once_every_registered_peer_committed(make_swarm):
     c.commit(1, digest("c"), 10, 1, MECHANISM)
     a.close_round(1)  # nobody left to wait for
     assert a.round_info(1).state is records.RoundState.CLOSED
+
+
+def test_duplicate_digest_is_refused_within_a_round(make_swarm):
+    swarm = make_swarm(3, min_peers=2)
+    swarm.register(3)
+    a, b, c = swarm.peers
+    a.commit(1, digest("a"), 10, 1, MECHANISM)
+    with pytest.raises(errors.DuplicateDigest) as copied:  # b republishes a's update as its own
+        b.commit(1, digest("a"), 10, 1, MECHANISM)
+    assert copied.value.fields == {"round": 1, "digest": digest("a").hex()}
+    b.commit(1, digest("b"), 10, 1, MECHANISM)
+    c.commit(1, digest("c"), 10, 1, MECHANISM)
+    assert [x.digest for x in swarm.reader.commitments(1)] == [digest("a"), digest("b"), digest("c")]
+    assert swarm.reader.participants(1) == [p.account.address for p in swarm.peers]
+    assert swarm.reader.commitment_of(1, b.account.address).digest == digest("b")
+    with pytest.raises(errors.NotParticipant):
+        swarm.reader.commitment_of(1, "0x" + "11" * 20)
+
+
+def test_num_samples_is_capped_by_the_deployment(make_swarm):
+    swarm = make_swarm(2, max_samples=1_000)
+    swarm.register(2)
+    a, b = swarm.peers
+    assert swarm.reader.params().max_samples == 1_000
+    with pytest.raises(errors.NumSamplesOverCap) as over:
+        a.commit(1, digest("a"), 1_001, 1, MECHANISM)
+    assert over.value.fields == {"numSamples": 1_001, "maxSamples": 1_000}
+    with pytest.raises(errors.InvalidNumSamples):
+        a.commit(1, digest("a"), 0, 1, MECHANISM)
+    a.commit(1, digest("a"), 1_000, 1, MECHANISM)  # exactly the cap is allowed
+    # 0 at deployment (the default) means the field's limit, 2^32 - 1
+    plain = make_swarm(1)
+    plain.register(1)
+    assert plain.reader.params().max_samples == 2**32 - 1
+    with pytest.raises(errors.NumSamplesOverCap):
+        plain.peers[0].commit(1, digest("p"), 2**32, 1, MECHANISM)
+    plain.peers[0].commit(1, digest("p"), 2**32 - 1, 1, MECHANISM)
+
+
+def test_disallowed_peer_is_not_awaited_and_allow_restores_it(make_swarm):
+    """Early close waits only for peers that can still commit: a removed peer neither counts as
+    registered nor (if it committed in the live round) as committed; `allow` restores both."""
+    probe = make_swarm(4)
+    members = [acc.address for acc in probe.accounts]
+    swarm = make_swarm(4, allowlist=members, min_peers=2, commit_window=200)
+    a, b, c, d = swarm.peers
+    swarm.register(4)
+    assert a.registered_count() == 4
+    a.disallow(d.account.address)
+    assert a.registered_count() == 3
+    with pytest.raises(errors.NotAllowed):
+        d.commit(1, digest("d"), 10, 1, MECHANISM)
+    a.commit(1, digest("a"), 10, 1, MECHANISM)
+    b.commit(1, digest("b"), 10, 1, MECHANISM)
+    a.disallow(b.account.address)  # b committed, then was removed: it is not counted either way
+    assert a.registered_count() == 2
+    with pytest.raises(errors.CommitWindowOpen):  # a of {a, c} committed: c is awaited
+        a.close_round(1)
+    a.allow([b.account.address, d.account.address])  # both restored: b's commit counts, d is awaited
+    assert a.registered_count() == 4
+    c.commit(1, digest("c"), 10, 1, MECHANISM)
+    with pytest.raises(errors.CommitWindowOpen):  # a, b, c of 4: d is awaited again
+        a.close_round(1)
+    a.disallow(d.account.address)
+    a.close_round(1)  # a, b, c committed; nobody else can: closes before the window ends
+    info = swarm.reader.round_info(1)
+    assert info.state is RoundState.CLOSED and info.participant_count == 3
+    assert info.closed_block <= info.opened_block + 200
+    a.disallow(b.account.address)
+    with pytest.raises(errors.NotAllowed):  # a removed participant no longer votes
+        b.attest(1, AGG, b"\x07")
+    a.attest(1, AGG, b"\x07")
+    c.attest(1, AGG, b"\x07")  # 2 of 3 participants
+    assert swarm.reader.round_info(1).state is RoundState.FINALIZED

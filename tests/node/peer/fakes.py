@@ -66,6 +66,7 @@ class FakeChain:
         eps_cap_micro: int = 10**12,
         eps_step_micro: int = 0,
         record_eps_cap_micro: int = 0,
+        max_samples: int = 2**32 - 1,
         now: Callable[[], float] = trio.current_time,
         block_time: float = 1.0,
     ) -> None:
@@ -83,6 +84,7 @@ class FakeChain:
             False,
             "0x0",
             0,
+            max_samples,
         )
         self.accounts: dict[str, _Account] = {}
         self.rounds = [_Round(1, self.block_number(), 0)]
@@ -152,8 +154,12 @@ class FakeChain:
                 raise errors.RecordEpsOverCap(givenMicro=record_eps_micro, capMicro=self.params.record_eps_cap_micro)
             if int.from_bytes(digest, "big") <= 1 or len(digest) != 32:
                 raise errors.InvalidDigest(digest=bytes(digest).hex())
-            if not 0 < num_samples < 2**32:
+            if num_samples < 1:
                 raise errors.InvalidNumSamples(numSamples=num_samples)
+            if num_samples > self.params.max_samples:
+                raise errors.NumSamplesOverCap(numSamples=num_samples, maxSamples=self.params.max_samples)
+            if any(c.digest == bytes(digest) for c in live.commitments):
+                raise errors.DuplicateDigest(round=r, digest=bytes(digest).hex())
             account.eps_micro, account.last_commit_round = eps_micro, r
             account.record_eps_micro = record_eps_micro
             index = len(live.commitments)
