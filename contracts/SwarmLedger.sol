@@ -4,7 +4,7 @@ pragma solidity 0.8.28;
 /**
  * @title SwarmLedger
  * @notice The round ledger of a serverless learning swarm. Peers register (eth address <->
- * libp2p peer id), commit the digest of the update they published each round together with
+ * libp2p peer id, with the libp2p key's signature checked off chain), commit the digest of the update they published each round together with
  * their cumulative privacy loss, and attest the digest of the aggregate they computed. A strict
  * majority of a round's participants attesting the same (digest, inclusion bitmap) finalizes the
  * round; a round nobody finalizes within the attestation window can be aborted by anyone.
@@ -138,10 +138,10 @@ contract SwarmLedger {
     error NotRegistered(address account);
     /// @notice The sender is already registered.
     error AlreadyRegistered(address account);
-    /// @notice Another address registered this libp2p peer id.
-    error PeerIdTaken(bytes peerId, address owner);
     /// @notice A peer id must be 1 to 128 bytes long.
     error InvalidPeerId(uint256 length);
+    /// @notice A registration signature must be at most 128 bytes long.
+    error InvalidSignature(uint256 length);
     /// @notice The round given is not the current round.
     error WrongRound(uint64 given, uint64 current);
     /// @notice The sender already committed in this round.
@@ -189,8 +189,9 @@ contract SwarmLedger {
 
     /// @notice `account` was added to (true) or removed from (false) the allowlist.
     event AllowlistChanged(address indexed account, bool allowed);
-    /// @notice `peer` registered with libp2p peer id `peerId`.
-    event Registered(address indexed peer, bytes peerId);
+    /// @notice `peer` registered with libp2p peer id `peerId` and `signature`, the libp2p key's
+    /// signature over (chain id, ledger, peer) that peers and verifiers check off chain.
+    event Registered(address indexed peer, bytes peerId, bytes signature);
     /// @notice A round opened; it starts from the model finalized in `baseRound` (0 = genesis).
     event RoundOpened(uint64 indexed round, uint64 baseRound, bytes32 baseDigest);
     /// @notice `peer` committed the update `digest` as participant number `index`.
@@ -236,7 +237,6 @@ contract SwarmLedger {
     Live private _live;
     mapping(address => Peer) private _peers;
     mapping(address => bytes) private _peerIds;
-    mapping(bytes32 => address) private _peerIdOwner;
     mapping(address => bool) private _allowed;
     /// @dev Participant entries per keccak256(round, digest): the one slot a commit creates.
     mapping(bytes32 => Participant) private _commits;
@@ -340,22 +340,26 @@ contract SwarmLedger {
     }
 
     /**
-     * @notice Register the sender with its libp2p peer id. Once per address, once per peer id.
+     * @notice Register the sender with its libp2p peer id, once per address.
+     * @dev The contract cannot check `signature` (libp2p keys are Ed25519, secp256k1 or RSA, not
+     * Ethereum's): it is only emitted. Peers and verifiers check it off chain against the key in
+     * the peer id, over "swarm-ledger/register/v1" || chain id (32 bytes) || this contract (20) ||
+     * sender (20), and resolve a peer id to the first registration whose signature verifies. So
+     * a peer id is not unique on chain: a squatter registering another peer's id, unable to sign
+     * for it, cannot block the owner's registration and is ignored everywhere.
      * @param peerId the libp2p peer id bytes (multihash), 1 to 128 bytes
+     * @param signature the peer id's key's signature over the message above, at most 128 bytes
      */
-    function register(bytes calldata peerId) external {
+    function register(bytes calldata peerId, bytes calldata signature) external {
         if (_allowlistEnabled && !_allowed[msg.sender]) revert NotAllowed(msg.sender);
         Peer storage peer = _peers[msg.sender];
         if (peer.registered) revert AlreadyRegistered(msg.sender);
         if (peerId.length == 0 || peerId.length > 128) revert InvalidPeerId(peerId.length);
-        bytes32 key = keccak256(peerId);
-        address owner = _peerIdOwner[key];
-        if (owner != address(0)) revert PeerIdTaken(peerId, owner);
-        _peerIdOwner[key] = msg.sender;
+        if (signature.length > 128) revert InvalidSignature(signature.length);
         _peerIds[msg.sender] = peerId;
         peer.registered = true;
         _registeredCount += 1;
-        emit Registered(msg.sender, peerId);
+        emit Registered(msg.sender, peerId, signature);
     }
 
     // ------------------------------------------------------------------ rounds
@@ -592,11 +596,6 @@ contract SwarmLedger {
     /// @notice The libp2p peer id `peer` registered (empty if none).
     function peerIdOf(address peer) external view returns (bytes memory) {
         return _peerIds[peer];
-    }
-
-    /// @notice The address that registered `peerId` (zero if none).
-    function addressOfPeerId(bytes calldata peerId) external view returns (address) {
-        return _peerIdOwner[keccak256(peerId)];
     }
 
     /// @notice How many registered addresses can still commit (removed ones do not count).

@@ -13,7 +13,9 @@ update is a possible output of the committed mechanism where its output has a ch
 the exponential mechanism within their range, sampling with at most k non-zeros). Whether the
 noise was really drawn (Gaussian, Laplace, PNPM magnitudes, a value inside PM's range) cannot be
 checked from the release: it rests on each peer's own software. The genesis blob anchors the
-shared settings (model, aggregation rule): its digest is on chain.
+shared settings (model, aggregation rule): its digest is on chain. Each participant's registration
+must be signed by the key of the peer id it names and be that peer id's first such registration
+(check "registration", node.chain.registration).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from mechanisms.accounting import cumulative_spend
 from mechanisms.record_level import record_level_spend
 from node.chain.client import LedgerClient, load_artifact
 from node.chain.records import RoundInfo
+from node.chain.registration import Registration, registration_problem
 from node.protocol import policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
 from node.protocol.settings import SharedSettings
@@ -133,6 +136,20 @@ def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyRepo
         return
     counts_by_peer: dict[str, list[int]] = {}
     last_eps: dict[str, tuple[int, int]] = {}
+    registrations: list[Registration] | None = None  # read once, at the first commitment
+
+    def check_registration(r: int, peer: str) -> None:
+        """A participant's registration must bind it to its peer id: signed by the peer id's key,
+        and the first such registration of that peer id (node.chain.registration)."""
+        nonlocal registrations
+        try:
+            if registrations is None:
+                registrations = ledger.registrations()
+            problem = registration_problem(peer, registrations, ledger.chain_id(), ledger.address)
+        except Exception as exc:
+            problem = f"the registration could not be checked: {_why(exc)}"
+        if problem is not None:
+            report.failures.append(Failure(r, peer, "registration", problem))
 
     def check_round(r: int, info: RoundInfo, check: RoundCheck, previous: torch.Tensor) -> torch.Tensor | None:
         """Round r's checks; the model recomputed from its included blobs if it finalized, else None."""
@@ -142,6 +159,8 @@ def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyRepo
         breaks_policy: list[bool] = []
         for c in commitments:
             peer = c.peer
+            if peer not in counts_by_peer:  # its first commitment: is it who its peer id says?
+                check_registration(r, peer)
             counts = counts_by_peer.setdefault(peer, [])
             counts.append(int(c.num_samples))
             last_eps[peer] = (int(c.eps_micro), int(c.record_eps_micro))

@@ -337,8 +337,10 @@ class SwarmHost:
                 with trio.move_on_after(timeout):
                     await wire.write_frame(stream, wire.REFUSED + b"peer is not admitted to this swarm")
                 return
+            # Request frames are read only up to the exact size of the request expected (OPEN 33 bytes,
+            # READ 13): a larger declared length is refused before its body is read (FrameTooLarge).
             with trio.fail_after(timeout):
-                digest = wire.parse_open(await wire.read_frame(stream))
+                digest = wire.parse_open(await wire.read_frame(stream, wire.OPEN_SIZE))
             size = self.store.size(digest)
             if size is None:
                 with trio.fail_after(timeout):
@@ -350,7 +352,7 @@ class SwarmHost:
             # the bound stops a client from keeping a stream busy forever.
             for _ in range(max(1, math.ceil(size / 1024)) + 8):
                 with trio.move_on_after(timeout) as idle:
-                    body = await wire.read_frame(stream)
+                    body = await wire.read_frame(stream, wire.READ_SIZE)
                 if idle.cancelled_caught:
                     return
                 offset, length = wire.parse_read(body)
@@ -373,8 +375,11 @@ class SwarmHost:
                 self.bytes_served += len(chunk)
         except (wire.StreamEnded, trio.TooSlowError) as exc:
             log.debug("blob stream with %s ended: %s", peer, exc)
-        except wire.WireError as exc:
+        except wire.WireError as exc:  # FrameTooLarge included: say why, then close without reading on
             log.info("protocol error from %s: %s", peer, exc)
+            with trio.move_on_after(timeout):
+                with suppress(wire.StreamEnded):
+                    await wire.write_frame(stream, wire.ERROR + f"protocol error: {exc}".encode())
         finally:
             with trio.move_on_after(1.0):
                 with suppress(Exception):

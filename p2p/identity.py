@@ -3,12 +3,14 @@
 File format (JSON, mode 0600): the 32-byte Ed25519 seed sealed with AES-256-GCM under a key derived
 from the password by scrypt (RFC 7914; n=2**15, r=8, p=1 as recommended for interactive logins).
 The associated data binds the ciphertext to this format, so a file from another tool does not decrypt.
+A key file that grants any permission to group or others is refused (IdentityError naming chmod 600).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +74,22 @@ def _write_new(path: Path, record: dict[str, object]) -> None:
         raise
 
 
+def _check_private(path: Path) -> None:
+    """Refuse a key file that grants any permission to group or others (st_mode & 0o077)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as exc:
+        raise IdentityError(f"key file {path} cannot be inspected: {exc}") from None
+    if mode & 0o077:
+        kind = "readable" if mode & 0o044 else "accessible"
+        raise IdentityError(f"key file {path} is {kind} by others (mode {mode:04o}): run chmod 600 {path}")
+
+
 def load_or_create_identity(path: str | os.PathLike[str], password: bytes | str) -> KeyPair:
     """Return the Ed25519 key pair stored at `path`, creating it (mode 0600) on first run.
 
     A str password is UTF-8 encoded. Raises ValueError for an empty password, IdentityError for a
-    wrong password or a bad file.
+    wrong password, a bad file, or a file readable by group or others (it must be mode 0600).
     """
     if isinstance(password, str):
         password = password.encode()
@@ -84,6 +97,7 @@ def load_or_create_identity(path: str | os.PathLike[str], password: bytes | str)
         raise ValueError("password must be non-empty (set SWARM_P2P_PASSWORD)")
     path = Path(path)
     if path.exists():
+        _check_private(path)
         try:
             record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as exc:

@@ -8,7 +8,10 @@ py-libp2p a reader waiting for EOF after the writer's close() hangs; see docs/P2
                                                                          NOT_FOUND / REFUSED / ERROR:
                                                                          b"N" / b"X" / b"E" || utf-8 reason
 
-The client may keep several READs in flight; the server answers them in order.
+The client may keep several READs in flight; the server answers them in order. Requests are tiny and
+of fixed size (OPEN 33 bytes, READ 13 bytes), so the server reads a request frame only if its declared
+length is at most that of the request it expects (at most MAX_REQUEST = 33 bytes); a larger one is
+refused with ERROR before any of its body is read, and the stream is closed.
 
 Gossip envelope: kind(1) || u16 length of addresses || addresses (utf-8, newline-separated) || body.
 Kinds: b"A" application payload, b"H" "I hold digest(32)", b"P" hello (addresses only).
@@ -25,6 +28,11 @@ _FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME = MAX_CHUNK + 64
 
 OPEN, READ = b"O", b"R"
+DIGEST_SIZE = 32  # sha256
+_READ_ARGS = struct.Struct(">QI")  # offset, length
+OPEN_SIZE = len(OPEN) + DIGEST_SIZE  # 33: the body of a well-formed OPEN frame
+READ_SIZE = len(READ) + _READ_ARGS.size  # 13: the body of a well-formed READ frame
+MAX_REQUEST = max(OPEN_SIZE, READ_SIZE)  # 33: no well-formed client -> server frame body is larger
 SIZE, DATA, NOT_FOUND, REFUSED, ERROR = b"S", b"D", b"N", b"X", b"E"
 
 KIND_APP, KIND_HAVE, KIND_HELLO = b"A", b"H", b"P"
@@ -32,6 +40,10 @@ KIND_APP, KIND_HAVE, KIND_HELLO = b"A", b"H", b"P"
 
 class WireError(Exception):
     """A peer sent bytes that do not follow the protocol."""
+
+
+class FrameTooLarge(WireError):
+    """A frame declared a length above the reader's limit; its body was not read."""
 
 
 class StreamEnded(Exception):
@@ -70,7 +82,7 @@ async def read_frame(stream: ByteReader, max_frame: int = MAX_FRAME) -> bytes:
     """Read one frame's body; WireError if its declared length exceeds `max_frame`."""
     (length,) = _FRAME_HEADER.unpack(await read_exactly(stream, _FRAME_HEADER.size))
     if length > max_frame:
-        raise WireError(f"frame of {length} bytes exceeds the limit of {max_frame}")
+        raise FrameTooLarge(f"frame of {length} bytes exceeds the limit of {max_frame}")
     return await read_exactly(stream, length)
 
 
@@ -87,19 +99,20 @@ def open_request(digest: str) -> bytes:
 
 
 def read_request(offset: int, length: int) -> bytes:
-    return READ + struct.pack(">QI", offset, length)
+    return READ + _READ_ARGS.pack(offset, length)
 
 
 def parse_open(body: bytes) -> str:
-    if len(body) != 33 or body[:1] != OPEN:
+    if len(body) != OPEN_SIZE or body[:1] != OPEN:
         raise WireError("expected OPEN(digest)")
     return body[1:].hex()
 
 
 def parse_read(body: bytes) -> tuple[int, int]:
-    if len(body) != 13 or body[:1] != READ:
+    if len(body) != READ_SIZE or body[:1] != READ:
         raise WireError("expected READ(offset, length)")
-    return struct.unpack(">QI", body[1:])
+    offset, length = _READ_ARGS.unpack(body[1:])
+    return offset, length
 
 
 def size_response(size: int) -> bytes:

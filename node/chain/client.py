@@ -3,7 +3,7 @@
     w3 = connect("http://127.0.0.1:8545")
     ledger = LedgerClient.deploy(w3, account, min_peers=3, commit_window=5, attest_window=5,
                                  eps_cap_micro=10_000_000, delta=1e-5, genesis_digest=digest)
-    ledger.register(peer_id)
+    ledger.register(peer_id, sign_registration(key, chain_id, ledger.address, account.address))
     ledger.commit(ledger.current_round(), blob_digest, 600, 1_000_000, mechanism_json)
 
 Transactions go through `node.chain.sender` (estimate, margin, nonce, receipt, status); reads
@@ -36,6 +36,7 @@ from node.chain.records import (
     SwarmParams,
     describe_mechanism,
 )
+from node.chain.registration import Registration, registration_message, resolve
 from node.chain.retries import with_retries
 from node.chain.sender import TransactionSender
 from node.protocol.wire import eps_from_micro
@@ -83,6 +84,7 @@ class LedgerClient:
         self._errors = RevertDecoder(artifact["abi"])
         self._tx = TransactionSender(w3, account, self._errors, tx_timeout) if account is not None else None
         self.gas_used: dict[str, int] = {}  # last receipt's gasUsed per function, for benchmarks
+        self._chain_id: int | None = None
         code = self._read(lambda: w3.eth.get_code(self.address), "get_code")
         if len(code) == 0:
             raise LedgerError(
@@ -168,9 +170,12 @@ class LedgerClient:
 
     # ---------------------------------------------------------------- transactions
 
-    def register(self, peer_id: bytes) -> TxReceipt:
-        """Register this account with its libp2p peer id bytes."""
-        return self._transact("register", bytes(peer_id))
+    def register(self, peer_id: bytes, signature: bytes) -> TxReceipt:
+        """Register this account with its libp2p peer id bytes and the peer id's key's signature
+        over `registration_message(account)` (`node.chain.registration.sign_registration`): the
+        contract only emits it; peers and verifiers ignore a registration whose signature does not
+        verify."""
+        return self._transact("register", bytes(peer_id), bytes(signature))
 
     def commit(
         self,
@@ -346,9 +351,20 @@ class LedgerClient:
     def peer_id_of(self, address: str) -> bytes:
         return bytes(self._view("peerIdOf", Web3.to_checksum_address(address)))
 
+    def chain_id(self) -> int:
+        if self._chain_id is None:
+            self._chain_id = int(self._read(lambda: self.w3.eth.chain_id, "chain_id"))
+        return self._chain_id
+
+    def registration_message(self, address: str) -> bytes:
+        """What `address`'s registration signature signs on this chain and ledger."""
+        return registration_message(self.chain_id(), self.address, address)
+
     def address_of_peer_id(self, peer_id: bytes) -> str | None:
-        found = self._view("addressOfPeerId", bytes(peer_id))
-        return None if int(found, 16) == 0 else found
+        """The address the peer id resolves to: its first registration whose signature verifies
+        (None if none does). Peer ids are not unique on chain; this is the off-chain rule."""
+        found = resolve(self.registrations(), self.chain_id(), self.address).get(bytes(peer_id))
+        return None if found is None else found.address
 
     def is_registered(self, address: str) -> bool:
         return self._view("isRegistered", Web3.to_checksum_address(address))
@@ -368,9 +384,27 @@ class LedgerClient:
         return self._view("registeredCount")
 
     def registered_peers(self) -> list[tuple[str, bytes]]:
-        """(address, peer id) of every registration, in order (from the Registered events)."""
-        logs = self._logs("Registered", self.params().deploy_block, self.block_number(), None)
-        return [(e["args"]["peer"], bytes(e["args"]["peerId"])) for e in logs]
+        """(address, peer id) of every registration, in order, signatures unchecked (from the
+        Registered events): `registrations()` and `node.chain.registration.resolve` check them."""
+        return [(r.address, r.peer_id) for r in self.registrations()]
+
+    def registrations(self, from_block: int | None = None, to_block: int | None = None) -> list[Registration]:
+        """Every Registered event from `from_block` (default: the deployment block) to `to_block`
+        (default: the latest block), in chain order, signatures unchecked."""
+        start = self.params().deploy_block if from_block is None else from_block
+        end = self.block_number() if to_block is None else to_block
+        if end < start:
+            return []
+        return [
+            Registration(
+                e["args"]["peer"],
+                bytes(e["args"]["peerId"]),
+                bytes(e["args"]["signature"]),
+                e["blockNumber"],
+                e["logIndex"],
+            )
+            for e in self._logs("Registered", start, end, None)
+        ]
 
     def _logs(self, event: str, from_block: int, to_block: int, filters: dict[str, Any] | None) -> list[EventData]:
         found: list[EventData] = []
@@ -430,16 +464,20 @@ class LedgerClient:
                     ],
                 }
             )
+        registrations = self.registrations()
+        owners = resolve(registrations, self.chain_id(), self.address)
         peers = [
             {
-                "address": addr,
-                "peer_id": pid.hex(),
-                "eps_spent_micro": (e := self.eps_spent(addr)),
+                "address": reg.address,
+                "peer_id": reg.peer_id.hex(),
+                "signature": reg.signature.hex(),
+                "registration_ok": owners.get(reg.peer_id) == reg,
+                "eps_spent_micro": (e := self.eps_spent(reg.address)),
                 "eps_spent": eps_from_micro(e),
-                "record_eps_spent_micro": (re := self.record_eps_spent(addr)),
+                "record_eps_spent_micro": (re := self.record_eps_spent(reg.address)),
                 "record_eps_spent": eps_from_micro(re),
             }
-            for addr, pid in self.registered_peers()
+            for reg in registrations
         ]
         last_round, last_digest = self.last_finalized()
         params = asdict(p) | {

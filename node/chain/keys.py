@@ -2,7 +2,8 @@
 
 Order: the SWARM_PRIVATE_KEY environment variable if set; else an encrypted eth-account keystore
 file (scrypt, Web3 Secret Storage v3), unlocked with SWARM_KEYSTORE_PASSWORD or a prompt, and
-created (mode 0600) on first use when `create=True`.
+created (mode 0600) on first use when `create=True`. A keystore readable by group or others is
+refused (AccountLoadError naming `chmod 600`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import stat
 from pathlib import Path
 
 from eth_account import Account
@@ -37,6 +39,17 @@ def _password(confirm: bool) -> str:
     return first
 
 
+def _check_private(path: Path) -> None:
+    """Refuse a keystore that grants any permission to group or others (st_mode & 0o077)."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError as exc:
+        raise AccountLoadError(f"keystore {path} is unreadable: {exc}") from None
+    if mode & 0o077:
+        kind = "readable" if mode & 0o044 else "accessible"
+        raise AccountLoadError(f"key file {path} is {kind} by others (mode {mode:04o}): run chmod 600 {path}")
+
+
 def load_account(keystore_path: str | os.PathLike[str] | None = None, *, create: bool = False) -> LocalAccount:
     """The node's account.
 
@@ -55,6 +68,7 @@ def load_account(keystore_path: str | os.PathLike[str] | None = None, *, create:
         if not create:
             raise AccountLoadError(f"no key: set {PRIVATE_KEY_ENV} or create the keystore {path} first")
         return create_keystore(path, _password(confirm=True))
+    _check_private(path)
     try:
         encrypted = json.loads(path.read_text())
     except (OSError, ValueError) as exc:

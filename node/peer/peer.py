@@ -21,6 +21,7 @@ from typing import Any, TypeVar, cast
 
 import torch
 import trio
+from libp2p.crypto.keys import PrivateKey
 
 import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
@@ -103,6 +104,7 @@ class Peer:
         on_status: Callable[[dict[str, Any]], None] | None = None,
         run_sync: RunSync = trio.to_thread.run_sync,
         accountant_path: Path | None = None,
+        identity: PrivateKey | None = None,
     ) -> None:
         self.s = settings
         self.ledger = ledger
@@ -127,6 +129,9 @@ class Peer:
         self._commits = 0  # rounds this peer has committed in: the accountant's T
         self._my_counts: list[int] = []  # numSamples of each of our commits, oldest first (on chain)
         self.accountant_path = accountant_path  # where the record-level accountant is kept (DP-SGD)
+        # the libp2p key of host.peer_id_bytes: it signs the registration (None: in-memory tests
+        # only; the peer then registers unsigned, which real peers and `swarm verify` ignore)
+        self.identity = identity
 
     # ---------------------------------------------------------------- helpers
     async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -191,8 +196,10 @@ class Peer:
                 "it registered with (the workdir's p2p.key)"
             )
         if not registered_id:
+            message = await self.chain(self.ledger.registration_message, self.address)
+            signature = self.identity.sign(message) if self.identity is not None else b""
             try:
-                await self.chain(self.ledger.register, self.host.peer_id_bytes)
+                await self.chain(self.ledger.register, self.host.peer_id_bytes, signature)
             except LedgerError as exc:  # raced with ourselves after a restart: fine if now registered
                 if not await self.chain(lambda: len(self.ledger.peer_id_of(self.address)) > 0):
                     raise RuntimeError(f"registration failed: {exc}") from exc

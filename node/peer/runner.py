@@ -16,6 +16,7 @@ import trio
 
 from node.chain.client import LedgerClient, connect
 from node.chain.keys import load_account
+from node.chain.registration import Registration, resolve
 from node.config import Config
 from node.derive import load_shard, peer_settings
 from node.peer.faults import WrongBytesStore
@@ -54,18 +55,42 @@ def p2p_password() -> bytes:
 
 class RegistryCache:
     """The admission predicate p2p asks on every stream and message: is this libp2p peer
-    registered on the ledger? Refreshed from the chain in the background; unknown peers are
-    refused until the next refresh sees them."""
+    registered on the ledger, with a registration its own key signed? Refreshed from the chain in
+    the background, reading only the blocks after the last one it scanned; unknown peers are
+    refused until the next refresh sees them. A peer id is admitted once some registration of it
+    verifies (`node.chain.registration.resolve`: the first such registration owns it); squatters'
+    registrations, which cannot be signed by the peer id's key, are ignored."""
 
     def __init__(self, ledger: LedgerClient) -> None:
         self.ledger = ledger
         self.allowed: set[str] = set()
+        self.owners: dict[bytes, Registration] = {}  # peer id -> the registration that owns it
+        self.ignored = 0  # registrations whose signature does not verify
+        self.scanned_to: int | None = None  # last block whose Registered logs were read
 
     def __call__(self, peer_id: str) -> bool:
         return peer_id in self.allowed
 
     def refresh(self) -> None:
-        self.allowed = {peer_id_from_bytes(pid) for _, pid in self.ledger.registered_peers()}
+        latest = self.ledger.block_number()
+        start = self.ledger.params().deploy_block if self.scanned_to is None else self.scanned_to + 1
+        if latest < start:
+            return
+        chain_id = self.ledger.chain_id()
+        for reg in self.ledger.registrations(start, latest):
+            if reg.peer_id in self.owners:
+                continue
+            if resolve([reg], chain_id, self.ledger.address):
+                self.owners[reg.peer_id] = reg
+                self.allowed = self.allowed | {peer_id_from_bytes(reg.peer_id)}
+            else:
+                self.ignored += 1
+                log.warning(
+                    "ignoring the registration of %s: its signature does not verify for peer id 0x%s",
+                    reg.address,
+                    reg.peer_id.hex(),
+                )
+        self.scanned_to = latest
 
     async def keep_fresh(self, interval: float = 1.0) -> None:
         while True:  # ends when the owning nursery is cancelled at shutdown
@@ -126,6 +151,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 test_xy=test_xy,
                 on_status=on_status,
                 accountant_path=workdir / "privacy-accountant.json",
+                identity=key_pair.private_key,
             )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(registry.keep_fresh)

@@ -35,6 +35,7 @@ import mechanisms
 from node.chain.anvil import find_anvil, free_port
 from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
+from node.chain.registration import sign_registration
 from node.config import Config, quorum
 from node.derive import eps_cap_micro, eps_step_micro, genesis, mechanism_params, record_eps_cap_micro
 from node.peer.runner import P2P_PASSWORD_ENV
@@ -137,16 +138,19 @@ class LocalSwarm:
         )
         try:
             self.say(f"ledger {self.ledger.address} on {self.anvil.url} (chain id {self.chain.chain_id})")
+            keys = []
             for i in range(n):
                 workdir = out / "peers" / str(i)
                 workdir.mkdir(parents=True)
                 key_pair = load_or_create_identity(workdir / "p2p.key", self._password.encode())
+                keys.append(key_pair.private_key)
                 peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
                 multiaddr = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"
                 self.peers.append(PeerProcess(i, workdir, self.chain.peer_account(i).address, peer_id, multiaddr))
             for p in self.peers:  # registered up front: a round may close as soon as all committed
                 client = LedgerClient(self.w3, self.ledger.address, self.chain.peer_account(p.index))
-                client.register(peer_id_to_bytes(p.peer_id))
+                signature = sign_registration(keys[p.index], client.chain_id(), client.address, p.address)
+                client.register(peer_id_to_bytes(p.peer_id), signature)
             self.run_info = self.chain.write_run_info(
                 peers=[{"index": p.index, "address": p.address, "peer_id": p.peer_id} for p in self.peers],
                 config=config.to_dict(),

@@ -6,20 +6,35 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from node.chain.client import LedgerClient
 from node.chain.records import RoundState
+from node.chain.registration import sign_registration
 from node.protocol import policy, wire
 from node.protocol.blob import sha256
 from node.runs.chainrun import LedgerTerms, RunChain
 
+if TYPE_CHECKING:
+    from libp2p.crypto.keys import PrivateKey
+
+
+def simulated_identity(name: str) -> PrivateKey:
+    """The libp2p key of a simulated peer (no host): Ed25519 from a seed unique per name, so its
+    registration is signed like a real peer's (node.chain.registration). libp2p is imported here:
+    `swarm simulate` without a ledger must not load it (tests/node/test_layers.py)."""
+    from libp2p.crypto.ed25519 import create_new_key_pair
+
+    return create_new_key_pair(hashlib.sha256(name.encode()).digest()).private_key
+
 
 def simulated_peer_id(name: str) -> bytes:
-    """A stand-in for a libp2p peer id (simulated peers have no host): 32 bytes, unique per name."""
-    return hashlib.sha256(name.encode()).digest()
+    """The libp2p peer id of `simulated_identity(name)` (identity multihash of its public key)."""
+    from libp2p.peer.id import ID
+
+    return ID.from_pubkey(simulated_identity(name).get_public_key()).to_bytes()
 
 
 class DigestOnly:
@@ -89,6 +104,7 @@ class ChainRecorder:
         )
         self.chain = RunChain(self.out, genesis, terms, peers=len(sim.peers))
         self.ledger = self.chain.ledger
+        self.identities = [simulated_identity(peer.name) for peer in sim.peers]
         self.peer_ids = [simulated_peer_id(peer.name) for peer in sim.peers]
         self.mechanism_json = wire.canonical(sim.mechanism_params)
         self.run_info = self.chain.write_run_info(
@@ -106,7 +122,9 @@ class ChainRecorder:
         assert self.chain is not None
         if i not in self.clients:
             client = LedgerClient(self.chain.w3, self.ledger.address, self.chain.peer_account(i))
-            self._add_gas("register", client.register(self.peer_ids[i]))
+            account = self.chain.peer_account(i).address
+            signature = sign_registration(self.identities[i], client.chain_id(), client.address, account)
+            self._add_gas("register", client.register(self.peer_ids[i], signature))
             self.clients[i] = client
         return self.clients[i]
 

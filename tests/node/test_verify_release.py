@@ -11,10 +11,13 @@ import dataclasses
 
 import pytest
 import torch
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
 
 import mechanisms as M
 from mechanisms.accounting import cumulative_spend
 from node.chain.client import LedgerClient
+from node.chain.registration import sign_registration
 from node.protocol import wire
 from node.protocol.blob import sha256
 from node.protocol.settings import PrivacyPolicy, SharedSettings
@@ -64,8 +67,10 @@ def _one_round(params: dict[str, object], forge=None, *, commit_as=None, eps_shi
         genesis_digest=sha256(genesis),
     )
     clients = [deployer] + [LedgerClient(w3, deployer.address, a) for a in accounts[1:]]
-    for i, client in enumerate(clients):
-        client.register(b"peer-%d" % i)
+    for i, client in enumerate(clients):  # each with its own libp2p key, signing its registration
+        key = create_new_key_pair(bytes([i + 1]) * 32).private_key
+        signature = sign_registration(key, client.chain_id(), client.address, client.account.address)
+        client.register(ID.from_pubkey(key.get_public_key()).to_bytes(), signature)
     mech = M.from_params(params)
     mech_json = wire.canonical(params)
     vectors = []

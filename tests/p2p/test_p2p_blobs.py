@@ -171,3 +171,46 @@ async def test_private_network_psk(config, hosts):
         with pytest.raises(P2PError, match="cannot connect|timed out"):
             await stranger.connect(holder.addrs[0])
         assert holder.peer_id not in stranger.connected_peers()
+
+
+async def test_oversized_request_frames_are_refused_unread_and_the_host_keeps_serving(config, hosts):
+    """Requests are at most 33 bytes (OPEN) and 13 bytes (READ): a frame declaring more is refused with
+    ERROR at once, before its body is read, and the stream is closed; other requests are still served."""
+    holder_store = MemoryBlobStore()
+    data = os.urandom(MiB)
+    digest = holder_store.put(data)
+    # A long request_timeout on the holder: had it waited for the declared body, no answer within 5 s.
+    async with hosts(
+        [
+            (config(request_timeout=30.0), holder_store, None),
+            (config(), MemoryBlobStore(), None),
+            (config(), MemoryBlobStore(), None),
+        ]
+    ) as (holder, attacker, member):
+        await attacker.connect(holder.addrs[0])
+        holder_id = ID.from_base58(holder.peer_id)
+
+        async def refused(header_length: int, body: bytes, after_open: bool) -> bytes:
+            stream = await attacker.libp2p_host.new_stream(holder_id, [TProtocol(wire.BLOB_PROTOCOL)])
+            with trio.fail_after(5):
+                if after_open:
+                    await wire.write_frame(stream, wire.open_request(digest))
+                    assert wire.parse_size(await wire.read_frame(stream)) == MiB
+                await stream.write(header_length.to_bytes(4, "big") + body)  # body shorter than declared
+                answer = await wire.read_frame(stream)
+                with pytest.raises(wire.StreamEnded):  # closed after the refusal
+                    await wire.read_frame(stream)
+            return answer
+
+        assert (wire.OPEN_SIZE, wire.READ_SIZE, wire.MAX_REQUEST) == (33, 13, 33)
+        # The old 1 MiB frame limit, and a frame one byte above an OPEN.
+        for declared in (wire.MAX_FRAME, wire.OPEN_SIZE + 1):
+            answer = await refused(declared, wire.open_request(digest), after_open=False)
+            assert answer[:1] == wire.ERROR and f"frame of {declared} bytes exceeds the limit of 33".encode() in answer
+        # After a valid OPEN, a frame one byte above a READ.
+        answer = await refused(wire.READ_SIZE + 1, wire.read_request(0, 1024), after_open=True)
+        assert answer[:1] == wire.ERROR and b"frame of 14 bytes exceeds the limit of 13" in answer
+        # The holder keeps serving: the same peer over the same connection, and another peer.
+        assert await attacker.fetch(digest, providers=[holder.peer_id], timeout=30) == data
+        await member.connect(holder.addrs[0])
+        assert await member.fetch(digest, providers=[holder.peer_id], timeout=30) == data

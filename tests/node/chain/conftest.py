@@ -14,9 +14,13 @@ from types import SimpleNamespace
 
 import pytest
 from eth_account import Account
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import PrivateKey
+from libp2p.peer.id import ID
 
 from node.chain.anvil import start_anvil
 from node.chain.client import LedgerClient, connect
+from node.chain.registration import sign_registration
 
 MECHANISM = json.dumps({"name": "pnpm", "epsilon": 1.0}, separators=(",", ":")).encode()
 GENESIS = hashlib.sha256(b"genesis model").digest()
@@ -24,6 +28,22 @@ GENESIS = hashlib.sha256(b"genesis model").digest()
 
 def digest(label: str) -> bytes:
     return hashlib.sha256(label.encode()).digest()
+
+
+def identity(i: int) -> PrivateKey:
+    """A fixed Ed25519 libp2p key per index (a test peer's identity)."""
+    return create_new_key_pair(hashlib.sha256(b"libp2p key %d" % i).digest()).private_key
+
+
+def peer_id_of_key(key: PrivateKey) -> bytes:
+    return ID.from_pubkey(key.get_public_key()).to_bytes()
+
+
+def register_signed(client: LedgerClient, key: PrivateKey):
+    """Register `client`'s account with `key`'s peer id and a valid signature."""
+    assert client.account is not None
+    signature = sign_registration(key, client.chain_id(), client.address, client.account.address)
+    return client.register(peer_id_of_key(key), signature)
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +82,9 @@ class Swarm:
         self.reader = LedgerClient(self.w3, self.address)
 
     def register(self, n: int) -> None:
+        """Peers 0..n-1 register their own peer ids, signed like a real peer's (identity(i))."""
         for i, peer in enumerate(self.peers[:n]):
-            peer.register(b"peer-%d" % i)
+            register_signed(peer, identity(i))
 
     def commit_all(self, round: int, n: int, eps_micro: int = 1_000_000) -> None:
         for i, peer in enumerate(self.peers[:n]):
@@ -94,4 +115,12 @@ def make_swarm(request):
 @pytest.fixture(scope="session")
 def kit():
     """The helpers test modules share (conftest cannot be imported in importlib mode)."""
-    return SimpleNamespace(Swarm=Swarm, MECHANISM=MECHANISM, GENESIS=GENESIS, digest=digest)
+    return SimpleNamespace(
+        Swarm=Swarm,
+        MECHANISM=MECHANISM,
+        GENESIS=GENESIS,
+        digest=digest,
+        identity=identity,
+        peer_id_of_key=peer_id_of_key,
+        register_signed=register_signed,
+    )

@@ -41,7 +41,7 @@ def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
     peer = LedgerClient(
         connect(automine_chain.url), deployed["address"], Account.from_key(automine_chain.private_keys[6])
     )
-    peer.register(b"cli-peer")
+    peer.register(b"cli-peer", b"")
     step = deployed["eps_step"]  # what one round of the default policy (PNPM, d x eps) spends
     assert step > 0 and deployed["record_eps_cap"] is None  # no DP-SGD in the default policy
     peer.commit(1, kit.digest("cli"), 9, round(step * 1e6), kit.MECHANISM)

@@ -43,6 +43,6 @@ def test_back_to_back_transactions_keep_nonces(chain, kit):
     nonce counter, not the node's pending count, orders them."""
     swarm = kit.Swarm(chain, 1, min_peers=1)
     again = LedgerClient(swarm.w3, swarm.address, swarm.accounts[0])
-    swarm.deployer.register(b"solo")
+    swarm.deployer.register(b"solo", b"")
     swarm.deployer.commit(1, kit.digest("solo"), 5, 10, kit.MECHANISM)
     assert again.eps_spent(swarm.accounts[0].address) == 10

@@ -57,24 +57,31 @@ def test_constructor_rejects_bad_params(automine_chain, kit):
             client.LedgerClient.deploy(swarm.w3, swarm.accounts[0], **(base | wrong))
 
 
-def test_registration_rules(make_swarm):
-    swarm = make_swarm(3)
-    a, b, c = swarm.peers
-    a.register(b"peer-a")
-    assert swarm.reader.peer_id_of(a.account.address) == b"peer-a"
-    assert swarm.reader.address_of_peer_id(b"peer-a") == a.account.address
+def test_registration_rules(make_swarm, kit):
+    swarm = make_swarm(4)
+    a, b, c, d = swarm.peers
+    key_a = kit.identity(0)
+    kit.register_signed(a, key_a)
+    pid_a = kit.peer_id_of_key(key_a)
+    assert swarm.reader.peer_id_of(a.account.address) == pid_a
+    assert swarm.reader.address_of_peer_id(pid_a) == a.account.address
     with pytest.raises(errors.AlreadyRegistered):
-        a.register(b"peer-a2")
-    with pytest.raises(errors.PeerIdTaken) as taken:
-        b.register(b"peer-a")
-    assert taken.value.fields["owner"] == a.account.address
+        a.register(b"peer-a2", b"")
+    b.register(pid_a, b"\x01" * 64)  # not unique on chain: a squatter may name it, without a valid signature
+    assert swarm.reader.address_of_peer_id(pid_a) == a.account.address  # it still resolves to its key's holder
     with pytest.raises(errors.InvalidPeerId):
-        b.register(b"")
+        c.register(b"", b"")
     with pytest.raises(errors.InvalidPeerId):
-        b.register(b"x" * 129)
-    b.register(b"x" * 128)
-    assert [p for p, _ in swarm.reader.registered_peers()] == [a.account.address, b.account.address]
-    assert not swarm.reader.is_registered(c.account.address)
+        c.register(b"x" * 129, b"")
+    with pytest.raises(errors.InvalidSignature) as long:
+        c.register(b"x" * 10, b"s" * 129)
+    assert long.value.fields["length"] == 129
+    c.register(b"x" * 128, b"s" * 128)
+    assert swarm.reader.address_of_peer_id(b"x" * 128) is None  # no key inside: never verifies
+    assert [p for p, _ in swarm.reader.registered_peers()] == [a.account.address, b.account.address, c.account.address]
+    regs = swarm.reader.registrations()
+    assert [r.signature for r in regs[1:]] == [b"\x01" * 64, b"s" * 128]
+    assert not swarm.reader.is_registered(d.account.address)
 
 
 def test_allowlist(make_swarm):
@@ -85,12 +92,12 @@ def test_allowlist(make_swarm):
     swarm = make_swarm(4, allowlist=[accounts[0].address, accounts[1].address], min_peers=1)
     deployer, allowed, late, stranger = swarm.peers
     with pytest.raises(errors.NotAllowed):
-        late.register(b"late")
+        late.register(b"late", b"")
     with pytest.raises(errors.NotDeployer):
         allowed.allow([late.account.address])
     deployer.allow([late.account.address])
-    late.register(b"late")
-    allowed.register(b"allowed")
+    late.register(b"late", b"")
+    allowed.register(b"allowed", b"")
     with pytest.raises(errors.NotDeployer):
         stranger.disallow(allowed.account.address)
     deployer.disallow(late.account.address)
@@ -120,7 +127,7 @@ def test_commit_rules(make_swarm):
     b.commit(1, digest("b"), 20, 1_500_000, MECHANISM)
     assert swarm.reader.eps_spent(a.account.address) == 2_000_000
     swarm.pass_commit_window(1)
-    c.register(b"peer-c")
+    c.register(b"peer-c", b"")
     with pytest.raises(errors.CommitWindowClosed):  # window over and quorum reached, not yet closed
         c.commit(1, digest("c"), 10, 1, MECHANISM)
     a.close_round(1)
@@ -308,7 +315,7 @@ def test_abort_after_window_opens_next_round_from_last_finalized(make_swarm):
 def test_read_only_client_cannot_send(make_swarm):
     swarm = make_swarm(1)
     with pytest.raises(errors.LedgerError, match="read-only"):
-        swarm.reader.register(b"me")
+        swarm.reader.register(b"me", b"")
 
 
 def test_round_closes_early_once_every_registered_peer_committed(make_swarm):

@@ -57,7 +57,7 @@ def test_in_process_provider_smoke():
     )
     peers = [deployer, client.LedgerClient(w3, deployer.address, keys_[1])]
     for i, peer in enumerate(peers):
-        peer.register(b"p%d" % i)
+        peer.register(b"p%d" % i, b"")
     peers[0].commit(1, bytes([2]) * 32, 7, 3, b'{"name":"gaussian"}')
     with pytest.raises(errors.CommitWindowOpen):
         deployer.close_round(1)

@@ -23,11 +23,14 @@ import trio
 
 from node.chain import errors
 from node.chain.records import Attestation, Commitment, RoundInfo, RoundState, SwarmParams
+from node.chain.registration import registration_message
 from node.protocol.wire import encode_bitmap
 from p2p import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, peer_id_from_bytes
 from p2p.store import MemoryBlobStore, sha256_hex
 
 GAS = 50_000  # what every fake receipt reports
+FAKE_CHAIN_ID = 31337  # what a fake ledger's registration message names
+FAKE_LEDGER = "0x" + "5a" * 20
 
 
 @dataclass
@@ -87,6 +90,7 @@ class FakeChain:
             max_samples,
         )
         self.accounts: dict[str, _Account] = {}
+        self.signatures: dict[str, bytes] = {}  # registration signatures, unchecked like on chain
         self.rounds = [_Round(1, self.block_number(), 0)]
         self.transactions: list[tuple[float, str, str, int]] = []  # (time, sender, function, round) of mined ones
         self._lock = threading.Lock()
@@ -107,16 +111,17 @@ class FakeChain:
         return self.live.base_round
 
     # ---------------------------------------------------------------- transactions
-    def register(self, sender: str, peer_id: bytes) -> dict[str, int]:
+    def register(self, sender: str, peer_id: bytes, signature: bytes = b"") -> dict[str, int]:
+        # like the contract: peer ids are not unique, the signature is kept unchecked (off chain)
         with self._lock:
             if sender in self.accounts:
                 raise errors.AlreadyRegistered(account=sender)
             if not 0 < len(peer_id) <= 128:
                 raise errors.InvalidPeerId(length=len(peer_id))
-            owner = next((a for a, acc in self.accounts.items() if acc.peer_id == peer_id), None)
-            if owner is not None:
-                raise errors.PeerIdTaken(peerId=peer_id.hex(), owner=owner)
+            if len(signature) > 128:
+                raise errors.InvalidSignature(length=len(signature))
             self.accounts[sender] = _Account(bytes(peer_id))
+            self.signatures[sender] = bytes(signature)
             return self._mined(sender, "register", 0)
 
     def commit(
@@ -298,8 +303,11 @@ class FakeLedger:
         rnd = self.chain.round(round)
         return [] if rnd.state is RoundState.OPEN else list(rnd.attestations)
 
-    def register(self, peer_id: bytes) -> dict[str, int]:
-        return self.chain.register(self.account.address, peer_id)
+    def registration_message(self, address: str) -> bytes:
+        return registration_message(FAKE_CHAIN_ID, FAKE_LEDGER, address)
+
+    def register(self, peer_id: bytes, signature: bytes = b"") -> dict[str, int]:
+        return self.chain.register(self.account.address, peer_id, signature)
 
     def commit(
         self,
