@@ -276,23 +276,7 @@ class LedgerClient:
         info = self.round_info(round)
         to_block = info.closed_block or self.block_number()
         logs = self._logs("Committed", info.opened_block, to_block, {"round": round})
-        found = sorted(
-            (
-                Commitment(
-                    e["args"]["peer"],
-                    e["args"]["index"],
-                    bytes(e["args"]["digest"]),
-                    e["args"]["numSamples"],
-                    e["args"]["epsMicro"],
-                    bytes(e["args"]["mechanism"]),
-                    e["blockNumber"],
-                    e["args"]["recordEpsMicro"],
-                    round,
-                )
-                for e in logs
-            ),
-            key=lambda c: c.index,
-        )
+        found = sorted((_commitment(e) for e in logs), key=lambda c: c.index)
         if [c.index for c in found] != list(range(info.participant_count)):
             raise LedgerError(
                 f"round {round}: {len(found)} Committed events for {info.participant_count} stored participants"
@@ -308,20 +292,7 @@ class LedgerClient:
         counts its record-level eps is composed over."""
         peer = Web3.to_checksum_address(address)
         logs = self._logs("Committed", self.params().deploy_block, self.block_number(), {"peer": peer})
-        return [
-            Commitment(
-                e["args"]["peer"],
-                e["args"]["index"],
-                bytes(e["args"]["digest"]),
-                e["args"]["numSamples"],
-                e["args"]["epsMicro"],
-                bytes(e["args"]["mechanism"]),
-                e["blockNumber"],
-                e["args"]["recordEpsMicro"],
-                e["args"]["round"],
-            )
-            for e in logs
-        ]
+        return [_commitment(e) for e in logs]
 
     def attestations(self, round: int) -> list[Attestation]:
         info = self.round_info(round)
@@ -498,3 +469,19 @@ class LedgerClient:
             "rounds": rounds,
             "peers": peers,
         }
+
+
+def _commitment(event: EventData) -> Commitment:
+    """A Commitment from its `Committed` event."""
+    args = event["args"]
+    return Commitment(
+        args["peer"],
+        args["index"],
+        bytes(args["digest"]),
+        args["numSamples"],
+        args["epsMicro"],
+        bytes(args["mechanism"]),
+        event["blockNumber"],
+        args["recordEpsMicro"],
+        args["round"],
+    )
