@@ -223,10 +223,13 @@ class LedgerClient:
     def _read(self, call: Callable[[], T], what: str) -> T:
         return with_retries(call, what=what)
 
-    def _view(self, fn_name: str, *args: Any) -> Any:
+    def _view(self, fn_name: str, *args: Any, block: int | None = None) -> Any:
+        """A view call, at the latest block or at `block` (reads that must agree with each other
+        and with logs pin one block: the chain moves between two calls)."""
         fn = getattr(self.contract.functions, fn_name)(*args)
+        call = fn.call if block is None else partial(fn.call, block_identifier=block)
         try:
-            return self._read(fn.call, fn_name)
+            return self._read(call, fn_name)
         except LedgerError:
             raise
         except Exception as exc:
@@ -250,8 +253,8 @@ class LedgerClient:
         r, digest = self._view("lastFinalized")
         return r, bytes(digest)
 
-    def round_info(self, round: int) -> RoundInfo:
-        s, opened, closed, ended, count, digest = self._view("roundInfo", round)
+    def round_info(self, round: int, *, block: int | None = None) -> RoundInfo:
+        s, opened, closed, ended, count, digest = self._view("roundInfo", round, block=block)
         state = RoundState(s)
         return RoundInfo(
             round, state, opened, closed, ended, count, bytes(digest) if state is RoundState.FINALIZED else None
@@ -273,8 +276,9 @@ class LedgerClient:
         """All commitments of `round` in participant order, from the Committed events, checked
         against storage: as many as the stored participant count, indexes 0..n-1, and each one
         the entry stored under its (round, digest) (peer, numSamples, epsMicro)."""
-        info = self.round_info(round)
-        to_block = info.closed_block or self.block_number()
+        at = self.block_number()  # storage and logs read at one block: commits land meanwhile
+        info = self.round_info(round, block=at)
+        to_block = info.closed_block or at
         logs = self._logs("Committed", info.opened_block, to_block, {"round": round})
         found = sorted((_commitment(e) for e in logs), key=lambda c: c.index)
         if [c.index for c in found] != list(range(info.participant_count)):
@@ -282,7 +286,7 @@ class LedgerClient:
                 f"round {round}: {len(found)} Committed events for {info.participant_count} stored participants"
                 " (the RPC's logs are incomplete)"
             )
-        stored = self._view("commitmentsByDigest", round, [c.digest for c in found]) if found else []
+        stored = self._view("commitmentsByDigest", round, [c.digest for c in found], block=at) if found else []
         if [(c.peer, c.num_samples, c.eps_micro) for c in found] != [tuple(e) for e in stored]:
             raise LedgerError(f"round {round}: Committed events do not match the participant entries in storage")
         return found
