@@ -4,7 +4,6 @@ on (anchored in the genesis blob), and what one peer runs with locally. Built fr
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,9 +22,8 @@ class PrivacyPolicy:
     dp_sgd: DPSGDPolicy | None = None
 
     def to_dict(self) -> dict[str, object]:
-        # canonical: the digest of the genesis blob must not depend on dict order
-        mechanism = json.loads(json.dumps(dict(self.mechanism), sort_keys=True))
-        return {"mechanism": mechanism, "dp_sgd": self.dp_sgd.to_dict() if self.dp_sgd else None}
+        # key order does not matter: the genesis blob holds wire.canonical(...) of this
+        return {"mechanism": dict(self.mechanism), "dp_sgd": self.dp_sgd.to_dict() if self.dp_sgd else None}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PrivacyPolicy:

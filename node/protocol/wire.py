@@ -57,8 +57,8 @@ def topic_for(chain_id: int, ledger_address: str) -> str:
 
 
 def genesis_blob(vector: torch.Tensor, swarm: dict[str, object]) -> bytes:
-    """The genesis model with the swarm's shared settings (model, data, aggregation) in its
-    metadata: the ledger stores its digest, so those settings are anchored on chain."""
+    """The genesis model with the swarm's shared settings (model, data, aggregation, privacy
+    policy) in its metadata: the ledger stores its digest, so those settings are anchored on chain."""
     return blob.encode_blob({VECTOR: vector}, {"kind": "genesis", "swarm": canonical(swarm)})
 
 
