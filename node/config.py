@@ -21,6 +21,7 @@ import tomli_w
 
 import mechanisms
 from node.learning.data import DATASETS
+from node.learning.device import device_error
 from node.learning.models import MODELS, default_model_for
 from node.learning.partition import SCHEMES
 from node.protocol.aggregate import RULES
@@ -66,6 +67,7 @@ class TrainConfig:
     dp_noise_multiplier: float
     dp_max_grad_norm: float
     dp_delta: float
+    device: str  # auto | cpu | cuda: where this peer trains; per peer, not in the genesis
 
 
 @dataclass
@@ -318,6 +320,8 @@ def _check_ranges(c: Config) -> None:
         ),
         (0 <= c.p2p.listen_port <= 65535, "p2p.listen_port", "must be in 0..65535"),
     ]
+    device_problem = device_error(c.train.device)  # cuda on a machine without CUDA fails here, before any work
+    checks.append((device_problem is None, "train.device", device_problem or ""))
     for ok, name, rule in checks:
         if not ok:
             raise ConfigError(f"{name} {rule}, got {_get(c, name)!r}")

@@ -11,6 +11,7 @@ from mechanisms.accounting import cumulative_spend
 from mechanisms.record_level import DPSGDPolicy, record_level_spend
 from node.config import Config
 from node.learning.data import dataset_meta, load_dataset
+from node.learning.device import resolve_device
 from node.learning.models import build_model, init_model
 from node.learning.partition import partition as split
 from node.protocol import policy, wire
@@ -140,6 +141,7 @@ def peer_settings(config: Config, *, fault: str | None = None) -> PeerSettings:
         momentum=t.momentum,
         rounds=config.swarm.rounds,
         fetch_timeout=config.chain.fetch_timeout,
+        device=resolve_device(t.device).type,  # per peer, not shared: "auto" becomes this machine's choice
         fault=fault,
     )
 

@@ -16,6 +16,10 @@ checked from the release: it rests on each peer's own software. The genesis blob
 shared settings (model, aggregation rule): its digest is on chain. Each participant's registration
 must be signed by the key of the peer id it names and be that peer id's first such registration
 (check "registration", node.chain.registration).
+
+The ledger opens the next round as soon as one ends, so a finished swarm leaves a last round that
+is open with no commitment: it is reported as `not_started`, not as a round (nothing to check).
+The archive may be several folders (`ArchiveStores`): every peer's blob store, for example.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class VerifyReport:
     rounds: list[RoundCheck] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     peers: dict[str, dict] = field(default_factory=dict)
+    not_started: int | None = None  # the ledger's current round when open with no commitment yet
 
     @property
     def ok(self) -> bool:
@@ -77,6 +82,7 @@ class VerifyReport:
             "rounds": [asdict(r) for r in self.rounds],
             "failures": [asdict(f) for f in self.failures],
             "peers": self.peers,
+            "not_started": self.not_started,
         }
 
 
@@ -84,6 +90,26 @@ class BlobSource(Protocol):
     """Where verify reads blobs: an archive folder's store, or any store with `get`."""
 
     def get(self, digest: str) -> bytes | None: ...
+
+
+class ArchiveStores:
+    """Several blob sources read as one: the first copy whose sha256 is the digest asked for, else
+    the first copy found (so an altered blob, with no good copy anywhere, is still reported as
+    altered rather than missing), else None."""
+
+    def __init__(self, sources: list[BlobSource]) -> None:
+        self.sources = sources
+
+    def get(self, digest: str) -> bytes | None:
+        first: bytes | None = None
+        for source in self.sources:
+            data = source.get(digest)
+            if data is None:
+                continue
+            if sha256(data).hex() == digest.lower():
+                return data
+            first = data if first is None else first
+        return first
 
 
 def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
@@ -266,15 +292,20 @@ def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyRepo
         return None
 
     global_vector: torch.Tensor | None = genesis_vector
-    for r in range(1, ledger.current_round() + 1):
+    current = ledger.current_round()
+    for r in range(1, current + 1):
         check = RoundCheck(round=r, state="unknown")
-        report.rounds.append(check)
         try:
             info = ledger.round_info(r)
         except Exception as exc:
+            report.rounds.append(check)
             report.failures.append(Failure(r, "-", "round", f"the round could not be read: {_why(exc)}"))
             global_vector = None
             continue
+        if r == current and info.state.name == "OPEN" and info.participant_count == 0:
+            report.not_started = r  # opened when the previous round ended; nobody committed (yet)
+            continue
+        report.rounds.append(check)
         check.state = info.state.name.lower()
         recomputed = None
         if global_vector is None:

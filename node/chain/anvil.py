@@ -4,8 +4,9 @@
         w3 = node.chain.client.connect(anvil.url)
         ...
 
-Anvil listens on 127.0.0.1 only. Its dev accounts come from Anvil's public test mnemonic: their
-keys are known to everyone and are meant for local chains only.
+Anvil listens on 127.0.0.1 unless `host` says otherwise (`swarm chain --host`). Its dev accounts
+come from Anvil's public test mnemonic: their keys are known to everyone and are meant for local
+chains only.
 """
 
 from __future__ import annotations
@@ -83,12 +84,20 @@ class Anvil:
     """A running Anvil child process. Use as a context manager or call `stop()`."""
 
     def __init__(
-        self, process: subprocess.Popen[bytes], port: int, chain_id: int, accounts: int, log_path: Path
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        chain_id: int,
+        accounts: int,
+        log_path: Path,
+        host: str = "127.0.0.1",
     ) -> None:
         self.process = process
         self.port = port
         self.chain_id = chain_id
-        self.url = f"http://127.0.0.1:{port}"
+        # a wildcard bind is reached through loopback from this machine
+        reach = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        self.url = f"http://{f'[{reach}]' if ':' in reach else reach}:{port}"
         self._accounts = accounts
         self._log_path = log_path
         self._keys: list[str] | None = None
@@ -161,6 +170,8 @@ def start_anvil(
     accounts: int = 10,
     timeout: float = START_TIMEOUT_S,
     mixed_mining: bool = False,
+    host: str = "127.0.0.1",
+    hardfork: str | None = None,
 ) -> Anvil:
     """Start Anvil on 127.0.0.1 and wait until its RPC answers.
 
@@ -168,7 +179,9 @@ def start_anvil(
     seconds, like a testnet, so receipts have to be awaited. mixed_mining (with block_time) does
     both: every transaction is mined at once and blocks also tick every block_time, so windows
     measured in blocks pass even when nobody sends a transaction. load_state reloads a
-    `dump_state` file.
+    `dump_state` file. host is the address to bind (loopback unless told: the dev keys are
+    public, so anyone who reaches the port can spend them); hardfork pins the EVM version
+    (Anvil's default: its latest).
     """
     if mixed_mining and block_time is None:
         raise ValueError("mixed_mining needs a block_time")
@@ -181,7 +194,7 @@ def start_anvil(
     cmd = [
         binary,
         "--host",
-        "127.0.0.1",
+        host,
         "--port",
         str(chosen),
         "--chain-id",
@@ -195,14 +208,19 @@ def start_anvil(
         cmd += ["--block-time", str(block_time)]
     if mixed_mining:
         cmd += ["--mixed-mining"]
+    if hardfork is not None:
+        cmd += ["--hardfork", hardfork]
     if load_state is not None:
         if not Path(load_state).is_file():
             raise ValueError(f"load_state: no such file {load_state}")
         cmd += ["--load-state", str(load_state)]
     log = Path(tempfile.mkstemp(prefix="anvil-", suffix=".log")[1])
     with open(log, "wb") as sink:
-        process = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    anvil = Anvil(process, chosen, chain_id, accounts, log)
+        # its own session: a terminal's Ctrl-C reaches only the owner, which stops the chain last
+        process = subprocess.Popen(
+            cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    anvil = Anvil(process, chosen, chain_id, accounts, log, host)
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:

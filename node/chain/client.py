@@ -27,6 +27,7 @@ from web3.types import EventData, TxReceipt
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, NotParticipant
+from node.chain.evm import artifact_evm_version, check_evm_target
 from node.chain.records import (
     DELTA_SCALE,
     Attestation,
@@ -59,13 +60,16 @@ def load_artifact() -> dict[str, Any]:
         raise LedgerError(f"contract artifact missing ({path}): run python scripts/compile_contracts.py") from exc
 
 
-def connect(rpc_url: str, *, timeout: float = 10.0) -> Web3:
-    """A synchronous Web3 on `rpc_url` (http(s) only), checked to answer."""
+def connect(rpc_url: str, *, timeout: float = 10.0, check_evm: bool = True) -> Web3:
+    """A synchronous Web3 on `rpc_url` (http(s) only), checked to answer and, with `check_evm`,
+    to run the EVM version the contract artifact targets (`node.chain.evm`: UnsupportedEVM if not)."""
     if not rpc_url.startswith(("http://", "https://")):
         raise ValueError(f"rpc_url must be an http(s) URL, got {rpc_url!r}")
     # The client retries itself (with backoff, and without re-sending a transaction blindly).
     w3 = Web3(HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None))
     with_retries(lambda: w3.eth.chain_id, what=f"connect to {rpc_url}")
+    if check_evm:
+        check_evm_target(w3, rpc_url, artifact_evm_version(load_artifact()))
     return w3
 
 
@@ -379,6 +383,19 @@ class LedgerClient:
                 e["logIndex"],
             )
             for e in self._logs("Registered", start, end, None)
+        ]
+
+    def allowlist_changes(self, from_block: int | None = None, to_block: int | None = None) -> list[tuple[str, bool]]:
+        """(account, allowed) of every AllowlistChanged event from `from_block` (default: the
+        deployment block) to `to_block` (default: the latest block), in chain order: the last
+        one of an account is its state."""
+        start = self.params().deploy_block if from_block is None else from_block
+        end = self.block_number() if to_block is None else to_block
+        if end < start:
+            return []
+        return [
+            (str(e["args"]["account"]), bool(e["args"]["allowed"]))
+            for e in self._logs("AllowlistChanged", start, end, None)
         ]
 
     def _logs(self, event: str, from_block: int, to_block: int, filters: dict[str, Any] | None) -> list[EventData]:

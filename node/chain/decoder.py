@@ -47,6 +47,8 @@ class RevertDecoder:
         seen = 0
         while exc is not None and seen < 8:
             for data in (getattr(exc, "data", None), *getattr(exc, "args", ())):
+                if isinstance(data, dict):  # Ganache: {"message": ..., "result": "0x<revert data>"}
+                    data = data.get("data") or data.get("result")
                 found = self.decode(data)
                 if found:
                     return found

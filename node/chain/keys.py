@@ -3,7 +3,10 @@
 Order: the SWARM_PRIVATE_KEY environment variable if set; else an encrypted eth-account keystore
 file (scrypt, Web3 Secret Storage v3), unlocked with SWARM_KEYSTORE_PASSWORD or a prompt, and
 created (mode 0600) on first use when `create=True`. A keystore readable by group or others is
-refused (AccountLoadError naming `chmod 600`).
+refused (AccountLoadError naming `chmod 600`). Where the keystore lives is the caller's choice
+(`--keystore PATH`): `swarm node` defaults to `<workdir>/eth-keystore.json`, `swarm deploy` to
+`~/.swarm/keystore.json` (DEFAULT_KEYSTORE). A newly created account has no funds: `on_create`
+lets the caller print its address so the user knows what to fund.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import getpass
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from eth_account import Account
@@ -50,11 +54,17 @@ def _check_private(path: Path) -> None:
         raise AccountLoadError(f"key file {path} is {kind} by others (mode {mode:04o}): run chmod 600 {path}")
 
 
-def load_account(keystore_path: str | os.PathLike[str] | None = None, *, create: bool = False) -> LocalAccount:
+def load_account(
+    keystore_path: str | os.PathLike[str] | None = None,
+    *,
+    create: bool = False,
+    on_create: Callable[[LocalAccount, Path], None] | None = None,
+) -> LocalAccount:
     """The node's account.
 
     keystore_path defaults to ~/.swarm/keystore.json. With create=True a missing keystore is
-    created with a fresh random key (its address is printed by the caller, not the key).
+    created with a fresh random key; `on_create(account, path)` is then called so the caller can
+    print the new address (never the key).
     """
 
     key = os.environ.get(PRIVATE_KEY_ENV)
@@ -67,7 +77,10 @@ def load_account(keystore_path: str | os.PathLike[str] | None = None, *, create:
     if not path.exists():
         if not create:
             raise AccountLoadError(f"no key: set {PRIVATE_KEY_ENV} or create the keystore {path} first")
-        return create_keystore(path, _password(confirm=True))
+        account = create_keystore(path, _password(confirm=True))
+        if on_create is not None:
+            on_create(account, path)
+        return account
     _check_private(path)
     try:
         encrypted = json.loads(path.read_text())

@@ -1,7 +1,8 @@
 """Signs and sends one account's transactions: estimate first (a revert there raises the
 contract's custom error without spending gas), send with a margin on the estimate (Anvil
 under-estimates deployments), track nonces locally, await the receipt with a timeout, and check
-its status."""
+its status. A node that refuses a transaction for want of funds becomes `InsufficientFunds`, naming
+the account, what it holds and what the transaction needed, so the user knows what to fund."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hexbytes import HexBytes
 from web3 import Web3
 from web3.contract.contract import ContractConstructor, ContractFunction
 from web3.exceptions import TimeExhausted
-from web3.types import Nonce, TxReceipt
+from web3.types import Nonce, TxParams, TxReceipt
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, LedgerTimeout, TransactionFailed
@@ -26,6 +27,22 @@ GAS_PAD = 20_000  # plus a constant, for small transactions whose estimate is ti
 
 # What `send` sends: a bound contract function call, or a deployment.
 ContractCall: TypeAlias = ContractFunction | ContractConstructor
+
+WEI_PER_ETH = 10**18
+
+
+class InsufficientFunds(LedgerError):
+    """The account cannot pay for a transaction. `fields`: address, held_wei, needed_wei (None
+    when the node refused before the gas was known)."""
+
+
+def _eth(wei: int) -> str:
+    return f"{wei / WEI_PER_ETH:.6g} ETH"
+
+
+def _is_insufficient_funds(exc: BaseException) -> bool:
+    # Anvil, Hardhat, Ganache and geth all say "insufficient funds" (in some capitalization).
+    return "insufficient funds" in str(exc).lower()
 
 
 class TransactionSender:
@@ -67,6 +84,8 @@ class TransactionSender:
                 refusal = self._refusal(exc)
                 if refusal:
                     raise refusal from None
+                if _is_insufficient_funds(exc):
+                    raise self._insufficient_funds(label, None) from exc
                 raise LedgerError(f"{label}: the node refused the call: {exc}") from exc
             if self._nonce is None:
                 self._nonce = with_retries(lambda: self.w3.eth.get_transaction_count(sender, "pending"), what="nonce")
@@ -79,18 +98,20 @@ class TransactionSender:
             )
             # web3's TxParams is the transaction dict eth_account signs; their annotations disagree.
             signed = self.account.sign_transaction(tx)  # type: ignore[arg-type]
-            tx_hash = self._send_raw(signed, label)
+            tx_hash = self._send_raw(signed, label, tx)
             self._nonce = nonce + 1
         receipt = self._wait(tx_hash, label)
         if receipt["status"] != 1:
             raise self._explain_failure(fn, receipt, label)
         return receipt
 
-    def _send_raw(self, signed: SignedTransaction, label: str) -> HexBytes:
+    def _send_raw(self, signed: SignedTransaction, label: str, tx: TxParams) -> HexBytes:
         for attempt in range(RETRIES + 1):
             try:
                 return self.w3.eth.send_raw_transaction(signed.raw_transaction)
             except Exception as exc:
+                if _is_insufficient_funds(exc):
+                    raise self._insufficient_funds(label, _max_cost(tx)) from exc
                 text = str(exc).lower()
                 if "already known" in text:  # an earlier attempt reached the node
                     return signed.hash
@@ -105,6 +126,23 @@ class TransactionSender:
                     raise LedgerError(f"{label}: sending failed: {exc}") from exc
                 time.sleep(BACKOFF_S * 2**attempt)
         raise AssertionError("unreachable")
+
+    def _insufficient_funds(self, label: str, needed_wei: int | None) -> InsufficientFunds:
+        """The error naming the account, its balance and (when known) the transaction's cost."""
+        address = self.account.address
+        try:
+            held: int | None = int(self.w3.eth.get_balance(address))
+        except Exception:  # the refusal is the news; a failed balance read must not hide it
+            held = None
+        holds = "an unknown amount" if held is None else _eth(held)
+        needs = f", {label} needs up to {_eth(needed_wei)}" if needed_wei is not None else ""
+        error = InsufficientFunds(
+            f"insufficient funds: account {address} holds {holds}{needs}: send ETH to {address} and retry",
+            address=address,
+            held_wei=held,
+            needed_wei=needed_wei,
+        )
+        return error
 
     def _wait(self, tx_hash: HexBytes, label: str) -> TxReceipt:
         deadline = time.monotonic() + self.tx_timeout
@@ -136,3 +174,12 @@ class TransactionSender:
             f"{label}: transaction 0x{bytes(receipt['transactionHash']).hex()} reverted in block {block} "
             f"(gas used {receipt['gasUsed']} of the limit sent)"
         )
+
+
+def _max_cost(tx: TxParams) -> int | None:
+    """The most a transaction may cost: gas limit x (max fee per gas, or gas price) + value."""
+    try:
+        price = tx.get("maxFeePerGas", tx.get("gasPrice"))
+        return int(tx["gas"]) * int(price) + int(tx.get("value", 0)) if price is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None

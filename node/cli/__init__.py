@@ -12,7 +12,7 @@ import importlib
 import sys
 
 # Order is the order shown in `swarm --help`.
-COMMANDS = ("up", "deploy", "node", "verify", "simulate", "ledger", "audit", "bench")
+COMMANDS = ("up", "chain", "deploy", "node", "verify", "simulate", "ledger", "dashboard", "audit", "bench")
 
 
 class CLIError(Exception):

@@ -1,10 +1,12 @@
-"""Options shared by several subcommands: config file, --set overrides, --json."""
+"""Options shared by several subcommands (config file, --set overrides, --json) and how an expected
+failure becomes one line: the known error unwrapped from trio's ExceptionGroups."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
@@ -44,3 +46,61 @@ def load(args: argparse.Namespace, shortcuts: dict[str, str]) -> Config:
 def emit_json(obj: object) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside `exc`, ExceptionGroups flattened (trio wraps every task's error in
+    one group per nursery it crosses), in order."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and its causes and contexts, outermost first (cycles cut)."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not s for s in seen):
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def expected_failure(exc: BaseException, expected: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first expected error inside `exc` (groups unwrapped), or None when some error inside is
+    not expected (a bug: its traceback matters). An insufficient-funds error anywhere in its chain
+    wins, since it says what to fund (registration failures wrap it)."""
+    from node.chain.sender import InsufficientFunds
+
+    inner = leaves(exc)
+    if not inner or not all(isinstance(e, expected) for e in inner):
+        return None
+    for leaf in inner:
+        for link in _chain(leaf):
+            if isinstance(link, InsufficientFunds):
+                return link
+    return inner[0]
+
+
+def interrupted(exc: BaseException) -> bool:
+    """Whether Ctrl-C is among the errors inside `exc`."""
+    return any(isinstance(e, KeyboardInterrupt) for e in leaves(exc))
+
+
+def one_line(exc: BaseException, hints: Sequence[tuple[str, str]] = ()) -> str:
+    """The error's message on one line, plus the first hint whose key occurs in it (what to do)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    for key, hint in hints:
+        if key.lower() in text.lower():
+            return f"{text}: {hint}"
+    return text
+
+
+def short_reason(exc: BaseException) -> str:
+    """A connection error's reason without the HTTP library's nesting ("Connection refused"),
+    else the whole message."""
+    import re
+
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    return found.group(1).strip() if found else " ".join(text.split())

@@ -13,6 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from eth_account.signers.local import LocalAccount
 
 LOCAL_CHAIN_IDS = frozenset({31337, 1337})
 OPEN_WARNING = (
@@ -26,8 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "deploy",
         help="deploy the swarm's ledger contract and print its address",
-        description="Deploy a SwarmLedger. The key comes from SWARM_PRIVATE_KEY or the "
-        "keystore (created on first use, password from SWARM_KEYSTORE_PASSWORD or a prompt).",
+        description="Deploy a SwarmLedger. The deployer's key comes from SWARM_PRIVATE_KEY or the keystore "
+        "(--keystore, default ~/.swarm/keystore.json: created on first use, password from "
+        "SWARM_KEYSTORE_PASSWORD or a prompt, its new address printed to be funded). Never on the command line.",
     )
     p.add_argument("--rpc-url", required=True, help="EVM JSON-RPC URL (http or https)")
     p.add_argument("--min-peers", type=int, help="quorum: commitments needed to close a round (default: the config's)")
@@ -83,7 +89,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="anyone may register (Sybil addresses can then decide rounds); "
         "local chains (chain id 31337 or 1337) are open without it",
     )
-    p.add_argument("--keystore", default=None, help="keystore file (default ~/.swarm/keystore.json)")
+    p.add_argument(
+        "--keystore",
+        default=None,
+        help="the deployer's keystore file (default ~/.swarm/keystore.json: the deployer's key serves every "
+        "swarm it deploys and manages their allowlists; `swarm node` keeps its own in its --workdir)",
+    )
     p.add_argument("--tx-timeout", type=float, default=120.0, help="seconds to wait for the receipt")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=handler)
@@ -101,10 +112,18 @@ def _digest(text: str) -> bytes:
     return raw
 
 
+def _print_created(account: LocalAccount, path: Path) -> None:
+    print(
+        f"created keystore {path} for address {account.address}: fund this address on the chain to deploy",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 def handler(args: argparse.Namespace) -> int:
     from node.chain import keys
     from node.chain.client import LedgerClient, connect
-    from node.chain.errors import LedgerError
+    from node.chain.errors import LedgerError, LedgerUnavailable
     from node.cli import CLIError, common
     from node.config import quorum
     from node.derive import eps_cap_micro, eps_step_micro, record_eps_cap_micro
@@ -141,7 +160,7 @@ def handler(args: argparse.Namespace) -> int:
             )
         if args.open:
             print(OPEN_WARNING, file=sys.stderr)
-        account = keys.load_account(args.keystore, create=True)
+        account = keys.load_account(args.keystore, create=True, on_create=_print_created)
         client = LedgerClient.deploy(
             w3,
             account,
@@ -158,6 +177,10 @@ def handler(args: argparse.Namespace) -> int:
             max_samples=config.chain.max_samples,
             tx_timeout=args.tx_timeout,
         )
+    except LedgerUnavailable as exc:
+        raise CLIError(
+            f"cannot reach the chain at {args.rpc_url} ({common.short_reason(exc)}): start it or fix --rpc-url"
+        ) from None
     except (ValueError, keys.AccountLoadError, LedgerError) as exc:
         raise CLIError(str(exc)) from None
     result = {

@@ -1,4 +1,7 @@
-"""`swarm ledger`: show a ledger's rounds, participants, digests and epsilon per peer."""
+"""`swarm ledger`: show a ledger's rounds, participants, digests and epsilon per peer.
+
+The ledger opens the next round as soon as one ends, so a finished swarm's last round is open with
+no commitment: it is shown as "not started", not as an unfinished round (`not_started` in --json)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ledger", required=True, metavar="ADDR", help="the SwarmLedger contract address")
     p.add_argument("--json", action="store_true", help="print everything a verifier needs as JSON")
     p.set_defaults(func=handler)
+
+
+def not_started(snap: dict) -> int | None:
+    """The current round when it is open with no commitment yet, else None."""
+    rounds = snap["rounds"]
+    last = rounds[-1] if rounds else None
+    if last and last["round"] == snap["current_round"] and last["state"] == "OPEN" and not last["participant_count"]:
+        return int(last["round"])
+    return None
 
 
 def render(snap: dict) -> str:
@@ -28,11 +40,21 @@ def render(snap: dict) -> str:
         f"  record-level (DP-SGD, each training record): cap {p['record_eps_cap']:g}, delta {p['record_delta']:g}"
         if p["record_eps_cap"]
         else "  record-level: no DP-SGD in the policy (the training records have no guarantee of their own)",
-        f"  genesis {p['genesis_digest']}; current round {snap['current_round']}, last finalized "
-        f"round {snap['last_finalized']['round']}",
+        f"  genesis {p['genesis_digest']}; current round {snap['current_round']}"
+        + (" (not started)" if not_started(snap) else "")
+        + f", last finalized round {snap['last_finalized']['round']}",
         "",
     ]
+    waiting = not_started(snap)
     for r in snap["rounds"]:
+        if r["round"] == waiting:
+            out.append(
+                f"round {r['round']}: not started (opened at block {r['opened_block']} when round {r['round'] - 1} "
+                "ended; no commitment yet)"
+                if r["round"] > 1
+                else f"round 1: not started (no commitment yet since the deployment at block {r['opened_block']})"
+            )
+            continue
         blocks = (
             f"opened {r['opened_block']}"
             + (f", closed {r['closed_block']}" if r["closed_block"] else "")
@@ -82,5 +104,6 @@ def handler(args: argparse.Namespace) -> int:
         snap = LedgerClient(connect(args.rpc_url), args.ledger).snapshot()
     except (ValueError, LedgerError) as exc:
         raise CLIError(str(exc)) from None
+    snap["not_started"] = not_started(snap)
     print(json.dumps(snap, indent=1) if args.json else render(snap))
     return 0

@@ -1,16 +1,73 @@
-"""`swarm node`: one peer, for swarms across hosts or on a testnet."""
+"""`swarm node`: one peer, for swarms across hosts or on a testnet.
+
+Before any network work it unlocks both keys, checks the chain answers, that the ledger exists,
+that this node's settings give the ledger's genesis digest and that the swarm's rounds are not
+over, so the usual mistakes end in one line instead of after minutes. While the peer runs,
+`node_output.NodeReporter` prints its addresses and one line per round; expected failures inside
+the peer (trio wraps them in ExceptionGroups) are unwrapped to one line too, the full traceback
+only with -v.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
+import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from node.cli import common
+from node.cli import common, dashboard
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from eth_account.signers.local import LocalAccount
+
+    from node.chain.client import LedgerClient
+    from node.config import Config
+
+KEYSTORE_NAME = "eth-keystore.json"  # in --workdir unless --keystore says otherwise
+
+ENVIRONMENT_HELP = """\
+keys (never on the command line):
+  SWARM_PRIVATE_KEY        the peer's Ethereum key (hex); when unset, the keystore is used
+  SWARM_KEYSTORE_PASSWORD  password of the keystore (--keystore, default <workdir>/eth-keystore.json),
+                           created on first use; its new address is printed: fund it before the
+                           peer can register and commit (a prompt asks when unset on a terminal)
+  SWARM_P2P_PASSWORD       password of the libp2p key file <workdir>/p2p.key (the peer id),
+                           created on first use (a prompt asks when unset on a terminal)
+
+output: the listen addresses (give the /p2p/ one to other peers as --bootstrap), one line per
+round (state, included peers, accuracy, cumulative eps with its delta and scope) and a summary;
+-q prints only warnings and errors. Peers sharing dataset files must each take --partition i/N.
+"""
+
+# Errors a peer raises on purpose: a message for the user, not a bug. Anything else keeps its traceback.
+HINTS = [
+    ("genesis digest", "start this node with the --config (and --set values) the ledger was deployed with"),
+    (
+        "no close on chain",
+        "the round never closed: check that enough peers (the quorum) run and reach each other "
+        "(--bootstrap, --listen) and that the chain mines blocks",
+    ),
+    (
+        "no finalization on chain",
+        "no majority attested in time: check that the peers reach each other "
+        "(--bootstrap, --listen) and that the chain mines blocks",
+    ),
+    ("could not be fetched", "the peers that hold it are gone or unreachable: check --bootstrap and --listen"),
+    ("address already in use", "choose another --listen port"),
+    ("no answer after", "check that the chain runs and that --rpc-url reaches it"),
+]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("node", help="run one peer against a deployed ledger")
+    p = sub.add_parser(
+        "node",
+        help="run one peer against a deployed ledger",
+        description="Run one peer of a swarm against a deployed SwarmLedger (swarms across hosts or on a testnet).",
+        epilog=ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--rpc-url", help="the chain's JSON-RPC URL (default: the config's chain.rpc_url)")
     p.add_argument("--ledger", help="the SwarmLedger contract address (default: the config's chain.ledger)")
     p.add_argument(
@@ -18,15 +75,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="MULTIADDR",
-        help="a peer to connect to first, /ip4/.../tcp/.../p2p/<id> (repeatable; added to p2p.bootstrap)",
+        help="a peer to connect to first, /ip4/.../tcp/.../p2p/<id> as another peer printed it "
+        "(repeatable; added to p2p.bootstrap)",
     )
     p.add_argument(
         "--listen",
         action="append",
         default=None,
         metavar="MULTIADDR",
-        help="listen address (default: p2p.listen_host and p2p.listen_port of the config, "
-        "127.0.0.1 and any free port; use 0.0.0.0 across hosts)",
+        help="listen address (default: p2p.listen_host and p2p.listen_port of the config, 127.0.0.1 and any "
+        "free port); across hosts use /ip4/0.0.0.0/tcp/PORT: the addresses printed and written to "
+        "<workdir>/peer.json are then this host's interface addresses",
     )
     p.add_argument(
         "--workdir",
@@ -34,10 +93,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=Path("swarm-node"),
         help="keys, blob store, metrics and status of this peer (default ./swarm-node)",
     )
-    p.add_argument("--partition", metavar="i/N", help="take shard i of N of the dataset (seeded by swarm.seed)")
+    p.add_argument(
+        "--keystore",
+        type=Path,
+        help=f"the Ethereum keystore (default <workdir>/{KEYSTORE_NAME}; created on first use, "
+        "password from SWARM_KEYSTORE_PASSWORD); SWARM_PRIVATE_KEY, when set, is used instead",
+    )
+    p.add_argument(
+        "--partition",
+        metavar="i/N",
+        help="train on shard i of N (0-based) of the dataset, split by data.partition and swarm.seed: "
+        "peers that share dataset files must each take a distinct i with the same N",
+    )
     p.add_argument("--data-dir", help="folder holding this peer's dataset files")
     p.add_argument("--fault", help=argparse.SUPPRESS)  # testing hook (node/peer/faults.py): never for real runs
-    p.add_argument("-v", "--verbose", action="store_true")
+    verbosity = p.add_mutually_exclusive_group()
+    verbosity.add_argument("-v", "--verbose", action="store_true", help="log everything, full tracebacks on errors")
+    verbosity.add_argument("-q", "--quiet", action="store_true", help="print only warnings and errors")
+    dashboard.add_options(p)
     common.add_config_options(p)
     p.set_defaults(func=handle)
 
@@ -45,10 +118,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     import trio
 
+    from node.chain.errors import LedgerError
+    from node.chain.keys import AccountLoadError
     from node.cli import CLIError
+    from node.cli.node_output import NodeReporter
     from node.learning.partition import parse_partition_spec
     from node.peer.faults import check_fault
     from node.peer.runner import NodeOptions, run_node
+    from p2p.errors import P2PError
 
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -62,17 +139,142 @@ def handle(args: argparse.Namespace) -> int:
         mechanism_params(config)  # a bad mechanism setting fails here, before any network work
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
-    rpc_url, ledger = args.rpc_url or config.chain.rpc_url, args.ledger or config.chain.ledger
-    if not (rpc_url and ledger):
+    rpc_url, ledger_address = args.rpc_url or config.chain.rpc_url, args.ledger or config.chain.ledger
+    if not (rpc_url and ledger_address):
         raise CLIError("give --rpc-url and --ledger (or chain.rpc_url and chain.ledger in the config)")
     listen = args.listen or [f"/ip4/{config.p2p.listen_host}/tcp/{config.p2p.listen_port}"]
+    bootstrap = [*args.bootstrap, *config.p2p.bootstrap]
+    for addr in bootstrap:
+        if "/p2p/" not in addr:
+            raise CLIError(f"bootstrap address {addr!r} must end with /p2p/<peer id> (as the other peer printed it)")
+
+    say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
+
+    def warn(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    p2p_password = _p2p_password()
+    account = _account(args)
+    ledger = _check_ledger(rpc_url, ledger_address, config)
+    if partition is None and config.swarm.peers > 1 and not config.data.data_dir:
+        warn(
+            f"warning: no --partition: this peer trains on the whole {config.data.dataset} dataset, as does every "
+            f"peer started without one; give each of the {config.swarm.peers} peers its own shard with --partition "
+            f"i/{config.swarm.peers} (i = 0..{config.swarm.peers - 1})"
+        )
+
+    def commitments(r: int) -> list[tuple[str, int]]:
+        return [(c.peer, int(c.num_samples)) for c in ledger.commitments(r)]
+
     options = NodeOptions(
         rpc_url=rpc_url,
-        ledger=ledger,
+        ledger=ledger_address,
         workdir=args.workdir,
-        bootstrap=[*args.bootstrap, *config.p2p.bootstrap],
+        bootstrap=bootstrap,
         listen=listen,
         partition=partition,
         fault=fault,
+        account=account,
+        p2p_password=p2p_password,
     )
-    return trio.run(run_node, config, options)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    reporter = NodeReporter(
+        args.workdir,
+        rounds=config.swarm.rounds,
+        say=say,
+        warn=warn,
+        commitments=commitments,
+        partitioned=partition is not None or bool(config.data.data_dir),
+        bootstrap=bootstrap,
+    )
+    served = dashboard.start(args, args.workdir, rpc_url=rpc_url, ledger=ledger_address)
+    reporter.start()
+    try:
+        status = trio.run(run_node, config, options)
+    except BaseException as exc:
+        reporter.stop()
+        if common.interrupted(exc):
+            raise KeyboardInterrupt from None
+        expected = (LedgerError, AccountLoadError, P2PError, RuntimeError, TimeoutError, ValueError, OSError)
+        known = common.expected_failure(exc, expected + (trio.TooSlowError,))
+        if known is None:
+            raise
+        if args.verbose:
+            traceback.print_exception(exc)
+        raise CLIError(common.one_line(known, HINTS)) from None
+    finally:
+        if served:
+            served.close()
+    reporter.stop()
+    say(reporter.summary())
+    return int(status)
+
+
+def _p2p_password() -> bytes:
+    """SWARM_P2P_PASSWORD, or a prompt on a terminal; a one-line error naming the variable otherwise."""
+    from node.cli import CLIError
+    from node.peer.runner import p2p_password
+
+    try:
+        return p2p_password()
+    except (RuntimeError, EOFError) as exc:
+        raise CLIError(f"{exc} (created on first use; see swarm node --help)") from None
+
+
+def _account(args: argparse.Namespace) -> LocalAccount:
+    """SWARM_PRIVATE_KEY, else the keystore (created on first use: its address is printed)."""
+    from node.chain import keys
+    from node.cli import CLIError
+
+    path = args.keystore or args.workdir / KEYSTORE_NAME
+
+    def created(account: LocalAccount, where: Path) -> None:
+        print(
+            f"created keystore {where} for address {account.address}: fund this address on the swarm's chain "
+            "before the peer can register and commit",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    try:
+        return keys.load_account(path, create=True, on_create=created)
+    except keys.AccountLoadError as exc:
+        raise CLIError(str(exc)) from None
+
+
+def _check_ledger(rpc_url: str, address: str, config: Config) -> LedgerClient:
+    """A read-only client of the ledger, after checking what would otherwise fail late."""
+    from node.chain.client import LedgerClient, connect
+    from node.chain.errors import LedgerError
+    from node.chain.evm import UnsupportedEVM
+    from node.cli import CLIError
+    from node.derive import genesis
+    from node.protocol.blob import sha256
+
+    try:
+        w3 = connect(rpc_url)
+    except UnsupportedEVM as exc:  # reachable, but cannot run the contract: its own message says how to fix it
+        raise CLIError(str(exc)) from None
+    except (ValueError, LedgerError) as exc:
+        raise CLIError(
+            f"cannot reach the chain at {rpc_url} ({common.short_reason(exc)}): start it or fix --rpc-url"
+        ) from None
+    try:
+        ledger = LedgerClient(w3, address)
+        params = ledger.params()
+        current = ledger.current_round()
+    except (ValueError, LedgerError) as exc:
+        raise CLIError(f"{exc}: check --ledger (the address swarm deploy printed) and --rpc-url") from None
+    ours = sha256(genesis(config))
+    if ours != bytes(params.genesis_digest):
+        raise CLIError(
+            f"this node's settings give genesis digest {ours.hex()[:16]}..., the ledger's is "
+            f"{bytes(params.genesis_digest).hex()[:16]}...: start it with the --config (and --set values) "
+            "the ledger was deployed with"
+        )
+    if current > config.swarm.rounds:
+        raise CLIError(
+            f"the swarm on {ledger.address} has finished: its {config.swarm.rounds} rounds have ended (the ledger is "
+            f"at round {current}); nothing to join: deploy a new ledger for a new swarm"
+        )
+    return ledger

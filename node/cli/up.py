@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from node.cli import common
+from node.cli import common, dashboard
 
 SHORTCUTS = {
     "peers": "swarm.peers",
@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--epsilon", type=float, help="the mechanism's epsilon (per coordinate for local mechanisms)")
     p.add_argument("--seed", type=int, help="the one seed of the run")
     p.add_argument("--out", type=Path, help="run folder (default runs/<timestamp>)")
+    dashboard.add_options(p)
     common.add_config_options(p)
     p.set_defaults(func=handle)
 
@@ -37,10 +38,16 @@ def handle(args: argparse.Namespace) -> int:
     from node.runs.local import run_up
 
     config = common.load(args, SHORTCUTS)
+    if args.dashboard:  # the page needs the run folder before the run creates it
+        args.out = dashboard.run_folder(args, config)
+    served = dashboard.start(args, args.out)
     try:
         report = run_up(config, out=args.out, json_output=args.json)
     except (FileExistsError, ValueError, AnvilError) as exc:
         raise CLIError(str(exc)) from exc
+    finally:
+        if served:
+            served.close()
     if args.json:
         common.emit_json(report)
     else:

@@ -18,7 +18,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("verify", help="re-check every round: blobs vs commitments, aggregates, eps per peer")
     p.add_argument("--rpc-url", help="the chain's JSON-RPC URL")
     p.add_argument("--ledger", help="the SwarmLedger contract address")
-    p.add_argument("--archive", type=Path, help="folder of the run's blobs (content-addressed)")
+    p.add_argument(
+        "--archive",
+        type=Path,
+        action="append",
+        metavar="DIR",
+        help="a folder of the run's blobs (content-addressed), or a `swarm node` workdir (its blobs/ is read); "
+        "repeatable: every peer's folder together holds the run",
+    )
     p.add_argument("--run", type=Path, help="a `swarm up` run folder: restarts a local chain from its saved state")
     p.add_argument("--json", action="store_true", help="print one JSON document for scripts")
     p.set_defaults(func=handle)
@@ -39,7 +46,7 @@ def handle(args: argparse.Namespace) -> int:
     return _verify(ledger, args.archive, args.json)
 
 
-def _verify_run(run: Path, archive: Path | None, as_json: bool) -> int:
+def _verify_run(run: Path, archive: list[Path] | None, as_json: bool) -> int:
     from node.chain.anvil import AnvilError, start_anvil
     from node.chain.client import LedgerClient, connect
     from node.cli import CLIError
@@ -57,17 +64,28 @@ def _verify_run(run: Path, archive: Path | None, as_json: bool) -> int:
         raise CLIError(str(exc)) from exc
     with anvil:
         ledger = LedgerClient(connect(anvil.url), info["ledger"])
-        return _verify(ledger, archive or run / "archive", as_json)
+        return _verify(ledger, archive or [run / "archive"], as_json)
 
 
-def _verify(ledger: LedgerClient, archive_dir: Path, as_json: bool) -> int:
+def blob_folders(archives: list[Path]) -> list[Path]:
+    """The blob folders to read: each --archive as given, or its blobs/ when it is a `swarm node`
+    workdir (a folder with a blobs/ folder inside)."""
     from node.cli import CLIError
-    from node.verify import verify
+
+    folders = []
+    for archive in archives:
+        if not archive.is_dir():
+            raise CLIError(f"archive folder {archive} does not exist")
+        folders.append(archive / "blobs" if (archive / "blobs").is_dir() else archive)
+    return folders
+
+
+def _verify(ledger: LedgerClient, archives: list[Path], as_json: bool) -> int:
+    from node.verify import ArchiveStores, verify
     from p2p.store import DiskBlobStore
 
-    if not archive_dir.is_dir():
-        raise CLIError(f"archive folder {archive_dir} does not exist")
-    report = verify(ledger, DiskBlobStore(archive_dir))
+    stores = ArchiveStores([DiskBlobStore(folder) for folder in blob_folders(archives)])
+    report = verify(ledger, stores)
     if as_json:
         common.emit_json(report.to_dict())
     else:
@@ -96,6 +114,11 @@ def _print(report: VerifyReport) -> None:
             str(r.eps_ok),
         )
     console.print(t)
+    if report.not_started is not None:
+        console.print(
+            f"round {report.not_started}: not started (open, no commitment yet; the ledger opens the next round "
+            "when one ends): not shown, nothing to check"
+        )
     for peer, entry in sorted(report.peers.items()):
         record = (
             f"; record-level eps {entry['record_eps_spent']} at delta {entry.get('record_delta')}, protecting "

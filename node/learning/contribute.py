@@ -64,6 +64,7 @@ def contribute(
         seed=seed,
         dp=settings.dp,
         privacy_generator=noise,
+        device=settings.device,  # the model comes back on the CPU: the blob is encoded from CPU tensors
     )
     local, _ = flatten(model)
     shared = local - global_vector if settings.shared.share == "update" else local

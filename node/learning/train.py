@@ -15,6 +15,12 @@ sampling with rate batch_size / N. The rate and the number of steps come from
 `mechanisms.record_level.round_steps`, the function the record-level accountant uses, so what is
 trained and what is accounted cannot differ. Accounting is not done here: a round's privacy loss
 counts once it is released, from the sample count committed on chain (`record_level_spend`).
+
+`device` (node.learning.device) is where the model and the batches live while training or
+evaluating; the model is always given back on the CPU, so what is flattened into a blob never
+leaves the CPU path. The generators stay on the CPU (the secret generator is a CPU MT19937):
+batch orders and Poisson samples are drawn there and moved, and DP-SGD's noise is drawn on the
+CPU and moved to the device (`_CPUNoiseDPOptimizer`), so a CUDA peer's noise is exactly as secret.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from opacus import GradSampleModule
 from opacus.optimizers import DPOptimizer
+from opacus.optimizers.optimizer import _check_processed_flag, _generate_noise, _mark_as_processed
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
@@ -69,11 +76,13 @@ def train_local(
     seed: int,
     dp: DPSGDPolicy | None = None,
     privacy_generator: torch.Generator | None = None,
+    device: torch.device | str = "cpu",
 ) -> TrainResult:
     """Train `model` in place on (x, y) and report what the round needs.
 
     With `dp`, the policy's batch size and epochs are used (they must equal `batch_size` and
-    `epochs`), and `privacy_generator` is required: the noise and the Poisson batches draw from it."""
+    `epochs`), and `privacy_generator` is required: the noise and the Poisson batches draw from it.
+    The model trains on `device` and is on the CPU again when this returns (also after an error)."""
     n = int(y.shape[0])
     if n < 1 or x.shape[0] != n:
         raise ValueError(f"need as many inputs as labels and at least one: x {tuple(x.shape)}, y {tuple(y.shape)}")
@@ -85,17 +94,39 @@ def train_local(
         raise ValueError(f"lr must be > 0, got {lr!r}")
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    if dp is not None:
+        if privacy_generator is None:
+            raise ValueError(
+                "DP-SGD needs a privacy_generator for its noise and batches (secret_generator() in a peer)"
+            )
+        if (batch_size, epochs) != (dp.batch_size, dp.epochs):
+            raise ValueError(
+                f"DP-SGD trains with the policy's batch size {dp.batch_size} and {dp.epochs} epoch(s), "
+                f"not {batch_size} and {epochs}: the accountant counts the policy's steps"
+            )
     model.train()
-    if dp is None:
-        return _train_sgd(model, x, y, epochs, batch_size, lr, momentum, torch.Generator().manual_seed(seed))
-    if privacy_generator is None:
-        raise ValueError("DP-SGD needs a privacy_generator for its noise and batches (secret_generator() in a peer)")
-    if (batch_size, epochs) != (dp.batch_size, dp.epochs):
-        raise ValueError(
-            f"DP-SGD trains with the policy's batch size {dp.batch_size} and {dp.epochs} epoch(s), "
-            f"not {batch_size} and {epochs}: the accountant counts the policy's steps"
-        )
-    return _train_dpsgd(model, x, y, lr, momentum, privacy_generator, dp)
+    with on_device(model, x, y, device) as (x, y):
+        if dp is None:
+            return _train_sgd(model, x, y, epochs, batch_size, lr, momentum, torch.Generator().manual_seed(seed))
+        assert privacy_generator is not None  # checked above
+        return _train_dpsgd(model, x, y, lr, momentum, privacy_generator, dp)
+
+
+@contextmanager
+def on_device(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device | str
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Move the model and the data to `device` for the block, and the model back to the CPU after
+    it: the caller flattens the model into blobs, which are encoded from CPU tensors only."""
+    target = torch.device(device)
+    if target.type == "cpu":  # the usual case: no copies
+        yield x, y
+        return
+    model.to(target)
+    try:
+        yield x.to(target), y.to(target)
+    finally:
+        model.to("cpu")
 
 
 @contextmanager
@@ -134,7 +165,7 @@ def _train_sgd(
         optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         for _ in range(epochs):
             losses = []
-            order = torch.randperm(n, generator=generator)
+            order = torch.randperm(n, generator=generator).to(x.device)  # drawn on the CPU generator
             for start in range(0, n, batch_size):
                 batch = order[start : start + batch_size]
                 optimizer.zero_grad(set_to_none=True)
@@ -161,7 +192,9 @@ def _train_dpsgd(
     sample_rate, total_steps = round_steps(dp.batch_size, dp.epochs, n)
     steps_per_epoch = total_steps // dp.epochs
     grad_module = GradSampleModule(model)
-    optimizer = DPOptimizer(
+    # The CPU path keeps opacus' own optimizer; on another device the noise is drawn on the CPU.
+    optimizer_class = DPOptimizer if x.device.type == "cpu" else _CPUNoiseDPOptimizer
+    optimizer = optimizer_class(
         torch.optim.SGD(grad_module.parameters(), lr=lr, momentum=momentum),
         noise_multiplier=dp.noise_multiplier,
         max_grad_norm=dp.max_grad_norm,
@@ -181,7 +214,7 @@ def _train_dpsgd(
                 steps += 1  # an empty Poisson batch is a step too: the accountant counts it
                 if len(batch) == 0:
                     continue
-                index = torch.as_tensor(batch, dtype=torch.long)
+                index = torch.as_tensor(batch, dtype=torch.long, device=x.device)
                 optimizer.zero_grad(set_to_none=True)
                 loss = F.cross_entropy(grad_module(x[index]), y[index])
                 loss.backward()
@@ -195,9 +228,34 @@ def _train_dpsgd(
     return TrainResult(n, mean_loss, steps)
 
 
+class _CPUNoiseDPOptimizer(DPOptimizer):
+    """opacus' DPOptimizer with the noise drawn on the generator's device (the CPU) and then moved
+    to the gradients' device. opacus draws on the gradients' device, which a CPU generator cannot
+    do for CUDA tensors, and a CUDA generator could not be seeded from the OS CSPRNG the way
+    mechanisms.randomness.secret_generator seeds the CPU one. Same draws in the same order as
+    opacus' add_noise (tests/node/learning/test_device.py checks the bits on the CPU)."""
+
+    def add_noise(self) -> None:
+        generator_device = self.generator.device if self.generator is not None else torch.device("cpu")
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            reference = torch.empty(p.summed_grad.shape, dtype=p.summed_grad.dtype, device=generator_device)
+            noise = _generate_noise(
+                std=self.noise_multiplier * self.max_grad_norm,
+                reference=reference,
+                generator=self.generator,
+                secure_mode=self.secure_mode,
+            )
+            p.grad = (p.summed_grad + noise.to(p.summed_grad.device)).view_as(p)
+            _mark_as_processed(p.summed_grad)
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> tuple[float, float]:
-    """(accuracy in [0, 1], mean cross-entropy loss) of `model` on (x, y).
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256, *, device: torch.device | str = "cpu"
+) -> tuple[float, float]:
+    """(accuracy in [0, 1], mean cross-entropy loss) of `model` on (x, y), computed on `device`
+    (the model is back on the CPU afterwards).
 
     Batches of 256 keep the activations in cache: on the PNPM CNN they evaluate twice as fast
     as batches of 1,024 (docs/SIMULATE.md)."""
@@ -207,7 +265,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     was_training = model.training
     model.eval()
     correct, total_loss = 0, 0.0
-    with channels_last(model, x) as x:
+    with on_device(model, x, y, device) as (x, y), channels_last(model, x) as x:
         for start in range(0, n, batch_size):
             logits = model(x[start : start + batch_size])
             target = y[start : start + batch_size]

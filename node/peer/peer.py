@@ -27,7 +27,7 @@ import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
 from mechanisms.randomness import secret_generator
 from mechanisms.record_level import RecordAccountant, record_level_spend
-from node.chain.errors import LedgerError, RoundNotClosed
+from node.chain.errors import LedgerError, LedgerUnavailable, RoundNotClosed
 from node.chain.records import PROTECTS_WORDS, Commitment, RoundInfo
 from node.learning.contribute import contribute, round_seed
 from node.learning.models import init_model
@@ -44,6 +44,8 @@ from p2p import peer_id_from_bytes
 log = logging.getLogger("swarm.peer")
 
 T = TypeVar("T")
+
+RPC_RETRY_INTERVAL = 1.0  # seconds between two calls while the chain's RPC does not answer
 
 
 class Phase(enum.StrEnum):
@@ -105,6 +107,7 @@ class Peer:
         run_sync: RunSync = trio.to_thread.run_sync,
         accountant_path: Path | None = None,
         identity: PrivateKey | None = None,
+        registration_ok: Callable[[str, bytes], bool] | None = None,
     ) -> None:
         self.s = settings
         self.ledger = ledger
@@ -132,11 +135,30 @@ class Peer:
         # the libp2p key of host.peer_id_bytes: it signs the registration (None: in-memory tests
         # only; the peer then registers unsigned, which real peers and `swarm verify` ignore)
         self.identity = identity
+        # blocking: does (committer address, its on-chain peer id) hold the registration that owns
+        # the peer id (signed by its key, the first to verify)? None: every registration counts
+        # (the in-memory tests, whose fake chain has no signatures)
+        self.registration_ok = registration_ok
 
     # ---------------------------------------------------------------- helpers
     async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Call the (synchronous) ledger off the event loop."""
-        return await self._off_loop(fn, *args, **kwargs)
+        """Call the (synchronous) ledger off the event loop. While the RPC endpoint does not
+        answer (`LedgerUnavailable`: the client's own retries are used up), wait and call again,
+        for at most `chain_timeout`: an RPC outage delays the peer, it does not end it. Nothing
+        was sent when the client raises it (it comes from reads and estimates), so calling a
+        transaction again is safe."""
+        deadline = trio.current_time() + self.s.chain_timeout
+        warned = False
+        while True:
+            try:
+                return await self._off_loop(fn, *args, **kwargs)
+            except LedgerUnavailable as exc:
+                if trio.current_time() >= deadline:
+                    raise
+                if not warned:
+                    log.warning("round %d: the chain does not answer (%s); trying again", self.round, exc)
+                    warned = True
+                await trio.sleep(RPC_RETRY_INTERVAL)
 
     async def _off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking call (ledger, training, aggregation, evaluation) without blocking the loop."""
@@ -247,6 +269,19 @@ class Peer:
         state = accountant.to_dict() | {"policy": self.s.dp.to_dict(), "epsilon": eps, "delta": delta}
         write_json_atomic(self.accountant_path, state)
 
+    async def _resync_commits(self) -> None:
+        """After a commit that failed without a clear refusal (the RPC went away while it was being
+        sent), take our commits from the chain again: if it landed after all, its eps is spent and
+        the accountant must count it."""
+        history = await self.chain(self.ledger.commit_history, self.address)
+        if len(history) != self._commits:
+            log.warning(
+                "the chain holds %d commit(s) of ours, not %d: continuing from the chain", len(history), self._commits
+            )
+            self._my_counts = [int(c.num_samples) for c in history]
+            self._commits = len(history)
+            self._save_accountant()
+
     def _committed(self, r: int) -> bool:
         return self.address in self.ledger.participants(r)
 
@@ -340,6 +375,7 @@ class Peer:
                 log.warning("round %d: %s", r, exc)
             except LedgerError as exc:  # window closed under us, or similar: follow this round
                 log.warning("round %d: commit refused: %s", r, exc)
+                await self._resync_commits()
         out.committed = out.committed or already
 
         self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
@@ -457,13 +493,20 @@ class Peer:
             receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), encode_bitmap(included))
         except RoundNotClosed:  # a majority finalized (or the round was aborted) before our vote
             return included, 0
+        except LedgerError as exc:  # e.g. sent but unconfirmed while the RPC was away: the round goes on
+            log.warning("round %d: attestation failed: %s", r, exc)
+            return included, 0
         return included, _gas(receipt)
 
     async def _agreement(self, r: int) -> Agreement:
         """The agreement step of round r over its on-chain set, wired to this peer's ledger, host and store."""
         commitments = await self.chain(self.ledger.commitments, r)
-        peer_ids = [peer_id_from_bytes(await self.chain(self.ledger.peer_id_of, c.peer)) for c in commitments]
-        refused = [await self._policy_violation(r, c) for c in commitments]
+        raw_ids = [await self.chain(self.ledger.peer_id_of, c.peer) for c in commitments]
+        peer_ids = [peer_id_from_bytes(raw) for raw in raw_ids]
+        refused = [
+            await self._registration_problem(r, c, raw) or await self._policy_violation(r, c)
+            for c, raw in zip(commitments, raw_ids)
+        ]
         return Agreement(
             r,
             commitments,
@@ -476,6 +519,20 @@ class Peer:
             read_attestations=lambda: self.chain(self.ledger.attestations, r),
             refused=refused,
         )
+
+    async def _registration_problem(self, r: int, c: Commitment, peer_id: bytes) -> tuple[str, str] | None:
+        """Why commitment `c` of round r comes from an account that does not own its peer id (a
+        squatter: its registration does not verify, or another registration of the peer id came
+        first), or None. Registrations precede commits, so every honest peer reading the chain
+        decides alike, and leaves the commit out unfetched."""
+        check = self.registration_ok
+        if c.peer == self.address or check is None:
+            return None
+        if await self.chain(check, c.peer, peer_id):
+            return None
+        reason = f"{c.peer} does not own peer id 0x{peer_id.hex()}: its registration does not verify"
+        log.warning("round %d: leaving out %s: %s", r, c.peer, reason)
+        return ("registration", reason)
 
     async def _policy_violation(self, r: int, c: Commitment) -> tuple[str, str] | None:
         """Why commitment `c` of round r breaks the swarm's privacy policy (its mechanism, or an
@@ -524,7 +581,7 @@ class Peer:
 
     def _evaluate(self, vector: torch.Tensor) -> tuple[float, float]:
         self.model.load_state_dict(unflatten(vector, self.spec))
-        return evaluate(self.model, self.test_x, self.test_y)
+        return evaluate(self.model, self.test_x, self.test_y, device=self.s.device)
 
 
 class BudgetExhausted(Exception):

@@ -7,18 +7,22 @@ import getpass
 import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import trio
+from eth_account.signers.local import LocalAccount
 
 from node.chain.client import LedgerClient, connect
 from node.chain.keys import load_account
+from node.chain.liveness import watch_chain
 from node.chain.registration import Registration, resolve
 from node.config import Config
 from node.derive import load_shard, peer_settings
+from node.peer.addresses import advertised_addrs
 from node.peer.faults import WrongBytesStore
 from node.peer.peer import Peer, RoundOutcome
 from node.protocol import wire
@@ -42,6 +46,10 @@ class NodeOptions:
     listen: list[str]
     partition: tuple[int, int] | None  # (i, N): this peer's shard of the dataset
     fault: str | None = None
+    # Unlocked by the caller (`swarm node` does it before any network work, so a wrong password
+    # or a new key's address shows at once); None: the workdir's keystore and SWARM_P2P_PASSWORD.
+    account: LocalAccount | None = None
+    p2p_password: bytes | None = None
 
 
 def p2p_password() -> bytes:
@@ -55,23 +63,39 @@ def p2p_password() -> bytes:
 
 class RegistryCache:
     """The admission predicate p2p asks on every stream and message: is this libp2p peer
-    registered on the ledger, with a registration its own key signed? Refreshed from the chain in
-    the background, reading only the blocks after the last one it scanned; unknown peers are
-    refused until the next refresh sees them. A peer id is admitted once some registration of it
-    verifies (`node.chain.registration.resolve`: the first such registration owns it); squatters'
-    registrations, which cannot be signed by the peer id's key, are ignored."""
+    registered on the ledger, with a registration its own key signed, by an account the allowlist
+    has not removed? Refreshed from the chain in the background, reading only the blocks after the
+    last one it scanned (Registered and AllowlistChanged logs); unknown peers are refused until the
+    next refresh sees them. A peer id is admitted once some registration of it verifies
+    (`node.chain.registration.resolve`: the first such registration owns it); squatters'
+    registrations, which cannot be signed by the peer id's key, are ignored. `disallow` refuses
+    the owner's peer id from the next refresh on, `allow` admits it again."""
 
     def __init__(self, ledger: LedgerClient) -> None:
         self.ledger = ledger
         self.allowed: set[str] = set()
         self.owners: dict[bytes, Registration] = {}  # peer id -> the registration that owns it
+        self.removed: set[str] = set()  # accounts (lower case) the allowlist removed, until allowed again
         self.ignored = 0  # registrations whose signature does not verify
-        self.scanned_to: int | None = None  # last block whose Registered logs were read
+        self.scanned_to: int | None = None  # last block whose logs were read
+        self._lock = threading.Lock()  # the background refresh and `owns` (from the peer's threads)
 
     def __call__(self, peer_id: str) -> bool:
         return peer_id in self.allowed
 
+    def owns(self, address: str, peer_id: bytes) -> bool:
+        """Whether `address` holds the registration that owns `peer_id` (blocking). A committer's
+        registration precedes its commit, so one refresh makes the answer final."""
+        if bytes(peer_id) not in self.owners:
+            self.refresh()
+        owner = self.owners.get(bytes(peer_id))
+        return owner is not None and owner.address.lower() == address.lower()
+
     def refresh(self) -> None:
+        with self._lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         latest = self.ledger.block_number()
         start = self.ledger.params().deploy_block if self.scanned_to is None else self.scanned_to + 1
         if latest < start:
@@ -82,7 +106,6 @@ class RegistryCache:
                 continue
             if resolve([reg], chain_id, self.ledger.address):
                 self.owners[reg.peer_id] = reg
-                self.allowed = self.allowed | {peer_id_from_bytes(reg.peer_id)}
             else:
                 self.ignored += 1
                 log.warning(
@@ -90,6 +113,11 @@ class RegistryCache:
                     reg.address,
                     reg.peer_id.hex(),
                 )
+        for account, allowed in self.ledger.allowlist_changes(start, latest):
+            (self.removed.discard if allowed else self.removed.add)(account.lower())
+        self.allowed = {
+            peer_id_from_bytes(pid) for pid, reg in self.owners.items() if reg.address.lower() not in self.removed
+        }
         self.scanned_to = latest
 
     async def keep_fresh(self, interval: float = 1.0) -> None:
@@ -108,11 +136,11 @@ async def run_node(config: Config, options: NodeOptions) -> int:
     workdir = options.workdir
     workdir.mkdir(parents=True, exist_ok=True)
     w3 = await trio.to_thread.run_sync(lambda: connect(options.rpc_url))
-    account = load_account(workdir / "eth-keystore.json", create=True)
+    account = options.account or load_account(workdir / "eth-keystore.json", create=True)
     ledger = LedgerClient(w3, options.ledger, account)
     settings = peer_settings(config, fault=options.fault)
     train_xy, test_xy = await trio.to_thread.run_sync(lambda: load_shard(config, options.partition))
-    key_pair = load_or_create_identity(workdir / "p2p.key", p2p_password())
+    key_pair = load_or_create_identity(workdir / "p2p.key", options.p2p_password or p2p_password())
     disk = DiskBlobStore(workdir / "blobs")
     store: DiskBlobStore | WrongBytesStore = WrongBytesStore(disk) if options.fault == "wrong-bytes" else disk
     registry = RegistryCache(ledger)
@@ -129,7 +157,8 @@ async def run_node(config: Config, options: NodeOptions) -> int:
 
     async with open_host(host_config, store, allowed=registry) as host:
         write_json_atomic(
-            workdir / "peer.json", {"peer_id": host.peer_id, "addrs": host.addrs, "address": account.address}
+            workdir / "peer.json",
+            {"peer_id": host.peer_id, "addrs": advertised_addrs(host.addrs), "address": account.address},
         )
         with MetricsWriter(workdir / "metrics.jsonl") as metrics:
 
@@ -152,9 +181,11 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 on_status=on_status,
                 accountant_path=workdir / "privacy-accountant.json",
                 identity=key_pair.private_key,
+                registration_ok=registry.owns,
             )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(registry.keep_fresh)
+                nursery.start_soon(watch_chain, w3, options.rpc_url, lambda: peer.phase.value)  # nudge/warn if stalled
                 await peer.run(on_round=on_round)
                 nursery.cancel_scope.cancel()
     return 0

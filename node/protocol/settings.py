@@ -81,7 +81,9 @@ class SharedSettings:
 @dataclass(frozen=True)
 class PeerSettings:
     """What one peer runs with: the swarm's shared settings (with its privacy policy) plus its
-    local training and timing choices. With DP-SGD, `epochs` and `batch_size` are the policy's."""
+    local training and timing choices. With DP-SGD, `epochs` and `batch_size` are the policy's.
+    `device` is where this peer trains ("cpu" or "cuda", resolved from train.device): hardware
+    differs between peers, so it is not part of the shared settings or the genesis."""
 
     shared: SharedSettings
     epochs: int
@@ -94,6 +96,7 @@ class PeerSettings:
     poll_interval: float = 0.1
     chain_timeout: float = 600.0  # longest wait for any one chain state change
     linger: float = 5.0  # seconds to keep serving after the last round, for peers still fetching its model
+    device: str = "cpu"  # torch device local training runs on (node/learning/device.py)
     fault: str | None = None  # testing only: "wrong-bytes" or "scale:K" (node/peer/faults.py)
 
     @property

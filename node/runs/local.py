@@ -258,6 +258,21 @@ def run_up(config: Config, *, out: Path | None, json_output: bool) -> dict:
         return swarm.finish(interrupted)
 
 
+def live_title(ledger: str, live_round: int, rounds: int, ended: dict[int, str]) -> str:
+    """The live table's title. The ledger opens round rounds + 1 when the last one ends, so the
+    round shown stops at the last one ("round 5 of 5", never "round 6 of 5"); only the swarm's own
+    rounds are counted."""
+    mine = [state for r, state in ended.items() if r <= rounds]
+    finalized = sum(state == "finalized" for state in mine)
+    aborted = len(mine) - finalized
+    warn = "  [bold red]most rounds aborted[/bold red]" if 2 * aborted > len(mine) > 0 else ""
+    done = "  done" if len(mine) >= rounds else ""
+    return (
+        f"swarm {ledger[:10]}…  round {min(live_round, rounds)} of {rounds}: "
+        f"{finalized} finalized, {aborted} aborted{warn}{done}"
+    )
+
+
 def _watch(swarm: LocalSwarm, json_output: bool) -> None:
     """Live progress: round, phase and last figures of every peer."""
 
@@ -273,14 +288,7 @@ def _watch(swarm: LocalSwarm, json_output: bool) -> None:
         for r in range(1, live_round):
             if r not in ended:
                 ended[r] = ledger.round_info(r).state.name.lower()
-        finalized = sum(s == "finalized" for s in ended.values())
-        aborted = len(ended) - finalized
-        current = min(live_round, config.swarm.rounds)
-        warn = "  [bold red]most rounds aborted[/bold red]" if 2 * aborted > len(ended) > 0 else ""
-        t = Table(
-            title=f"swarm {ledger.address[:10]}…  round {current} of {config.swarm.rounds}: "
-            f"{finalized} finalized, {aborted} aborted{warn}"
-        )
+        t = Table(title=live_title(ledger.address, live_round, config.swarm.rounds, ended))
         columns = ["peer", "round", "phase", "accuracy", whole]
         if dp_sgd:
             columns.append("eps (delta), each training record (DP-SGD)")

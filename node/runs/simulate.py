@@ -295,7 +295,7 @@ class Simulation:
                     timing.ledger += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     self.model.load_state_dict(unflatten(global_vector, self.spec))
-                    accuracy, loss = evaluate(self.model, self.test_x, self.test_y)
+                    accuracy, loss = evaluate(self.model, self.test_x, self.test_y, device=self.settings.device)
                     timing.evaluations.append(time.perf_counter() - t0)
                     timing.evaluate += timing.evaluations[-1]
                     exploded = (not np.isfinite(loss)) or float(global_vector.abs().max()) > DIVERGENCE_BOUND

@@ -36,6 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "node.verify": {"mechanisms", "node.protocol", "node.chain"},
     "node.peer": BELOW_PEER,
     "node.runs": BELOW_PEER | {"node.peer"},
+    "node.dashboard": {"node.chain", "node.runfiles", "node.runs"},  # reads run folders; round_rows from runs
     "node.cli": {"mechanisms", "p2p", "node"},
 }
 PROJECT = ("mechanisms", "p2p", "node")

@@ -34,6 +34,7 @@ PACKAGES = (
     "node/chain",
     "node/peer",
     "node/runs",
+    "node/dashboard",
     "node/cli",
 )
 SKIP_ANYWHERE = {".git", ".venv", "node_modules", "build", "dist", "__pycache__", ".hypothesis"}
@@ -130,6 +131,8 @@ def test_wheel_holds_every_package_and_the_artifact(wheel, source):
     }
     assert sources and sources <= names, f"modules missing from the wheel: {sorted(sources - names)}"
     assert "node/defaults.toml" in names
+    static = {f"node/dashboard/static/{p.name}" for p in (ROOT / "node/dashboard/static").iterdir()}
+    assert "node/dashboard/static/uplot.min.js" in static and static <= names, sorted(static - names)
     assert packed_artifact == (ROOT / ARTIFACT).read_bytes()
     assert not [n for n in names if n.split("/")[0] in ("tests", "scripts", "contracts", "docs", "examples")]
     assert not [n for n in names if "/tests/" in n or n.endswith((".pyc", ".sol"))]

@@ -1,0 +1,143 @@
+"""Keeps a peer from waiting forever on a chain that mines only on transactions.
+
+Round windows count blocks. A plain `anvil` or `ganache` mines a block only when a transaction
+arrives, so once a peer is missing nobody sends one, the commit window never passes, and every
+other peer sits in waiting-close (issue 16: 75 s and counting, the block number frozen).
+
+`watch_chain` runs beside the peer. While the peer waits on the chain (a phase in
+WAITING_PHASES) and no block has come for a while, it acts:
+- on a local dev chain (chain id 31337 or 1337: Anvil, Hardhat, Ganache) it mines an empty block
+  with `evm_mine` after 3 s without one (STALL_AFTER_DEV_S), then whenever a second passes without
+  one (NUDGE_EVERY_S) for as long as the peer waits: any block restarts the count, so several
+  waiting peers make the chain tick about once a second, not once a second each.
+  `evm_mine` rather than a zero-value self-transaction: it needs no gas and, above all, no nonce,
+  so it cannot race the peer's own transactions (the sender tracks nonces locally);
+- anywhere else (a testnet, a private chain) nothing is mined for it: it warns after 30 s
+  (STALL_AFTER_S; a public chain's slot is 12 s, so a shorter limit would cry wolf);
+- either way it logs one warning naming the URL and the fix: start the chain with interval
+  mining, `swarm chain` or `anvil --block-time 1`. A dev chain that refuses `evm_mine` (geth
+  --dev) gets the same warning and is no longer nudged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import trio
+from web3 import Web3
+from web3.types import RPCEndpoint
+
+log = logging.getLogger("swarm.chain")
+
+LOCAL_CHAIN_IDS = frozenset({31337, 1337})  # development chains: public dev keys, nothing of value
+# Peer phases (node.peer.peer.Phase values; this layer cannot import it) that wait for blocks.
+WAITING_PHASES = frozenset({"waiting-close", "waiting-final", "following"})
+STALL_AFTER_DEV_S = 3.0
+STALL_AFTER_S = 30.0
+NUDGE_EVERY_S = 1.0
+CHECK_EVERY_S = 0.5
+FIX = "start the chain with interval mining: `swarm chain`, or `anvil --block-time 1`"
+
+
+class ChainLiveness:
+    """One chain's stall detector; `check()` is one synchronous step (RPC calls inside)."""
+
+    def __init__(
+        self,
+        w3: Web3,
+        rpc_url: str,
+        *,
+        stall_after: float | None = None,
+        nudge_every: float = NUDGE_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.w3 = w3
+        self.rpc_url = rpc_url
+        self.clock = clock
+        self.chain_id = int(w3.eth.chain_id)
+        self.nudging = self.chain_id in LOCAL_CHAIN_IDS
+        default = STALL_AFTER_DEV_S if self.nudging else STALL_AFTER_S
+        self.stall_after = default if stall_after is None else stall_after
+        self.nudge_every = nudge_every
+        self.last_block = int(w3.eth.block_number)
+        self.last_change = clock()  # when the block number last moved (or this watcher mined)
+        self.nudges = 0  # empty blocks mined by this watcher
+        self.warned = False  # one warning per stall: re-armed when the chain moves on its own
+
+    def check(self, waiting: bool) -> str:
+        """Read the block number; nudge or warn if the peer is waiting and the chain stalled.
+        Returns what it did: "moving", "idle", "nudged" or "warned"."""
+        now = self.clock()
+        block = int(self.w3.eth.block_number)
+        if block != self.last_block:
+            self.last_block, self.last_change = block, now
+            if self.nudges == 0:
+                self.warned = False
+            return "moving"
+        # the first stall takes stall_after to be sure; once the chain is known to need it, a block
+        # is mined whenever nudge_every passes without one (from any peer: several waiting peers
+        # restart each other's count, so the chain ticks about once per nudge_every, not once per peer)
+        limit = self.nudge_every if self.nudging and self.nudges else self.stall_after
+        if not waiting or now - self.last_change < limit:
+            return "idle"
+        if self.nudging:
+            self.last_change = now  # the next nudge is due nudge_every from now
+            try:
+                self.w3.manager.request_blocking(RPCEndpoint("evm_mine"), [])
+            except Exception as exc:  # an error answer or none: stop nudging, say what to do
+                self.nudging = False
+                self._warn(f"it refused evm_mine ({type(exc).__name__}), so this peer cannot nudge it")
+                return "warned"
+            self.nudges += 1
+            self.last_block = int(self.w3.eth.block_number)  # our own block is not the chain moving
+            if not self.warned:
+                self._warn(
+                    f"this local dev chain gets an empty block (evm_mine) whenever {self.nudge_every:g} s pass "
+                    "without one while peers wait"
+                )
+            return "nudged"
+        if not self.warned:
+            self._warn(f"chain id {self.chain_id} is not a local dev chain, so this peer cannot mine for it")
+            return "warned"
+        return "idle"
+
+    def _warn(self, what: str) -> None:
+        self.warned = True
+        log.warning(
+            "the chain at %s made no block for %.0f s while this peer waits on a round window "
+            "(windows count blocks: it seems to mine only on transactions); %s. Fix: %s",
+            self.rpc_url,
+            self.stall_after,
+            what,
+            FIX,
+        )
+
+
+async def watch_chain(
+    w3: Web3,
+    rpc_url: str,
+    phase: Callable[[], str],
+    *,
+    interval: float = CHECK_EVERY_S,
+    stall_after: float | None = None,
+    nudge_every: float = NUDGE_EVERY_S,
+) -> None:
+    """Watch the chain while `phase()` (the peer's phase value) runs; ends when cancelled."""
+    watcher: ChainLiveness | None = None
+    while watcher is None:  # the RPC may be down at this moment: the peer reports that itself
+        try:
+            watcher = await trio.to_thread.run_sync(
+                lambda: ChainLiveness(w3, rpc_url, stall_after=stall_after, nudge_every=nudge_every)
+            )
+        except Exception as exc:
+            log.debug("chain liveness watcher not started yet: %s", exc)
+            await trio.sleep(interval)
+    while True:
+        waiting = phase() in WAITING_PHASES
+        try:
+            await trio.to_thread.run_sync(watcher.check, waiting)
+        except Exception as exc:  # a transient RPC error must not take the peer down
+            log.debug("chain liveness check failed: %s", exc)
+        await trio.sleep(interval)

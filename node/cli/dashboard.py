@@ -1,0 +1,104 @@
+"""`swarm dashboard --run DIR`: the live page of `swarm up --dashboard` / `swarm node --dashboard`,
+served from a finished run folder or a `swarm node` workdir; and the `--dashboard` options those
+two commands share (`add_options`, `start`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from node.config import Config
+    from node.dashboard.chainlog import ChainEventLog
+    from node.dashboard.server import Dashboard
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dashboard", help="serve the live page of a run folder or a swarm node workdir on 127.0.0.1")
+    p.add_argument("--run", type=Path, required=True, metavar="DIR", help="a `swarm up` run folder or a node workdir")
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
+    p.set_defaults(func=handle)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """`--dashboard` and `--dashboard-port`, for `swarm up` and `swarm node`."""
+    p.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve a live page (rounds, peers, curves, eps, gas, chain events) on 127.0.0.1; its URL is printed",
+    )
+    p.add_argument(
+        "--dashboard-port", type=int, default=0, metavar="PORT", help="port of the page (default: any free port)"
+    )
+
+
+def _serve(folder: Path, port: int, *, live: bool) -> Dashboard:
+    from node.cli import CLIError
+    from node.dashboard.server import Dashboard
+
+    if not 0 <= port <= 65535:
+        raise CLIError(f"port must be in 0..65535, got {port}")
+    try:
+        return Dashboard(folder, port=port, live=live).start()
+    except OSError as exc:
+        raise CLIError(f"cannot serve the dashboard on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+
+
+def run_folder(args: argparse.Namespace, config: Config) -> Path:
+    """The folder `swarm up` will write (the page needs it before the run makes it): --out, or
+    the same default node.runs.local.run_up picks."""
+    from node.runs.local import default_out_dir
+
+    if args.out is not None:
+        return Path(args.out)
+    return Path(config.output.dir) / default_out_dir().name if config.output.dir else default_out_dir()
+
+
+class Served:
+    """The page of a live run and, when the chain is known, the log of its events; `close()` stops both."""
+
+    def __init__(self, dashboard: Dashboard, events: ChainEventLog) -> None:
+        self.dashboard, self.events = dashboard, events
+
+    def close(self) -> None:
+        self.events.stop()
+        self.dashboard.stop()
+
+
+def start(
+    args: argparse.Namespace, folder: Path, *, rpc_url: str | None = None, ledger: str | None = None
+) -> Served | None:
+    """With --dashboard: serve `folder`'s page live, log the chain's events into it (from rpc_url
+    and ledger, or from the run.json a `swarm up` run writes after deploying), print the URL to
+    stderr (stdout may be --json). None without --dashboard."""
+    if not getattr(args, "dashboard", False):
+        return None
+    from node.dashboard.chainlog import ChainEventLog
+    from node.dashboard.snapshot import chain_source
+
+    dashboard = _serve(folder, args.dashboard_port, live=True)
+    events = ChainEventLog(folder, lambda: (rpc_url, ledger) if rpc_url and ledger else chain_source(folder))
+    events.start()
+    print(f"dashboard: {dashboard.url}", file=sys.stderr, flush=True)
+    return Served(dashboard, events)
+
+
+def handle(args: argparse.Namespace) -> int:
+    import time
+
+    from node.cli import CLIError
+
+    folder: Path = args.run
+    if not folder.is_dir():
+        raise CLIError(f"--run {folder} is not a folder")
+    if not any((folder / name).exists() for name in ("run.json", "peers", "status.json", "metrics.jsonl")):
+        raise CLIError(f"--run {folder} is neither a run folder (run.json, peers/) nor a swarm node workdir")
+    dashboard = _serve(folder, args.port, live=False)
+    print(f"dashboard: {dashboard.url} (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        dashboard.stop()

@@ -1,0 +1,119 @@
+"""The ledger's events, read while a page is served live and kept in `<folder>/chain-events.jsonl`,
+so the page can show them and `swarm dashboard --run DIR` still can after the chain has stopped.
+
+A thread of its own: web3 is synchronous and the peer's trio loop must not wait for it. The file
+is rewritten from the ledger's deploy block whenever the log starts, so a workdir reused for
+another run holds only this ledger's events. Event values come from the chain (hostile): they are
+decoded by the contract's ABI, and every byte string is shown as bounded hex or text."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eth_utils import event_abi_to_log_topic
+from web3 import Web3
+
+from node.chain.client import LedgerClient, connect, load_artifact
+from node.dashboard.snapshot import EVENTS_FILE
+from node.runfiles import MetricsWriter
+
+log = logging.getLogger(__name__)
+
+MAX_TEXT = 120  # characters of a byte string kept for the page (a mechanism's JSON, a signature)
+POLL_SECONDS = 1.0
+CHUNK_BLOCKS = 5_000  # blocks per eth_getLogs request (public RPCs cap the range)
+
+
+def _plain(value: Any) -> Any:
+    """An event argument as a bounded JSON value: bytes as hex (or text when it is printable JSON
+    such as a mechanism), integers past 2^53 as strings (JavaScript numbers lose them)."""
+    if isinstance(value, (bytes, bytearray)):
+        raw = bytes(value)
+        if raw[:1] == b"{" and raw.isascii():
+            text = raw.decode("ascii")
+        else:
+            text = "0x" + raw.hex()
+        return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value if abs(value) < 2**53 else str(value)
+    return str(value)[:MAX_TEXT]
+
+
+class ChainEventLog:
+    """Poll the ledger's logs every second and append them, decoded, to the folder's events file.
+    `source()` gives (rpc_url, ledger address) once they are known (a `swarm up` run writes
+    run.json only after deploying), or None meanwhile."""
+
+    def __init__(self, folder: Path, source: Callable[[], tuple[str, str] | None]) -> None:
+        self.folder = Path(folder)
+        self.source = source
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dashboard-chain-events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            where = self.source()
+            if where is not None:
+                try:
+                    self._follow(*where)
+                    return
+                except Exception as exc:  # the chain went away or answered nonsense: try again
+                    log.info("chain events: %s", exc)
+            self._stop.wait(POLL_SECONDS)
+
+    def _follow(self, rpc_url: str, address: str) -> None:
+        w3 = connect(rpc_url, timeout=5.0, check_evm=False)  # read only: any EVM serves logs
+        ledger = LedgerClient(w3, address)
+        abi = [item for item in load_artifact()["abi"] if item.get("type") == "event"]
+        events = {event_abi_to_log_topic(item): getattr(ledger.contract.events, item["name"])() for item in abi}
+        next_block = ledger.params().deploy_block
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / EVENTS_FILE).unlink(missing_ok=True)
+        with MetricsWriter(self.folder / EVENTS_FILE) as out:
+            while not self._stop.is_set():
+                try:
+                    latest = int(w3.eth.block_number)
+                    while next_block <= latest and not self._stop.is_set():
+                        end = min(latest, next_block + CHUNK_BLOCKS - 1)
+                        for record in self._read(w3, address, events, next_block, end):
+                            out.write(record)
+                        next_block = end + 1
+                except Exception as exc:  # transient (or the chain stopped after the run): keep polling
+                    log.debug("chain events: %s", exc)
+                self._stop.wait(POLL_SECONDS)
+
+    @staticmethod
+    def _read(w3: Web3, address: str, events: dict[bytes, Any], start: int, end: int) -> list[dict[str, Any]]:
+        logs = w3.eth.get_logs({"address": Web3.to_checksum_address(address), "fromBlock": start, "toBlock": end})
+        records = []
+        for entry in sorted(logs, key=lambda e: (e["blockNumber"], e["logIndex"])):
+            topics = entry["topics"]
+            event = events.get(bytes(topics[0])) if topics else None
+            if event is None:
+                continue  # not an event of the artifact's ABI
+            try:
+                decoded = event.process_log(entry)
+            except Exception:  # malformed log data: not shown
+                continue
+            records.append(
+                {
+                    "block": int(entry["blockNumber"]),
+                    "log_index": int(entry["logIndex"]),
+                    "event": str(decoded["event"]),
+                    "args": {str(k): _plain(v) for k, v in decoded["args"].items()},
+                }
+            )
+        return records

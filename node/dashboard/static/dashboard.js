@@ -1,0 +1,213 @@
+// The swarm dashboard: renders the snapshots node/dashboard/server.py pushes as server-sent events.
+// Every value comes from peers' files and the chain: text only ever goes in through textContent.
+"use strict";
+
+const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"];
+const charts = {};
+
+function el(tag, text, className) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  if (className) node.className = className;
+  return node;
+}
+
+function fmt(value, digits) {
+  return typeof value === "number" && isFinite(value) ? value.toFixed(digits) : "-";
+}
+
+function num(value) {
+  return typeof value === "number" && isFinite(value) ? value.toLocaleString("en") : "-";
+}
+
+function short(address) {
+  return typeof address === "string" && address.length > 12 ? address.slice(0, 8) + "…" + address.slice(-4) : address || "-";
+}
+
+function maxOf(table) {
+  const values = Object.values(table || {}).filter((v) => typeof v === "number");
+  return values.length ? Math.max(...values) : null;
+}
+
+function fillRows(tableId, rows) {
+  const body = document.querySelector(`#${tableId} tbody`);
+  body.replaceChildren(...rows);
+}
+
+function renderRounds(state) {
+  fillRows(
+    "rounds",
+    state.rounds.map((r) => {
+      const tr = el("tr");
+      tr.dataset.round = String(r.round);
+      tr.dataset.state = String(r.state);
+      const eps = maxOf(r.eps);
+      const record = maxOf(r.record_eps);
+      const cells = [
+        [r.round, "num"],
+        [r.state, `state-${r.state}`],
+        [r.committed ?? "-", "num"],
+        [fmt(r.accuracy, 4), "num"],
+        [fmt(r.loss, 4), "num"],
+        [eps === null ? "-" : `${eps.toPrecision(6)} (${r.delta ?? 0})`, "num"],
+        [record === null ? "-" : `${record.toPrecision(4)} (${r.record_delta ?? 0})`, "num"],
+        [num(r.gas), "num"],
+        [num(r.bytes_fetched), "num"],
+      ];
+      for (const [text, cls] of cells) tr.append(el("td", text, cls));
+      return tr;
+    }),
+  );
+}
+
+function epsText(value, scope, delta, digits) {
+  if (typeof value !== "number") return "-";
+  return `${value.toPrecision(digits)} (${scope || "?"}, delta ${delta ?? 0})`;
+}
+
+function renderPeers(state) {
+  fillRows(
+    "peers",
+    state.peers.map((p) => {
+      const last = [...p.history].reverse().find((m) => typeof m.eps_cumulative === "number") || {};
+      const tr = el("tr");
+      tr.dataset.peer = String(p.index);
+      for (const [text, cls] of [
+        [p.index, "num"],
+        [p.address || "-"],
+        [p.round ?? "-", "num"],
+        [p.phase],
+        [fmt(p.accuracy, 4), "num"],
+        [epsText(last.eps_cumulative, last.eps_protects, last.delta_cumulative, 6)],
+        [epsText(last.record_eps_cumulative, last.record_protects, last.record_delta, 4)],
+      ])
+        tr.append(el("td", text, cls));
+      return tr;
+    }),
+  );
+}
+
+function renderEvents(state) {
+  document.getElementById("events-note").textContent = state.events.length
+    ? `(newest first, ${state.events.length} shown)`
+    : state.live
+      ? "(none yet)"
+      : "(none recorded: chain-events.jsonl is written while a page is served live)";
+  fillRows(
+    "events",
+    [...state.events].reverse().map((e) => {
+      const args = e.args || {};
+      const details = Object.entries(args)
+        .filter(([k]) => k !== "round" && k !== "peer")
+        .map(([k, v]) => `${k}=${v}`)
+        .join(" ");
+      const tr = el("tr");
+      for (const text of [e.block, e.event, args.round ?? "-", short(args.peer || args.by || args.account), details])
+        tr.append(el("td", text));
+      return tr;
+    }),
+  );
+}
+
+// One uPlot per chart, rebuilt only when its series change (a new peer), else given new data.
+function plot(id, series, data, axes) {
+  const key = JSON.stringify(series.map((s) => s.label));
+  const target = document.getElementById(id);
+  if (!charts[id] || charts[id].key !== key) {
+    if (charts[id]) charts[id].chart.destroy();
+    const opts = {
+      width: 460,
+      height: 240,
+      scales: { x: { time: false } },
+      series: [{ label: "round" }, ...series],
+      axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500] }, ...axes],
+    };
+    charts[id] = { key, chart: new uPlot(opts, data, target) };
+  } else {
+    charts[id].chart.setData(data);
+  }
+}
+
+function renderCharts(state) {
+  if (typeof uPlot === "undefined") return;
+  const ended = state.rounds.filter((r) => r.state !== "running");
+  const xs = ended.map((r) => r.round);
+  plot(
+    "chart-accuracy",
+    [
+      { label: "accuracy", stroke: COLORS[0], scale: "acc", spanGaps: true },
+      { label: "loss", stroke: COLORS[1], scale: "loss", spanGaps: true },
+    ],
+    [xs, ended.map((r) => r.accuracy ?? null), ended.map((r) => r.loss ?? null)],
+    [{ scale: "acc", label: "accuracy" }, { scale: "loss", label: "loss", side: 1, grid: { show: false } }],
+  );
+  const rounds = [...new Set(state.peers.flatMap((p) => p.history.map((m) => m.round)))].sort((a, b) => a - b);
+  const epsSeries = [];
+  const epsData = [rounds];
+  state.peers.forEach((p, i) => {
+    const byRound = new Map(p.history.map((m) => [m.round, m]));
+    const first = p.history.find((m) => typeof m.eps_cumulative === "number") || {};
+    if (i === 0 && first.eps_protects)
+      document.getElementById("eps-caption").textContent =
+        `cumulative eps per peer: ${first.eps_protects}, delta ${first.delta_cumulative ?? 0}` +
+        (state.dp_sgd ? `; dashed: record-level (DP-SGD), delta ${first.record_delta ?? 0}` : "");
+    epsSeries.push({
+      label: `peer ${p.index}`,
+      stroke: COLORS[i % COLORS.length],
+      spanGaps: true,
+    });
+    epsData.push(rounds.map((r) => byRound.get(r)?.eps_cumulative ?? null));
+    if (state.dp_sgd) {
+      epsSeries.push({
+        label: `peer ${p.index} record-level`,
+        stroke: COLORS[i % COLORS.length],
+        dash: [6, 4],
+        spanGaps: true,
+      });
+      epsData.push(rounds.map((r) => byRound.get(r)?.record_eps_cumulative ?? null));
+    }
+  });
+  plot("chart-eps", epsSeries, epsData, [{ label: "eps" }]);
+  plot(
+    "chart-cost",
+    [
+      { label: "gas", stroke: COLORS[3], scale: "gas" },
+      { label: "bytes fetched", stroke: COLORS[2], scale: "bytes" },
+    ],
+    [xs, ended.map((r) => r.gas ?? null), ended.map((r) => r.bytes_fetched ?? null)],
+    [{ scale: "gas", label: "gas", size: 70 }, { scale: "bytes", label: "bytes", side: 1, size: 70, grid: { show: false } }],
+  );
+}
+
+function renderHeader(state) {
+  document.title = `swarm ${state.title}`;
+  document.getElementById("title").textContent = `swarm ${state.kind} ${state.title}`;
+  const done = state.rounds.filter((r) => r.state === "finalized" || r.state === "aborted");
+  const parts = [
+    state.ledger ? `ledger ${state.ledger} (chain ${state.chain_id})` : null,
+    state.mechanism ? `mechanism ${state.mechanism}${state.protects ? `, eps protects ${state.protects}` : ""}` : null,
+    `${done.length}${state.rounds_wanted ? ` of ${state.rounds_wanted}` : ""} rounds ended`,
+    state.finished ? "finished" : state.live ? "live" : "read from the folder",
+  ];
+  const summary = document.getElementById("summary");
+  summary.textContent = parts.filter(Boolean).join(" · ");
+  if (state.failure) summary.append(el("span", ` · FAILED: ${state.failure}`, "failure"));
+}
+
+function render(state) {
+  renderHeader(state);
+  renderRounds(state);
+  renderPeers(state);
+  renderEvents(state);
+  renderCharts(state);
+}
+
+const stream = new EventSource("/events");
+stream.addEventListener("state", (event) => {
+  document.getElementById("connection").textContent = "connected: updates as the run's files change";
+  render(JSON.parse(event.data));
+});
+stream.onerror = () => {
+  // EventSource reconnects by itself; the page keeps what it last showed.
+  document.getElementById("connection").textContent = "not connected (the run may have ended): showing the last state";
+};

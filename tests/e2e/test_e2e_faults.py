@@ -1,0 +1,265 @@
+"""The fault suite (issue 13, item 8): real Anvil, real `swarm node` processes, real SIGKILLs and a
+real RPC outage. Two swarm runs hold every scenario, to keep the suite cheap:
+
+1. six peers, four rounds: two peers killed at once (a third of the swarm) while one of them
+   trains; a peer killed once it committed and before the round closed; another killed while it
+   fetches (the first one's blob is then missing, so fetching lasts `fetch_timeout`); a peer killed
+   after it attested. Every killed peer is restarted from its workdir (same keys, store, accountant).
+2. three peers behind a TCP proxy in front of Anvil, which the test cuts for 30 s mid-round.
+
+What must hold in both: every round ends (finalized or aborted, none stuck), the swarm reaches its
+last round, every peer exits 0, no committed eps is lost (each peer's on-chain eps never decreases
+while the test watches, and its accountant file matches the chain after restarts), and no
+archived blob is lost (every finalized round's included blobs and aggregate are in the peers'
+stores, and `swarm verify` holds).
+
+Phases are read from each peer's `<workdir>/status.json` (written by the peer on every phase
+change) and from the chain."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import TypeVar
+from urllib.parse import urlparse
+
+import pytest
+
+from node.config import load_config
+from node.protocol.wire import decode_bitmap
+from node.runs.local import LocalSwarm, PeerProcess
+from p2p.store import DiskBlobStore
+from tests.e2e.tcpproxy import tcp_proxy
+
+pytestmark = pytest.mark.slow
+
+TINY = [
+    "data.dataset=digits",
+    "data.limit=600",
+    "data.test_limit=200",
+    "model.name=logreg",
+    "train.epochs=1",
+    "train.dp_sgd=true",  # a record-level accountant in every workdir, to check against the chain
+    "chain.block_time=0.25",
+]
+OUTAGE_SECONDS = 30.0
+
+T = TypeVar("T")
+
+
+def config(*sets: str):
+    return load_config(None, [*TINY, *sets])
+
+
+class Watch:
+    """Polls the chain and the peers while a swarm runs: records every peer's on-chain eps at
+    every tick (it must never decrease) and fails with the peers' logs on a timeout."""
+
+    def __init__(self, swarm: LocalSwarm) -> None:
+        self.swarm = swarm
+        self.eps: dict[str, list[tuple[int, int]]] = {p.address: [] for p in swarm.peers}
+
+    def tick(self) -> None:
+        ledger = self.swarm.ledger
+        for p in self.swarm.peers:
+            self.eps[p.address].append((ledger.eps_spent(p.address), ledger.record_eps_spent(p.address)))
+
+    def until(self, predicate: Callable[[], T | None], timeout: float, what: str) -> T:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            value = predicate()
+            if value:
+                return value
+            self.tick()
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}\n{logs(self.swarm)}")
+
+    def finish(self, timeout: float) -> None:
+        """Until every peer process exited (the last round is over)."""
+        self.until(lambda: not self.swarm.running(), timeout, "the peers to finish")
+        self.tick()
+
+    def assert_eps_never_decreased(self) -> None:
+        for address, seen in self.eps.items():
+            assert [e[0] for e in seen] == sorted(e[0] for e in seen), (address, seen)
+            assert [e[1] for e in seen] == sorted(e[1] for e in seen), (address, seen)
+
+
+def phase(p: PeerProcess) -> tuple[int, str]:
+    status = p.status()
+    return int(status.get("round", 0)), str(status.get("phase", ""))
+
+
+def logs(swarm: LocalSwarm) -> str:
+    parts = []
+    for p in swarm.peers:
+        code = p.process.poll() if p.process else None
+        text = (p.workdir / "peer.log").read_text(errors="replace") if (p.workdir / "peer.log").exists() else ""
+        lines = [line for line in text.splitlines() if "Failed to open TCP" not in line]
+        parts.append(f"--- peer {p.index} ({'running' if code is None else f'exit {code}'})\n" + "\n".join(lines[-40:]))
+    return "\n".join(parts)
+
+
+def kill(swarm: LocalSwarm, *indexes: int) -> None:
+    """SIGKILL, all at once, then reap."""
+    processes = [swarm.peers[i].process for i in indexes]
+    for process in processes:
+        assert process is not None and process.poll() is None, "the victim must be running when it is killed"
+        process.send_signal(signal.SIGKILL)
+    for process in processes:
+        assert process is not None
+        process.wait()
+
+
+def swarm_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def assert_the_swarm_survived(swarm: LocalSwarm, watch: Watch, rounds: int, killed: tuple[int, ...] = ()) -> list[str]:
+    """The common checks after a run: rounds ended, exit codes (`killed`: peers killed and not
+    restarted), eps, accountants, archive, verify. Returns the rounds' end states."""
+    ledger = swarm.ledger
+    codes = [p.process.returncode if p.process else None for p in swarm.peers]
+    assert codes == [-signal.SIGKILL if i in killed else 0 for i in range(len(codes))], logs(swarm)
+    assert ledger.current_round() == rounds + 1  # the swarm went on to its last round and past it
+    states = [ledger.round_info(r).state.name for r in range(1, rounds + 1)]
+    assert set(states) <= {"FINALIZED", "ABORTED"}, states  # none stuck
+    assert states[-1] == "FINALIZED", states  # and it still learns at the end
+
+    watch.assert_eps_never_decreased()
+    for p in swarm.peers:  # no committed eps lost: the accountant file is the chain's history
+        history = ledger.commit_history(p.address)
+        saved = json.loads((p.workdir / "privacy-accountant.json").read_text())
+        assert len(saved["history"]) == len(history), (p.index, saved, history)
+        assert saved["epsilon"] == pytest.approx(ledger.record_eps_spent(p.address) / 1e6, abs=2e-6), p.index
+
+    stores = [DiskBlobStore(p.workdir / "blobs") for p in swarm.peers]
+    for r, state in enumerate(states, start=1):  # no archived blob lost
+        if state != "FINALIZED":
+            continue
+        final = bytes(ledger.finalized_digest(r))
+        commitments = ledger.commitments(r)
+        winning = next(a for a in ledger.attestations(r) if a.aggregate_digest == final)
+        included = decode_bitmap(winning.included, len(commitments))
+        wanted = [final.hex()] + [bytes(c.digest).hex() for c, inc in zip(commitments, included) if inc]
+        missing = [d for d in wanted if not any(s.has(d) for s in stores)]
+        assert not missing, (r, missing)
+
+    swarm.finish(interrupted=False)
+    proc = swarm_cli("verify", "--run", str(swarm.out), "--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["ok"]
+    return states
+
+
+def test_sigkill_in_every_phase_a_third_at_once_and_restarts(tmp_path):
+    rounds = 4
+    cfg = config(
+        "swarm.peers=6",
+        f"swarm.rounds={rounds}",
+        "chain.min_peers=2",  # a round closes at its window's end with two peers up, not waiting for restarts
+        "chain.commit_window=40",  # 10 s: a round waits this long only while a peer is down
+        "chain.attest_window=48",  # 12 s, at least twice fetch_timeout
+        "chain.fetch_timeout=4",
+    )
+    with LocalSwarm(cfg, tmp_path / "run") as swarm:
+        watch = Watch(swarm)
+        swarm.start()
+        peers = swarm.peers
+        ledger = swarm.ledger
+
+        # A third of the swarm at once, one of them while training. They stay down until the next
+        # two kills: with registered peers missing, no round can close before its commit window
+        # ends, which keeps "committed, not closed" a phase of seconds rather than a race.
+        watch.until(lambda: phase(peers[0])[1] == "training", 180, "peer 0 training")
+        kill(swarm, 0, 1)
+        window = ledger.params().commit_window
+
+        # Committed in an open round (with time left in its window); then, once the round closes,
+        # the others cannot fetch its blob and fetch for fetch_timeout: one of them is killed there.
+        def committed_not_closed() -> bool:
+            r, ph = phase(peers[2])
+            if ph != "waiting-close":
+                return False
+            info = ledger.round_info(r)
+            committed = ledger.participants(r)
+            return (
+                info.state.name == "OPEN"
+                and ledger.block_number() + 8 < info.opened_block + window  # 2 s left at least
+                and peers[2].address in committed
+                and peers[3].address in committed
+            )
+
+        watch.until(committed_not_closed, 180, "peers 2 and 3 committed in an open round")
+        committed_in = phase(peers[2])[0]
+        kill(swarm, 2)
+        watch.until(lambda: phase(peers[3]) == (committed_in, "fetching"), 120, "peer 3 fetching")
+        kill(swarm, 3)
+        for i in (0, 1, 2, 3):  # from their workdirs: same keys, blob store and accountant
+            swarm.start_peer(i)
+
+        # After attesting, in a later round: killed as soon as its attestation is seen on chain
+        # (a round finalizes within a block of its majority, so the peer may be evaluating by then).
+        def attested() -> int | None:
+            for r in range(min(ledger.current_round(), rounds), committed_in, -1):
+                if any(a.peer == peers[4].address for a in ledger.attestations(r)):
+                    return r
+            return None
+
+        attested_in = watch.until(attested, 180, "peer 4 attests in a later round")
+        kill(swarm, 4)  # not restarted: under load its start-up can outlast the swarm's last round
+
+        watch.finish(300)
+        assert_the_swarm_survived(swarm, watch, rounds, killed=(4,))
+        # the peer killed after committing kept its commit: its eps stayed spent
+        assert peers[2].address in ledger.participants(committed_in)
+        assert any(a.peer == peers[4].address for a in ledger.attestations(attested_in))
+        # the restarted peers rejoined: each followed the swarm to its last finalized model
+        final = bytes(ledger.finalized_digest(rounds)).hex()
+        for i in range(4):
+            last = peers[i].metrics()[-1]
+            assert (last["round"], last["global_digest"]) == (rounds, final), (i, last)
+
+
+def test_rpc_unreachable_for_30_s_mid_round(tmp_path):
+    rounds = 2
+    cfg = config(
+        "swarm.peers=3",
+        f"swarm.rounds={rounds}",
+        "chain.min_peers=2",
+        "chain.commit_window=40",
+        "chain.attest_window=48",
+        "chain.fetch_timeout=4",
+    )
+    with LocalSwarm(cfg, tmp_path / "run") as swarm:
+        anvil = urlparse(swarm.anvil.url)
+        with tcp_proxy(anvil.hostname or "127.0.0.1", anvil.port or 80) as proxy:
+            direct = swarm.anvil.url
+            swarm.anvil.url = proxy.url  # only the peers' --rpc-url: the test itself reads the chain directly
+            try:
+                swarm.start()
+            finally:
+                swarm.anvil.url = direct
+            watch = Watch(swarm)
+            peers, ledger = swarm.peers, swarm.ledger
+
+            # Mid-round: once the first commit of round 1 is on chain, before the round closes.
+            watch.until(lambda: ledger.round_info(1).participant_count >= 1, 180, "a first commit")
+            assert ledger.round_info(1).state.name == "OPEN"
+            cut_at = time.monotonic()
+            proxy.cut()
+            while time.monotonic() - cut_at < OUTAGE_SECONDS:
+                assert all(p.process and p.process.poll() is None for p in peers), logs(swarm)
+                watch.tick()
+                time.sleep(0.5)
+            assert all(p.process and p.process.poll() is None for p in peers), logs(swarm)  # nobody gave up
+            proxy.restore()
+            watch.finish(240)
+        assert proxy.connections > 0
+        felt = [p.index for p in peers if "the chain does not answer" in (p.workdir / "peer.log").read_text()]
+        assert felt, logs(swarm)  # the outage reached the peers (and they waited it out)
+        assert_the_swarm_survived(swarm, watch, rounds)

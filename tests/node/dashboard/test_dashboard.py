@@ -1,0 +1,96 @@
+"""The dashboard without a browser: the snapshot read from a run folder (malformed files included),
+the HTTP routes, the event stream and the bounds on chain values. The browser test is
+tests/e2e/test_e2e_dashboard.py."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from node.dashboard.chainlog import MAX_TEXT, _plain
+from node.dashboard.server import Dashboard
+from node.dashboard.snapshot import EVENTS_FILE, snapshot
+
+
+def metric(peer: str, round_number: int, **extra: object) -> str:
+    record = {"peer": peer, "round": round_number, "state": "finalized", "accuracy": 0.5 + round_number / 10}
+    record.update(loss=1.0, eps_cumulative=2.0 * round_number, delta_cumulative=0.0, eps_protects="sign", gas_used=100)
+    record.update(extra)
+    return json.dumps(record) + "\n"
+
+
+@pytest.fixture
+def run_folder(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    for i in (0, 1):
+        (run / "peers" / str(i)).mkdir(parents=True)
+    config = {"swarm": {"rounds": 3}, "privacy": {"mechanism": "pnpm"}, "train": {"dp_sgd": False}}
+    peers = [{"index": 0, "address": "0xA"}, {"index": 1, "address": "0xB"}]
+    (run / "run.json").write_text(json.dumps({"ledger": "0xL", "chain_id": 31337, "config": config, "peers": peers}))
+    p0, p1 = run / "peers" / "0", run / "peers" / "1"
+    (p0 / "metrics.jsonl").write_text(metric("0xA", 1) + metric("0xA", 2))
+    (p0 / "status.json").write_text(json.dumps({"round": 3, "phase": "training", "address": "0xA"}))
+    # peer 1: a bad line in the middle (read_metrics refuses the file), a status that is not an object
+    (p1 / "metrics.jsonl").write_text(metric("0xB", 1) + "{not json\n" + metric("0xB", 2))
+    (p1 / "status.json").write_text("[1, 2]")
+    (run / EVENTS_FILE).write_text(json.dumps({"block": 1, "event": "RoundOpened", "args": {"round": 1}}) + "\n")
+    return run
+
+
+def test_snapshot_reads_rounds_peers_and_events_and_survives_bad_files(run_folder):
+    state = snapshot(run_folder, live=True)
+    assert [(r["round"], r["state"]) for r in state["rounds"]] == [(1, "finalized"), (2, "finalized"), (3, "running")]
+    assert state["rounds"][1]["eps"] == {"0xA": 4.0} and state["rounds"][1]["gas"] == 100
+    assert [(p["address"], p["phase"], len(p["history"])) for p in state["peers"]] == [
+        ("0xA", "training", 2),
+        ("0xB", "starting", 0),  # unreadable files: shown as nothing yet, never an error
+    ]
+    assert state["events"][0]["event"] == "RoundOpened" and state["mechanism"] == "pnpm" and not state["finished"]
+
+
+def test_a_peer_past_the_last_round_adds_no_round(run_folder):
+    (run_folder / "peers" / "0" / "status.json").write_text(json.dumps({"round": 4, "phase": "done"}))
+    assert [r["round"] for r in snapshot(run_folder, live=False)["rounds"]] == [1, 2]
+
+
+def test_a_node_workdir_is_one_peer(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(metric("0xC", 1))
+    (tmp_path / "status.json").write_text(json.dumps({"round": 1, "phase": "done", "address": "0xC"}))
+    state = snapshot(tmp_path, live=False)
+    assert state["kind"] == "node" and [p["address"] for p in state["peers"]] == ["0xC"]
+    assert state["rounds"][0]["accuracy"] == pytest.approx(0.6)
+
+
+def test_routes_headers_and_the_event_stream(run_folder):
+    with Dashboard(run_folder) as served:
+        assert served.url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(served.url, timeout=5) as page:
+            assert b"/static/uplot.min.js" in page.read()
+            assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+        with urllib.request.urlopen(served.url + "static/uplot.min.js", timeout=5) as script:
+            assert b"uPlot" in script.read(300)
+        for path in ("static/../run.json", "static/LICENSE-uPlot.txt", "run.json", "api/../run.json"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(served.url + path, timeout=5)
+            assert refused.value.code == 404
+        state = json.loads(urllib.request.urlopen(served.url + "api/state", timeout=5).read())
+        assert len(state["rounds"]) == 3
+        stream = http.client.HTTPConnection("127.0.0.1", served.port, timeout=5)
+        stream.request("GET", "/events")
+        response = stream.getresponse()
+        assert response.headers["Content-Type"] == "text/event-stream"
+        assert response.readline() == b"event: state\n"
+        first = json.loads(response.readline().removeprefix(b"data: "))
+        assert first["rounds"] == state["rounds"]
+    stream.close()
+
+
+def test_chain_values_are_bounded():
+    assert _plain(b"\x01" * 500).startswith("0x0101") and len(_plain(b"\x01" * 500)) == MAX_TEXT
+    assert _plain(b'{"name":"pnpm"}') == '{"name":"pnpm"}'
+    assert _plain(2**64) == str(2**64) and _plain(5) == 5 and _plain(True) is True

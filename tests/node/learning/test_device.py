@@ -1,0 +1,124 @@
+"""train.device: resolution and validation, the CPU path, the CPU-drawn DP-SGD noise, the genesis
+left untouched; the CUDA path only where CUDA exists."""
+
+import pytest
+import torch
+from opacus import GradSampleModule
+from opacus.optimizers import DPOptimizer
+
+from mechanisms.record_level import DPSGDPolicy
+from node.config import ConfigError, load_config
+from node.derive import genesis, peer_settings, shared_settings
+from node.learning.data import load_dataset
+from node.learning.device import resolve_device
+from node.learning.models import init_model
+from node.learning.train import _CPUNoiseDPOptimizer, evaluate, train_local
+from node.protocol.blob import encode_blob, flatten
+
+TRAIN = load_dataset("digits", limit=200)
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine (torch.cuda.is_available() is False)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def fresh(seed: int = 0) -> torch.nn.Module:
+    return init_model("digits-cnn", input_shape=TRAIN.input_shape, num_classes=10, seed=seed)
+
+
+def test_resolution_follows_the_machine():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if CUDA else "cpu")
+    if CUDA:
+        assert resolve_device("cuda") == torch.device("cuda")
+    else:
+        with pytest.raises(ValueError, match="needs CUDA.*SWARM_TORCH_INDEX"):
+            resolve_device("cuda")
+
+
+@pytest.mark.parametrize("bad", ["gpu", "CUDA", "cuda:0", "", "mps"])
+def test_bad_values_are_refused_naming_the_key(bad):
+    with pytest.raises(ConfigError, match=r"train\.device must be one of auto, cpu, cuda"):
+        load_config(overrides=[f"train.device={bad}"])
+
+
+def test_cuda_without_cuda_is_a_config_error():
+    if CUDA:
+        assert load_config(overrides=["train.device=cuda"]).train.device == "cuda"
+    else:
+        with pytest.raises(ConfigError, match="train.device needs CUDA"):
+            load_config(overrides=["train.device=cuda"])
+
+
+def test_device_is_per_peer_not_in_the_genesis():
+    auto, cpu = load_config(), load_config(overrides=["train.device=cpu"])
+    assert auto.train.device == "auto"
+    assert peer_settings(cpu).device == "cpu"
+    assert peer_settings(auto).device == ("cuda" if CUDA else "cpu")
+    assert "device" not in str(shared_settings(auto).to_dict())
+    assert genesis(auto) == genesis(cpu)
+
+
+def test_cpu_path_is_the_default_path_bit_for_bit():
+    a, b = fresh(), fresh()
+    train_local(a, TRAIN.x, TRAIN.y, epochs=1, batch_size=32, lr=0.1, seed=3)
+    train_local(b, TRAIN.x, TRAIN.y, epochs=1, batch_size=32, lr=0.1, seed=3, device="cpu")
+    assert torch.equal(flatten(a)[0], flatten(b)[0])
+    assert evaluate(a, TRAIN.x, TRAIN.y) == evaluate(b, TRAIN.x, TRAIN.y, device="cpu")
+
+
+def test_cpu_drawn_noise_is_opacus_noise_bit_for_bit():
+    """The optimizer a CUDA peer uses draws the same noise in the same order as opacus' own, from
+    the same (CPU) generator: two DP-SGD steps agree bit for bit on the CPU."""
+    x, y = TRAIN.x[:16], TRAIN.y[:16]
+    results = []
+    for optimizer_class in (DPOptimizer, _CPUNoiseDPOptimizer):
+        model = GradSampleModule(fresh())
+        optimizer = optimizer_class(
+            torch.optim.SGD(model.parameters(), lr=0.5),
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            expected_batch_size=16,
+            generator=torch.Generator().manual_seed(11),
+            secure_mode=True,
+        )
+        for _ in range(2):
+            optimizer.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        model._close()
+        results.append(flatten(model._module)[0])
+    assert torch.equal(results[0], results[1])
+    assert not torch.equal(results[0], flatten(fresh())[0])  # the steps did move the weights
+
+
+@needs_cuda
+@pytest.mark.parametrize("dp", [None, DPSGDPolicy(noise_multiplier=1.0, max_grad_norm=1.0, batch_size=32, epochs=1)])
+def test_cuda_training_gives_back_a_cpu_model_that_encodes(dp):
+    model = fresh()
+    before = flatten(model)[0]
+    result = train_local(
+        model,
+        TRAIN.x,
+        TRAIN.y,
+        epochs=1,
+        batch_size=32,
+        lr=0.1,
+        seed=3,
+        dp=dp,
+        privacy_generator=torch.Generator().manual_seed(5) if dp else None,
+        device="cuda",
+    )
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    vector, _ = flatten(model)
+    assert vector.device.type == "cpu" and torch.isfinite(vector).all() and not torch.equal(vector, before)
+    assert result.num_samples == len(TRAIN) and (dp is None or result.dp_steps > 0)
+    assert encode_blob({"w": vector}, {"kind": "update"})
+    accuracy, loss = evaluate(model, TRAIN.x, TRAIN.y, device="cuda")
+    assert 0 <= accuracy <= 1 and loss > 0 and next(model.parameters()).device.type == "cpu"
