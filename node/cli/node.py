@@ -130,6 +130,11 @@ def handle(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    if not args.verbose:
+        from node.cli.node_output import Libp2pOneLine
+
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(Libp2pOneLine())
     config = common.load(args, {"data_dir": "data.data_dir"})
     from node.derive import mechanism_params
 

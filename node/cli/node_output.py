@@ -240,3 +240,19 @@ def tcp_problem(multiaddr: str, timeout: float = 2.0) -> str | None:
             return None
     except OSError as exc:
         return exc.strerror or type(exc).__name__
+
+
+class Libp2pOneLine(logging.Filter):
+    """Without -v, py-libp2p's records are one line each, and its "Failed to open stream" blocks
+    (nine lines and a lock-registry dump whenever a peer went away) are dropped: the blob fetch
+    retries another holder and the peer reports what it could not fetch in its own terms."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("libp2p"):
+            return True
+        message = record.getMessage()
+        if message.startswith("Failed to open stream"):
+            return False
+        record.msg, record.args = message.splitlines()[0] if message else message, None
+        record.exc_info = record.exc_text = None
+        return True

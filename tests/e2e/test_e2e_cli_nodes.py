@@ -17,6 +17,8 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -109,6 +111,7 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
             command = step[1]
             ran.append(command)
             if command != "node" and nodes and unfunded is not None:
+                _check_node_dashboard(tmp_path / "node0.log", nodes[0])
                 codes = [n.wait(timeout=400) for n in nodes]
                 logs = [(tmp_path / f"node{i}.log").read_text() for i in range(len(nodes))]
                 assert codes == [0] * 3, "\n".join(log[-2000:] for log in logs)
@@ -145,7 +148,7 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
                 log = open(tmp_path / f"node{i}.log", "wb")
                 nodes.append(
                     subprocess.Popen(
-                        substitute(step),
+                        substitute(step) + (["--dashboard"] if i == 0 else []),  # node 0 also serves its page
                         cwd=tmp_path,
                         env=env,
                         stdout=log,
@@ -190,6 +193,26 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
                 chain.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 chain.kill()
+
+
+def _check_node_dashboard(log: Path, node: subprocess.Popen) -> None:
+    """`swarm node --dashboard` prints its URL and serves its workdir's state while it runs: the
+    page's JSON shows this node and, before it exits, a finalized round."""
+    deadline = time.monotonic() + 300
+    state: dict = {}
+    while time.monotonic() < deadline and node.poll() is None:
+        found = re.search(r"dashboard: (http://127\.0\.0\.1:\d+/)", log.read_text())
+        if found:
+            try:
+                with urllib.request.urlopen(found[1] + "api/state", timeout=5) as response:
+                    state = json.loads(response.read())
+            except OSError:
+                pass
+            if any(r.get("state") == "finalized" for r in state.get("rounds", [])):
+                break
+        time.sleep(0.5)
+    assert state.get("kind") == "node" and len(state.get("peers", [])) == 1, state
+    assert any(r.get("state") == "finalized" for r in state["rounds"]), state.get("rounds")
 
 
 def _bootstrap_of(workdir: Path) -> str:
@@ -264,8 +287,6 @@ def _run_node(url: str, ledger: str, tmp_path: Path, name: str, env: dict, *extr
 
 
 def _wait_for_file(path: Path, process, timeout: float = 120.0) -> None:
-    import time
-
     end = time.monotonic() + timeout
     while not path.exists():
         assert process.poll() is None, "node 0 exited before it started listening"

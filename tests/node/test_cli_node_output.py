@@ -168,3 +168,30 @@ def test_expected_errors_are_unwrapped_from_exception_groups():
 )
 def test_short_reason(text, reason):
     assert common.short_reason(Exception(text)) == reason
+
+
+def test_libp2p_records_are_one_line_and_stream_failures_are_dropped():
+    import io
+    import logging
+
+    from node.cli.node_output import Libp2pOneLine
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(Libp2pOneLine())
+    logger = logging.getLogger("libp2p.host.basic_host.test")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.error("Failed to open stream to peer %s:\n  Error: reset\n  Registry Stats: {}", "QmX")
+        try:
+            raise RuntimeError("inner")
+        except RuntimeError:
+            logger.exception("GRAFT flood detected from %s\n  applying penalty", "QmY")
+        logging.getLogger("swarm.node.test").addHandler(handler)
+        logging.getLogger("swarm.node.test").warning("ours\nstays whole")
+    finally:
+        logger.removeHandler(handler)
+        logging.getLogger("swarm.node.test").removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert lines == ["GRAFT flood detected from QmY", "ours", "stays whole"], lines
