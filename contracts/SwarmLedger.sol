@@ -28,15 +28,19 @@ pragma solidity 0.8.28;
  * Rounds: round 1 opens at deployment. When round r is finalized or aborted, round r+1 opens in
  * that same block. Every window is counted in blocks.
  *
- * Gas layout (why the storage looks the way it does): every transaction a peer sends touches a
- * constant number of slots, whatever the number of peers, and creates at most one new slot
- * (22,100 gas each). A commit writes the peer's slot, the live-round slot and one new slot, its
- * participant entry, keyed by (round, digest): the same key refuses a duplicate digest for free.
- * The entry is therefore found by digest, not by position: the participant order (the order
- * inclusion bitmaps use) is the `index` of the Committed events, which `commitmentsByDigest`
- * and the stored participant count check. An attestation
- * writes the peer's slot and one vote counter; `closeRound` pre-writes the round's outcome slot so
- * the finalizing attestation only overwrites it. No transaction loops over peers.
+ * Gas layout (why the storage looks the way it does; docs/LEDGER.md "Gas"): in steady state no
+ * transaction a peer sends creates a slot (22,100 gas each), and each touches a constant number of
+ * slots, whatever the number of peers. A commit rewrites the peer's slot, the live-round slot and one
+ * bucket of a hash table of reused slots, the round table, which holds the round's digests while it
+ * is open (the duplicate-digest check) and its vote counters once it is closed. Its slots are created
+ * by `register` (two per registration) and reused round after round: an entry is tagged with its
+ * round and phase, so an entry of an older round or phase is free space. A key is looked for in at
+ * most `PROBES` consecutive buckets, then in an overflow mapping (a new slot: round 1, whose table
+ * is empty, mid-round registrants in a full table, or an adversary filling a victim's buckets), so
+ * no transaction loops over peers. The participant order (the order inclusion bitmaps use) is the
+ * `index` of the Committed events, checked against the stored participant count. An attestation
+ * rewrites the peer's slot and one bucket; `closeRound` pre-writes the round's outcome slot so the
+ * finalizing attestation only overwrites it.
  */
 contract SwarmLedger {
     // ------------------------------------------------------------------ types
@@ -89,41 +93,43 @@ contract SwarmLedger {
         bytes32 finalizedDigest; // 0 unless finalized
     }
 
-    /// @dev One slot per registered address (240 bits); `lastCommitRound`/`lastAttestRound` detect a
+    /// @dev One slot per registered address (208 bits); `lastCommitRound`/`lastAttestRound` detect a
     /// second commit or attestation without a per-round slot.
     struct Peer {
         uint64 epsMicro;
         uint64 recordEpsMicro;
-        uint48 lastCommitRound;
-        uint48 lastAttestRound;
+        uint32 lastCommitRound;
+        uint32 lastAttestRound;
         bool registered;
         bool banned;
     }
 
-    /// @dev The round in progress, in one slot: commits and attestations read it, commits bump
-    /// `participantCount`. Blocks and rounds fit 48 bits for millions of years of blocks.
+    /// @dev The round in progress, in one slot (256 bits): commits and attestations read it, commits
+    /// bump `participantCount`. Rounds fit 31 bits (the table's tags) and blocks 40 bits (34,000
+    /// years of one-second blocks).
     struct Live {
-        uint48 round;
-        uint48 openedBlock;
-        uint48 closedBlock;
-        uint48 baseRound; // last finalized round (0 = genesis): the model this round starts from
+        uint32 round;
+        uint40 openedBlock;
+        uint40 closedBlock;
+        uint32 baseRound; // last finalized round (0 = genesis): the model this round starts from
         uint32 participantCount;
         RoundState state;
         uint24 removedCommitters; // participants of this round removed from the allowlist since
+        uint24 tableSize; // buckets of the round table this round uses (fixed for the round)
+        uint24 nextTableSize; // buckets the next round uses: the slots registrations created by closeRound
     }
 
     /// @dev Written once when a round closes; endedBlock of r is openedBlock of r+1.
     struct RoundRecord {
-        uint48 openedBlock;
-        uint48 closedBlock;
+        uint40 openedBlock;
+        uint40 closedBlock;
         uint32 participantCount;
     }
 
-    /// @notice A participant entry, one slot, keyed by (round, digest); peer 0 = no such commitment.
-    struct Participant {
-        address peer;
-        uint32 numSamples;
-        uint64 epsMicro;
+    /// @dev Registration counters, one slot.
+    struct Counts {
+        uint32 registered; // registered addresses that can still commit (not removed from the allowlist)
+        uint32 tableSlots; // round-table slots created by registrations (2 each)
     }
 
     // ------------------------------------------------------------------ errors
@@ -192,7 +198,9 @@ contract SwarmLedger {
     /// @notice `peer` registered with libp2p peer id `peerId` and `signature`, the libp2p key's
     /// signature over (chain id, ledger, peer) that peers and verifiers check off chain.
     event Registered(address indexed peer, bytes peerId, bytes signature);
-    /// @notice A round opened; it starts from the model finalized in `baseRound` (0 = genesis).
+    /// @notice A round opened at deployment (round 1) or after an abort; it starts from the model
+    /// finalized in `baseRound` (0 = genesis). After a finalization, RoundFinalized(r) is the event
+    /// that round r + 1 opened from r's aggregate (no RoundOpened: 1,700 gas the finalizer saves).
     event RoundOpened(uint64 indexed round, uint64 baseRound, bytes32 baseDigest);
     /// @notice `peer` committed the update `digest` as participant number `index`.
     event Committed(
@@ -209,8 +217,10 @@ contract SwarmLedger {
     event RoundClosed(uint64 indexed round, uint32 participantCount);
     /// @notice `peer` attested (`aggregateDigest`, `included`), which now has `votes` votes.
     event Attested(uint64 indexed round, address indexed peer, bytes32 aggregateDigest, bytes included, uint32 votes);
-    /// @notice A strict majority agreed; attesters of anything else are the dissenters.
-    event RoundFinalized(uint64 indexed round, bytes32 aggregateDigest, bytes included, uint32 votes);
+    /// @notice A strict majority agreed on `aggregateDigest` (its bitmap is in the Attested event of the
+    /// same transaction, the last of the round); attesters of anything else are the dissenters. Round
+    /// `round` + 1 opens in the same transaction from this aggregate.
+    event RoundFinalized(uint64 indexed round, bytes32 aggregateDigest, uint32 votes);
     /// @notice The attestation window passed without a majority.
     event RoundAborted(uint64 indexed round, address indexed by);
 
@@ -234,20 +244,28 @@ contract SwarmLedger {
     uint64 private immutable _deployBlock;
     uint32 private immutable _maxSamples;
 
+    /// @dev Buckets looked at for a key before the overflow mapping.
+    uint256 private constant PROBES = 3;
+    /// @dev Round-table slots each registration creates.
+    uint256 private constant SLOTS_PER_REGISTRATION = 2;
+    uint256 private constant MASK74 = (1 << 74) - 1;
+
     Live private _live;
     mapping(address => Peer) private _peers;
     mapping(address => bytes) private _peerIds;
     mapping(address => bool) private _allowed;
-    /// @dev Participant entries per keccak256(round, digest): the one slot a commit creates.
-    mapping(bytes32 => Participant) private _commits;
+    /// @dev The round table: bucket -> entry. Bits 224..255 are a tag, round * 2 + phase; a bucket
+    /// whose tag is not the caller's (round, phase) is free. Phase 0 (open round): up to three digest
+    /// fingerprints of 74 bits each, bits 148..221, 74..147 and 0..73 (0 = empty). Phase 1 (closed
+    /// round): one vote counter, bits 32..223 a fingerprint of keccak256(aggregateDigest, included),
+    /// bits 0..31 its votes. A registration writes 1 (tag 0: free) into its two new slots.
+    mapping(uint256 => uint256) private _table;
+    /// @dev Keys that found `PROBES` full buckets: keccak256(round, phase, key) -> 1 (a digest) or votes.
+    mapping(bytes32 => uint256) private _overflow;
     mapping(uint64 => RoundRecord) private _records;
     /// @dev RESERVED from closeRound, then the aggregate digest if finalized.
     mapping(uint64 => bytes32) private _outcome;
-    /// @dev How many registered addresses can still commit (registered, not removed from the
-    /// allowlist): once all of them committed, a round may close before its window ends.
-    uint32 private _registeredCount;
-    /// @dev votes per keccak256(round, aggregateDigest, included).
-    mapping(bytes32 => uint32) private _votes;
+    Counts private _counts;
 
     // ------------------------------------------------------------------ setup
 
@@ -287,12 +305,14 @@ contract SwarmLedger {
         }
         _live = Live({
             round: 1,
-            openedBlock: uint48(block.number),
+            openedBlock: uint40(block.number),
             closedBlock: 0,
             baseRound: 0,
             participantCount: 0,
             state: RoundState.OPEN,
-            removedCommitters: 0
+            removedCommitters: 0,
+            tableSize: 0, // nobody registered yet: round 1's keys all go to the overflow mapping
+            nextTableSize: 0
         });
         emit RoundOpened(1, 0, genesisDigest);
     }
@@ -310,7 +330,7 @@ contract SwarmLedger {
         for (uint256 i = 0; i < accounts.length; ++i) {
             Peer storage peer = _peers[accounts[i]];
             if (peer.registered && peer.banned) {
-                _registeredCount += 1;
+                _counts.registered += 1;
                 if (peer.lastCommitRound == _live.round) _live.removedCommitters -= 1;
             }
             _allowed[accounts[i]] = true;
@@ -331,7 +351,7 @@ contract SwarmLedger {
         if (!_allowlistEnabled) revert InvalidParams("allowlist");
         Peer storage peer = _peers[account];
         if (peer.registered && !peer.banned) {
-            _registeredCount -= 1;
+            _counts.registered -= 1;
             if (peer.lastCommitRound == _live.round) _live.removedCommitters += 1;
         }
         _allowed[account] = false;
@@ -358,7 +378,12 @@ contract SwarmLedger {
         if (signature.length > 128) revert InvalidSignature(signature.length);
         _peerIds[msg.sender] = peerId;
         peer.registered = true;
-        _registeredCount += 1;
+        Counts memory counts = _counts;
+        // The two round-table slots this peer's commits and votes will reuse every round: created
+        // here (20,000 gas each, once) so that no commit or attestation creates one.
+        _table[counts.tableSlots] = 1;
+        _table[counts.tableSlots + 1] = 1;
+        _counts = Counts(counts.registered + 1, counts.tableSlots + uint32(SLOTS_PER_REGISTRATION));
         emit Registered(msg.sender, peerId, signature);
     }
 
@@ -404,20 +429,22 @@ contract SwarmLedger {
         if (uint256(digest) <= 1) revert InvalidDigest(digest);
         if (numSamples == 0) revert InvalidNumSamples(numSamples);
         if (numSamples > _maxSamples) revert NumSamplesOverCap(numSamples, _maxSamples);
-        bytes32 key = keccak256(abi.encodePacked(round, digest));
-        if (_commits[key].peer != address(0)) revert DuplicateDigest(round, digest);
+        if (!_insertDigest(round, digest, live.tableSize)) revert DuplicateDigest(round, digest);
 
         uint32 index = live.participantCount;
-        _peers[msg.sender] = Peer({
-            epsMicro: epsMicro,
-            recordEpsMicro: recordEpsMicro,
-            lastCommitRound: uint48(round),
-            lastAttestRound: peer.lastAttestRound,
-            registered: true,
-            banned: false
-        });
+        // The peer's slot in one SSTORE (assigned field by field, the compiler writes it six times:
+        // 1,800 gas more). Peer's layout, lowest bits first: epsMicro, recordEpsMicro,
+        // lastCommitRound, lastAttestRound, registered (true), banned (false, checked above).
+        uint256 packed = uint256(epsMicro) |
+            (uint256(recordEpsMicro) << 64) |
+            (uint256(round) << 128) |
+            (uint256(peer.lastAttestRound) << 160) |
+            (1 << 192);
+        Peer storage stored = _peers[msg.sender];
+        assembly ("memory-safe") {
+            sstore(stored.slot, packed)
+        }
         _live.participantCount = index + 1;
-        _commits[key] = Participant(msg.sender, uint32(numSamples), epsMicro);
         emit Committed(round, msg.sender, index, digest, numSamples, epsMicro, recordEpsMicro, mechanism);
     }
 
@@ -433,13 +460,16 @@ contract SwarmLedger {
         if (round != live.round) revert WrongRound(round, live.round);
         if (live.state != RoundState.OPEN) revert RoundNotOpen(round, live.state);
         uint256 lastBlock = uint256(live.openedBlock) + _commitWindow;
-        if (block.number <= lastBlock && live.participantCount - live.removedCommitters < _registeredCount) {
+        Counts memory counts = _counts;
+        if (block.number <= lastBlock && live.participantCount - live.removedCommitters < counts.registered) {
             revert CommitWindowOpen(round, uint64(lastBlock));
         }
         if (live.participantCount < _minPeers) revert QuorumNotMet(round, live.participantCount, _minPeers);
         _live.state = RoundState.CLOSED;
-        _live.closedBlock = uint48(block.number);
-        _records[round] = RoundRecord(live.openedBlock, uint48(block.number), live.participantCount);
+        _live.closedBlock = uint40(block.number);
+        // The next round's table: every slot registrations created so far (fixed for that round).
+        _live.nextTableSize = counts.tableSlots > type(uint24).max ? type(uint24).max : uint24(counts.tableSlots);
+        _records[round] = RoundRecord(live.openedBlock, uint40(block.number), live.participantCount);
         _outcome[round] = RESERVED;
         emit RoundClosed(round, live.participantCount);
     }
@@ -468,15 +498,13 @@ contract SwarmLedger {
         if (included.length != expected || (count % 8 != 0 && uint8(included[expected - 1]) >> (count % 8) != 0)) {
             revert MalformedBitmap(round, included.length, expected);
         }
-        peer.lastAttestRound = uint48(round);
-        bytes32 key = keccak256(abi.encodePacked(round, aggregateDigest, included));
-        uint32 votes = _votes[key] + 1;
-        _votes[key] = votes;
+        peer.lastAttestRound = uint32(round);
+        uint32 votes = _vote(round, keccak256(abi.encodePacked(aggregateDigest, included)), live.tableSize);
         emit Attested(round, msg.sender, aggregateDigest, included, votes);
         if (2 * uint256(votes) > count) {
             _outcome[round] = aggregateDigest;
-            emit RoundFinalized(round, aggregateDigest, included, votes);
-            _openNext(round, uint48(round), aggregateDigest);
+            emit RoundFinalized(round, aggregateDigest, votes);
+            _openNext(live, uint32(round));
         }
     }
 
@@ -498,20 +526,106 @@ contract SwarmLedger {
         if (block.number <= lastBlock) revert AbortTooEarly(round, uint64(lastBlock));
         emit RoundAborted(round, msg.sender);
         bytes32 base = live.baseRound == 0 ? _genesisDigest : _outcome[live.baseRound];
-        _openNext(round, live.baseRound, base);
+        _openNext(live, live.baseRound);
+        emit RoundOpened(round + 1, live.baseRound, base);
     }
 
-    function _openNext(uint64 round, uint48 baseRound, bytes32 baseDigest) private {
+    function _openNext(Live memory live, uint32 baseRound) private {
+        uint32 next = live.round + 1;
         _live = Live({
-            round: uint48(round + 1),
-            openedBlock: uint48(block.number),
+            round: next,
+            openedBlock: uint40(block.number),
             closedBlock: 0,
             baseRound: baseRound,
             participantCount: 0,
             state: RoundState.OPEN,
-            removedCommitters: 0
+            removedCommitters: 0,
+            tableSize: live.nextTableSize,
+            nextTableSize: live.nextTableSize
         });
-        emit RoundOpened(round + 1, baseRound, baseDigest);
+    }
+
+    /**
+     * @dev Add `digest` to the open round's digests; false if it is there already. With
+     * h = keccak256(digest), its buckets are consecutive from h's high bits, and its fingerprint is
+     * h's low 74 bits; it goes into the first of its buckets with room (three fingerprints each), so
+     * a copy of it is found at or before that bucket (entries leave a bucket only in a later round or
+     * phase). A digest is hashed, not cut, because a committer chooses its digest freely: another
+     * digest with the same buckets and fingerprint, refused as a duplicate of this one, takes a 2^74
+     * keccak search to find once this one is known.
+     */
+    function _insertDigest(uint64 round, bytes32 digest, uint256 size) private returns (bool) {
+        uint256 tag = uint256(round) << 1;
+        if (size > 0) {
+            uint256 h = uint256(keccak256(abi.encodePacked(digest)));
+            uint256 fp = h & MASK74;
+            if (fp == 0) fp = 1;
+            uint256 start = h >> 128;
+            for (uint256 k = 0; k < PROBES; ++k) {
+                uint256 bucket = (start + k) % size;
+                uint256 entry = _table[bucket];
+                if (entry >> 224 != tag) {
+                    _table[bucket] = (tag << 224) | (fp << 148);
+                    return true;
+                }
+                uint256 second = (entry >> 74) & MASK74;
+                uint256 third = entry & MASK74;
+                if ((entry >> 148) & MASK74 == fp || second == fp || third == fp) return false;
+                if (second == 0) {
+                    _table[bucket] = entry | (fp << 74);
+                    return true;
+                }
+                if (third == 0) {
+                    _table[bucket] = entry | fp;
+                    return true;
+                }
+            }
+        }
+        bytes32 key = keccak256(abi.encodePacked(round, uint8(0), digest));
+        if (_overflow[key] != 0) return false;
+        _overflow[key] = 1;
+        return true;
+    }
+
+    /// @dev Add a vote for `key` (keccak256 of aggregate digest and bitmap) in the closed round and
+    /// return its votes: the same buckets, with fingerprints of 192 bits.
+    function _vote(uint64 round, bytes32 key, uint256 size) private returns (uint32 votes) {
+        uint256 tag = (uint256(round) << 1) | 1;
+        uint256 fp = (uint256(key) & ((1 << 192) - 1)) << 32;
+        if (size > 0) {
+            uint256 start = uint256(key) >> 192;
+            for (uint256 k = 0; k < PROBES; ++k) {
+                uint256 bucket = (start + k) % size;
+                uint256 entry = _table[bucket];
+                if (entry >> 224 != tag) {
+                    _table[bucket] = (tag << 224) | fp | 1;
+                    return 1;
+                }
+                if (entry & ~uint256(type(uint32).max) == (tag << 224) | fp) {
+                    votes = uint32(entry) + 1;
+                    _table[bucket] = (tag << 224) | fp | votes;
+                    return votes;
+                }
+            }
+        }
+        bytes32 okey = keccak256(abi.encodePacked(round, uint8(1), key));
+        votes = uint32(_overflow[okey]) + 1;
+        _overflow[okey] = votes;
+    }
+
+    /// @dev The votes `_vote` counted for `key` in the live round (0 if none).
+    function _votesOf(uint64 round, bytes32 key, uint256 size) private view returns (uint32) {
+        uint256 tag = (uint256(round) << 1) | 1;
+        uint256 fp = (uint256(key) & ((1 << 192) - 1)) << 32;
+        if (size > 0) {
+            uint256 start = uint256(key) >> 192;
+            for (uint256 k = 0; k < PROBES; ++k) {
+                uint256 entry = _table[(start + k) % size];
+                if (entry >> 224 != tag) return 0;
+                if (entry & ~uint256(type(uint32).max) == (tag << 224) | fp) return uint32(entry);
+            }
+        }
+        return uint32(_overflow[keccak256(abi.encodePacked(round, uint8(1), key))]);
     }
 
     function _pastState(uint64 round) private view returns (RoundState) {
@@ -559,28 +673,10 @@ contract SwarmLedger {
             return RoundInfo(live.state, live.openedBlock, live.closedBlock, 0, live.participantCount, 0);
         }
         RoundRecord memory rec = _records[round];
-        uint48 ended = round + 1 == live.round ? live.openedBlock : _records[round + 1].openedBlock;
+        uint40 ended = round + 1 == live.round ? live.openedBlock : _records[round + 1].openedBlock;
         RoundState state = _pastState(round);
         bytes32 digest = state == RoundState.FINALIZED ? _outcome[round] : bytes32(0);
         return RoundInfo(state, rec.openedBlock, rec.closedBlock, ended, rec.participantCount, digest);
-    }
-
-    /**
-     * @notice The stored participant entries of `round` for `digests` (peer 0 where nobody
-     * committed that digest in that round). The participant order is the `index` of the
-     * Committed events; a reader checks those events against these entries and the count.
-     * @param round a round, current or past
-     * @param digests update digests, as committed
-     */
-    function commitmentsByDigest(
-        uint64 round,
-        bytes32[] calldata digests
-    ) external view returns (Participant[] memory entries) {
-        _participantCount(round);
-        entries = new Participant[](digests.length);
-        for (uint256 i = 0; i < digests.length; ++i) {
-            entries[i] = _commits[keccak256(abi.encodePacked(round, digests[i]))];
-        }
     }
 
     /// @notice The cumulative epsilon `peer` has committed, in millionths.
@@ -600,7 +696,7 @@ contract SwarmLedger {
 
     /// @notice How many registered addresses can still commit (removed ones do not count).
     function registeredCount() external view returns (uint256) {
-        return _registeredCount;
+        return _counts.registered;
     }
 
     /// @notice Whether `account` is registered.
@@ -619,14 +715,17 @@ contract SwarmLedger {
         return out == RESERVED ? bytes32(0) : out;
     }
 
-    /// @notice Votes so far for (aggregateDigest, included) in `round`.
+    /**
+     * @notice Votes so far for (aggregateDigest, included) in the round in progress (0 while it is
+     * open). A past round's votes are in its Attested events: its counters are not kept.
+     * @param round the current round
+     * @param aggregateDigest an aggregate digest
+     * @param included an inclusion bitmap
+     */
     function votesFor(uint64 round, bytes32 aggregateDigest, bytes calldata included) external view returns (uint32) {
-        return _votes[keccak256(abi.encodePacked(round, aggregateDigest, included))];
-    }
-
-    function _participantCount(uint64 round) private view returns (uint256) {
         Live memory live = _live;
-        if (round == 0 || round > live.round) revert WrongRound(round, live.round);
-        return round == live.round ? live.participantCount : _records[round].participantCount;
+        if (round != live.round) revert WrongRound(round, live.round);
+        if (live.state != RoundState.CLOSED) return 0;
+        return _votesOf(round, keccak256(abi.encodePacked(aggregateDigest, included)), live.tableSize);
     }
 }

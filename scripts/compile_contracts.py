@@ -29,6 +29,7 @@ SETTINGS = {
     "optimizer": {"enabled": True, "runs": 10000},
     # shanghai, not cancun: Ganache and other maintained local chains stop at shanghai (no MCOPY)
     "evmVersion": "shanghai",
+    "viaIR": True,
     "outputSelection": {
         "*": {
             "*": [

@@ -278,8 +278,8 @@ class LedgerClient:
 
     def commitments(self, round: int) -> list[Commitment]:
         """All commitments of `round` in participant order, from the Committed events, checked
-        against storage: as many as the stored participant count, indexes 0..n-1, and each one
-        the entry stored under its (round, digest) (peer, numSamples, epsMicro)."""
+        against storage at one pinned block: as many as the stored participant count, indexes
+        0..n-1, and (as the contract refuses otherwise) one per peer and no digest twice."""
         at = self.block_number()  # storage and logs read at one block: commits land meanwhile
         info = self.round_info(round, block=at)
         to_block = info.closed_block or at
@@ -290,9 +290,8 @@ class LedgerClient:
                 f"round {round}: {len(found)} Committed events for {info.participant_count} stored participants"
                 " (the RPC's logs are incomplete)"
             )
-        stored = self._view("commitmentsByDigest", round, [c.digest for c in found], block=at) if found else []
-        if [(c.peer, c.num_samples, c.eps_micro) for c in found] != [tuple(e) for e in stored]:
-            raise LedgerError(f"round {round}: Committed events do not match the participant entries in storage")
+        if len({c.peer for c in found}) != len(found) or len({c.digest for c in found}) != len(found):
+            raise LedgerError(f"round {round}: Committed events repeat a peer or a digest (not the ledger's logs)")
         return found
 
     def commit_history(self, address: str) -> list[Commitment]:
@@ -357,6 +356,8 @@ class LedgerClient:
         return None if digest == bytes(32) else digest
 
     def votes_for(self, round: int, aggregate_digest: bytes, included: bytes) -> int:
+        """Votes for (aggregate, bitmap) in the round in progress (0 while open; WrongRound for a
+        past round, whose votes are in its Attested events: `attestations`)."""
         return self._view("votesFor", round, bytes(aggregate_digest), bytes(included))
 
     def registered_count(self) -> int:
