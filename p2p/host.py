@@ -15,6 +15,7 @@ import collections
 import hashlib
 import logging
 import math
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pa
 from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo, info_from_p2p_addr
-from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
@@ -36,10 +37,19 @@ from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
 from . import wire
+from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
 from .errors import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
+from .gossip import swarm_gossipsub
 from .store import BlobStore, check_digest
 
 log = logging.getLogger(__name__)
+
+# py-libp2p 0.8.1's yamux sends a WINDOW_UPDATE frame after every read, however small, unless this knob
+# is "0"; GossipSub reads each message's length prefix one byte at a time, so every gossip message
+# received cost about 15 extra Noise-encrypted frames (docs/P2P.md, "Where the cost grew with N").
+# "0" is go-yamux's rule: credit goes back once half the window is consumed. py-libp2p reads the
+# variable at each call; setdefault keeps an operator's explicit choice.
+os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 
 MiB = 1 << 20
 _ADDR_TTL = 3600  # seconds an announced address stays in the peerstore
@@ -67,8 +77,12 @@ class HostConfig:
     pipeline_depth: int = 8
     request_timeout: float = 10.0
     connect_timeout: float = 5.0
-    reconnect_interval: float = 2.0
-    hello_interval: float = 10.0
+    reconnect_interval: float = 2.0  # how often connected bootstrap peers are checked for a drop
+    bootstrap_retry_initial: float = 0.5  # a bootstrap peer not connected is re-dialed after this ...
+    bootstrap_retry_max: float = 10.0  # ... doubling after each failure up to this (reset once connected)
+    hello_interval: float = 60.0  # hellos start one heartbeat in and double up to this interval
+    announce_delay: float = 0.5  # fetched blobs' HAVE goes out once no fetch ran for this long ...
+    announce_max_delay: float = 5.0  # ... or once the oldest queued digest waited this long
     dial_discovered: bool = True
     max_announcement_size: int = 64 * 1024
     announcement_buffer: int = 1024
@@ -83,6 +97,10 @@ class HostConfig:
             raise ValueError(f"chunk_size must be in (0, {wire.MAX_CHUNK}], got {self.chunk_size}")
         if self.max_blob_size <= 0:
             raise ValueError(f"max_blob_size must be positive, got {self.max_blob_size}")
+        if not 0 <= self.announce_delay <= self.announce_max_delay:
+            raise ValueError(
+                f"need 0 <= announce_delay <= announce_max_delay, got {self.announce_delay}, {self.announce_max_delay}"
+            )
         if self.pipeline_depth < 1:
             raise ValueError(f"pipeline_depth must be >= 1, got {self.pipeline_depth}")
         if self.psk is not None and len(self.psk) != 32:
@@ -90,11 +108,22 @@ class HostConfig:
         for name in ("request_timeout", "connect_timeout", "reconnect_interval", "hello_interval"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 < self.bootstrap_retry_initial <= self.bootstrap_retry_max:
+            raise ValueError(
+                "need 0 < bootstrap_retry_initial <= bootstrap_retry_max, "
+                f"got {self.bootstrap_retry_initial}, {self.bootstrap_retry_max}"
+            )
         for addr in list(self.listen_addrs) + list(self.bootstrap):
             multiaddr.Multiaddr(addr)  # raises on a malformed address
         for addr in self.bootstrap:
             if "/p2p/" not in addr:
                 raise ValueError(f"bootstrap address {addr!r} must end with /p2p/<peer id>")
+
+
+def _is_wildcard(addr: multiaddr.Multiaddr) -> bool:
+    """Whether a multiaddr's IP is the unspecified address (`/ip4/0.0.0.0`, `/ip6/::`)."""
+    parts = str(addr).split("/")
+    return len(parts) > 2 and WILDCARDS.get(parts[1]) == parts[2]
 
 
 def peer_id_from_bytes(raw: bytes) -> str:
@@ -138,7 +167,15 @@ class SwarmHost:
         self._providers: collections.OrderedDict[str, dict[str, None]] = collections.OrderedDict()
         self._dialing: set[str] = set()
         self._announce_send, self._announce_recv = trio.open_memory_channel[Announcement](config.announcement_buffer)
+        self._pending_have: dict[str, None] = {}  # fetched digests not yet announced (insertion order)
+        self._have_due = trio.Event()
+        self._fetches_running = 0
+        self._last_fetch_done = 0.0  # trio.current_time() when the last fetch finished
         self.dropped_announcements = 0
+        self.failed_bootstrap_dials = 0
+        # This machine's interface addresses, read once at start when a listen address is a wildcard
+        # (None otherwise): what a wildcard is replaced by in the addresses we gossip.
+        self._local_ips: dict[str, list[str]] | None = None
         self.bytes_served = 0  # blob bytes sent to other peers (chunk payloads)
         self.bytes_fetched = 0  # blob bytes received from other peers (chunk payloads)
 
@@ -153,7 +190,15 @@ class SwarmHost:
 
     @property
     def addrs(self) -> list[str]:
+        """The full multiaddrs the host listens on (a wildcard listener reports the wildcard)."""
         return [str(a) for a in self.libp2p_host.get_addrs()]
+
+    @property
+    def advertised_addrs(self) -> list[str]:
+        """What the host tells other peers (in hellos and announcements): `addrs` with every wildcard
+        (`/ip4/0.0.0.0`, `/ip6/::`), which nobody can dial, replaced by this machine's interface
+        addresses, loopback last (p2p/addresses.py)."""
+        return advertised_addrs(self.addrs, self._local_ips or {"ip4": [], "ip6": []})
 
     @property
     def announcements(self) -> trio.MemoryReceiveChannel[Announcement]:
@@ -205,21 +250,53 @@ class SwarmHost:
             raise _ProviderFailed(str(exc)) from None
 
     async def _keep_bootstrap_connected(self) -> None:
-        """Re-dial every bootstrap peer that is not connected, every `reconnect_interval` seconds.
+        """Keep every bootstrap peer connected: one that is not is re-dialed after
+        `bootstrap_retry_initial` s, the delay doubling after each failure up to `bootstrap_retry_max`
+        and starting over once it is connected; connected ones are checked every `reconnect_interval` s.
 
+        Why retry at all: peers started together dial their bootstrap node before it listens (issue 16),
+        and py-libp2p then refuses every dial of that peer for 60 s ("recently failed all addresses
+        (negative cache)"), so a swarm started at once split and stalled. The negative-cache entry of a
+        bootstrap peer is lifted before each retry; the backoff keeps a dead bootstrap peer cheap.
         Runs until the host's nursery is cancelled at close; each dial is bounded by connect_timeout."""
         infos = [info_from_p2p_addr(multiaddr.Multiaddr(a)) for a in self.config.bootstrap]
         infos = [i for i in infos if i.peer_id != self.libp2p_host.get_id()]
+        initial, ceiling = self.config.bootstrap_retry_initial, self.config.bootstrap_retry_max
+        delay = {i.peer_id: initial for i in infos}
+        due = {i.peer_id: trio.current_time() for i in infos}  # when each may be dialed next
+
+        async def redial(info: PeerInfo) -> None:
+            unblock = getattr(self.libp2p_host.get_network(), "unblock_peer", None)
+            if unblock is not None:  # py-libp2p's Swarm: forget the earlier failure
+                unblock(info.peer_id)
+            try:
+                await self._dial(info)
+            except P2PError as exc:
+                self.failed_bootstrap_dials += 1
+                due[info.peer_id] = trio.current_time() + delay[info.peer_id]
+                log.debug("bootstrap dial failed (next try in %.1fs): %s", delay[info.peer_id], exc)
+                delay[info.peer_id] = min(2 * delay[info.peer_id], ceiling)
+            else:
+                log.info("connected to bootstrap peer %s", info.peer_id)
+
+        was_connected: set[ID] = set()
         while infos:
+            now = trio.current_time()
             connected = set(self.libp2p_host.get_connected_peers())
             for info in infos:
-                if info.peer_id not in connected:
-                    try:
-                        await self._dial(info)
-                        log.info("connected to bootstrap peer %s", info.peer_id)
-                    except P2PError as exc:
-                        log.debug("bootstrap dial failed: %s", exc)
-            await trio.sleep(self.config.reconnect_interval)
+                if info.peer_id in connected:  # a later drop is re-dialed at once, then with backoff ...
+                    due[info.peer_id] = now
+                    if info.peer_id in was_connected:  # ... which starts over once the link held a while
+                        delay[info.peer_id] = initial  # (a peer that drops every link keeps backing off)
+            was_connected = connected
+            waiting = [i for i in infos if i.peer_id not in connected]
+            async with trio.open_nursery() as dials:  # each dial is bounded by connect_timeout
+                for info in waiting:
+                    if due[info.peer_id] <= now:
+                        dials.start_soon(redial, info)
+            now = trio.current_time()
+            next_due = min((due[i.peer_id] for i in waiting), default=now + self.config.reconnect_interval)
+            await trio.sleep(min(max(next_due - now, 0.01), self.config.reconnect_interval))
 
     # ---- announcements ----------------------------------------------------------------------
     async def publish(self, payload: bytes) -> None:
@@ -231,28 +308,73 @@ class SwarmHost:
         await self._publish(wire.KIND_APP, payload)
 
     async def announce_blob(self, digest: str) -> None:
-        """Tell the topic that we hold `digest` (we must: announcing what we cannot serve is refused)."""
+        """Tell the topic now that we hold `digest` (we must: announcing what we cannot serve is refused).
+
+        Fetched digests still waiting for their batched announcement go out in the same message."""
         check_digest(digest)
         if not self.store.has(digest):
             raise ValueError(f"cannot announce {digest}: it is not in this host's store")
-        await self._publish(wire.KIND_HAVE, bytes.fromhex(digest))
+        self._pending_have.pop(digest, None)
+        batch = [digest, *list(self._pending_have)[: wire.MAX_HAVE_DIGESTS - 1]]
+        for sent in batch:
+            self._pending_have.pop(sent, None)
+        await self._publish(wire.KIND_HAVE, wire.have_body(batch))
+
+    def _announce_later(self, digest: str) -> None:
+        """Queue a fetched digest for the next batched HAVE (see `_announce_batches`)."""
+        self._pending_have[digest] = None
+        self._have_due.set()
+
+    async def _announce_batches(self) -> None:
+        """Publish queued HAVEs, several digests per message.
+
+        Why batch: every gossip message costs each of the N peers about D receptions (mesh
+        duplicates), and in py-libp2p each reception costs milliseconds of CPU (docs/P2P.md,
+        "Where the cost grew with N"). One HAVE per fetched blob made a round of N peers
+        fetching N-1 blobs cost O(N^3) receptions; one message per peer per `announce_delay`
+        keeps it O(N^2) per round. So the batch waits while fetches are still running (a peer
+        fetching a round's blobs sends one HAVE at the end), but never longer than
+        `announce_max_delay`. Runs until the host's nursery is cancelled at close."""
+        while True:
+            await self._have_due.wait()
+            self._have_due = trio.Event()
+            deadline = trio.current_time() + self.config.announce_max_delay
+            while trio.current_time() < deadline:
+                await trio.sleep(self.config.announce_delay)
+                idle = trio.current_time() - self._last_fetch_done >= self.config.announce_delay
+                if self._fetches_running == 0 and idle:
+                    break
+            while self._pending_have:
+                batch = list(self._pending_have)[: wire.MAX_HAVE_DIGESTS]
+                for digest in batch:
+                    self._pending_have.pop(digest, None)
+                try:
+                    await self._publish(wire.KIND_HAVE, wire.have_body(batch))
+                except Exception as exc:  # the blobs are stored; a lost HAVE only hides a provider
+                    log.debug("batched HAVE publish failed: %s", exc)
 
     async def _publish(self, kind: bytes, body: bytes) -> None:
-        data = wire.envelope(kind, self.addrs, body)
+        data = wire.envelope(kind, self.advertised_addrs, body)
         with trio.fail_after(self.config.request_timeout):
             await self._pubsub.publish(self.config.topic, data)
 
     async def _say_hello_periodically(self) -> None:
         """Publish our addresses so peers reached only through gossip can dial us for blobs.
 
+        The interval starts at one gossip heartbeat and doubles up to `hello_interval`: a newcomer's
+        first hellos make every peer dial it, and later ones only cover peers that missed them. A
+        fixed short interval cost every peer N*D receptions per interval (N hellos, D mesh
+        duplicates each), which at 16 peers in one process kept half a core busy doing nothing.
         Runs until the host's nursery is cancelled; each publish is bounded by request_timeout."""
-        await trio.sleep(min(self.config.gossip_heartbeat, self.config.hello_interval))
+        interval = min(self.config.gossip_heartbeat, self.config.hello_interval)
+        await trio.sleep(interval)
         while True:
             try:
                 await self._publish(wire.KIND_HELLO, b"")
             except Exception as exc:  # no topic peers yet, or a publish timed out: try next round
                 log.debug("hello publish failed: %s", exc)
-            await trio.sleep(self.config.hello_interval)
+            await trio.sleep(interval)
+            interval = min(interval * 2, self.config.hello_interval)
 
     def _validate_gossip(self, _forwarder: ID, msg: rpc_pb2.Message) -> bool:
         """Topic validator: accept only small messages whose signed source is us or an allowed peer."""
@@ -285,18 +407,25 @@ class SwarmHost:
                     self._announce_send.send_nowait(Announcement(source.to_base58(), body))
                 except trio.WouldBlock:  # the node is not reading: drop rather than stall gossip
                     self.dropped_announcements += 1
-            elif kind == wire.KIND_HAVE and len(body) == 32:
-                self._add_provider(body.hex(), source.to_base58())
+            elif kind == wire.KIND_HAVE:
+                try:
+                    digests = wire.parse_have(body)
+                except wire.WireError as exc:
+                    log.debug("malformed HAVE from %s: %s", source, exc)
+                    continue
+                for digest in digests:
+                    self._add_provider(digest, source.to_base58())
 
     def _learn_addrs(self, source: ID, addrs: list[str]) -> None:
-        known = []
+        known: list[multiaddr.Multiaddr] = []
         for text in addrs:
             try:
                 info = info_from_p2p_addr(multiaddr.Multiaddr(text))
             except Exception:
                 continue
             if info.peer_id == source:  # only trust addresses a peer gives for itself
-                known.extend(info.addrs)
+                # ... and never a wildcard (older peers gossiped 0.0.0.0): nobody can dial it
+                known.extend(a for a in info.addrs if not _is_wildcard(a))
         if not known:
             return
         self.libp2p_host.get_peerstore().add_addrs(source, known, _ADDR_TTL)
@@ -411,6 +540,19 @@ class SwarmHost:
         candidates = self._candidates(digest, providers)
         if not candidates:
             raise BlobNotFound(f"blob {digest[:16]}: no provider known and no peer connected")
+        self._fetches_running += 1
+        try:
+            data = await self._fetch_verified(digest, candidates, limit, timeout)
+        finally:
+            self._fetches_running -= 1
+            self._last_fetch_done = trio.current_time()
+        self.store.put(data)
+        if announce:
+            self._announce_later(digest)
+        return data
+
+    async def _fetch_verified(self, digest: str, candidates: list[str], limit: int, timeout: float) -> bytes:
+        """The blob's bytes from `candidates`, hash checked; raises as `fetch` documents."""
         received = bytearray()
         failures: dict[str, str] = {}
         declared: dict[str, int] = {}
@@ -443,12 +585,6 @@ class SwarmHost:
                 f"blob {digest[:16]}: received {len(data)} bytes hashing to {actual[:16]} "
                 f"from {', '.join(p for p in candidates if p not in failures)}; nothing stored"
             )
-        self.store.put(data)
-        if announce:
-            try:
-                await self.announce_blob(digest)
-            except Exception as exc:  # the blob is stored and verified; a lost announcement is not fatal
-                log.debug("announce after fetch failed: %s", exc)
         return data
 
     @staticmethod
@@ -520,6 +656,18 @@ def _security_options(key_pair: KeyPair) -> dict[TProtocol, ISecureTransport]:
     return {NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=create_new_x25519_key_pair().private_key)}
 
 
+async def _hang_up(libp2p_host: IHost, timeout: float) -> None:
+    """Close every connection and listener of a host that is shutting down.
+
+    py-libp2p's `run()` stops the network's tasks at exit but leaves its TCP connections open, so peers
+    never saw a closed host leave (in one process not at all; in another only when that process
+    exited) and kept it in their meshes. Shielded, so that a host whose scope was cancelled (killed)
+    hangs up too; bounded by `timeout`."""
+    with trio.CancelScope(deadline=trio.current_time() + timeout, shield=True):
+        with suppress(Exception):
+            await libp2p_host.close()
+
+
 @asynccontextmanager
 async def open_host(
     config: HostConfig, store: BlobStore, allowed: Callable[[str], bool] | None = None
@@ -532,38 +680,40 @@ async def open_host(
         listen_addrs=listen,
         psk=config.psk.hex() if config.psk is not None else None,
     )
-    gossipsub = GossipSub(
-        protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
-        degree=6,
-        degree_low=4,
-        degree_high=12,
-        # py-libp2p 0.8.1 annotates int, but only sleeps on it (trio.sleep takes float seconds).
-        heartbeat_interval=config.gossip_heartbeat,  # type: ignore[arg-type]
-        # All test peers share 127.0.0.1: the IP-diversity guard would keep the mesh empty there.
-        eclipse_protection_enabled=False,
-        max_messages_per_topic_per_second=config.max_announcements_per_second,
-    )
+    # Mesh settings and why (degree, backoffs, fixed heartbeat, no GRAFT flood): p2p/gossip.py.
+    gossipsub = swarm_gossipsub(config.gossip_heartbeat, config.max_announcements_per_second)
     pubsub = Pubsub(libp2p_host, gossipsub, strict_signing=True)
     body_finished = False
     try:
         async with libp2p_host.run(listen_addrs=listen):
-            async with background_trio_service(pubsub), background_trio_service(gossipsub):
-                with trio.fail_after(config.connect_timeout):
-                    await pubsub.wait_until_ready()
-                async with trio.open_nursery() as nursery:
-                    host = SwarmHost(config, store, allowed, libp2p_host, pubsub, gossipsub, nursery)
-                    libp2p_host.set_stream_handler(TProtocol(wire.BLOB_PROTOCOL), host._serve_blob_stream)
-                    pubsub.set_topic_validator(config.topic, host._validate_gossip, False)
-                    subscription = await pubsub.subscribe(config.topic)
-                    nursery.start_soon(host._read_gossip, subscription)
-                    nursery.start_soon(host._keep_bootstrap_connected)
-                    nursery.start_soon(host._say_hello_periodically)
-                    try:
-                        yield host
-                        body_finished = True
-                    finally:
-                        nursery.cancel_scope.cancel()
-                        host._announce_send.close()
+            try:
+                async with background_trio_service(pubsub), background_trio_service(gossipsub):
+                    with trio.fail_after(config.connect_timeout):
+                        await pubsub.wait_until_ready()
+                    async with trio.open_nursery() as nursery:
+                        host = SwarmHost(config, store, allowed, libp2p_host, pubsub, gossipsub, nursery)
+                        if any(_is_wildcard(a) for a in listen):
+                            # Interface addresses, once: getaddrinfo may block (a thread, bounded).
+                            with trio.move_on_after(config.connect_timeout):
+                                host._local_ips = await trio.to_thread.run_sync(
+                                    local_ip_addresses,
+                                    abandon_on_cancel=True,  # type: ignore[call-arg]  # trio-stubs predate it
+                                )
+                        libp2p_host.set_stream_handler(TProtocol(wire.BLOB_PROTOCOL), host._serve_blob_stream)
+                        pubsub.set_topic_validator(config.topic, host._validate_gossip, False)
+                        subscription = await pubsub.subscribe(config.topic)
+                        nursery.start_soon(host._read_gossip, subscription)
+                        nursery.start_soon(host._keep_bootstrap_connected)
+                        nursery.start_soon(host._say_hello_periodically)
+                        nursery.start_soon(host._announce_batches)
+                        try:
+                            yield host
+                            body_finished = True
+                        finally:
+                            nursery.cancel_scope.cancel()
+                            host._announce_send.close()
+            finally:
+                await _hang_up(libp2p_host, config.connect_timeout)
     except Exception as exc:
         # py-libp2p 0.8.1 races at shutdown: a stream arriving while its services stop spawns a
         # task into a closed nursery ("Nursery is closed to new arrivals", LifecycleError). Once

@@ -14,7 +14,9 @@ length is at most that of the request it expects (at most MAX_REQUEST = 33 bytes
 refused with ERROR before any of its body is read, and the stream is closed.
 
 Gossip envelope: kind(1) || u16 length of addresses || addresses (utf-8, newline-separated) || body.
-Kinds: b"A" application payload, b"H" "I hold digest(32)", b"P" hello (addresses only).
+Kinds: b"A" application payload, b"H" "I hold these blobs" (1 to MAX_HAVE_DIGESTS digests of 32 bytes,
+concatenated: a fetcher announces the blobs it fetched in batches, see docs/P2P.md), b"P" hello
+(addresses only).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ MAX_REQUEST = max(OPEN_SIZE, READ_SIZE)  # 33: no well-formed client -> server f
 SIZE, DATA, NOT_FOUND, REFUSED, ERROR = b"S", b"D", b"N", b"X", b"E"
 
 KIND_APP, KIND_HAVE, KIND_HELLO = b"A", b"H", b"P"
+MAX_HAVE_DIGESTS = 1024  # 32 KiB of digests: half the default max_announcement_size
 
 
 class WireError(Exception):
@@ -147,3 +150,17 @@ def parse_envelope(data: bytes) -> tuple[bytes, list[str], bytes]:
         raise WireError("gossip envelope truncated")
     addrs = [a for a in data[3 : 3 + n].decode("utf-8", "replace").split("\n") if a]
     return data[:1], addrs, data[3 + n :]
+
+
+def have_body(digests: list[str]) -> bytes:
+    """The body of a HAVE announcement for 1 to MAX_HAVE_DIGESTS hex sha256 digests."""
+    if not 0 < len(digests) <= MAX_HAVE_DIGESTS:
+        raise ValueError(f"a HAVE names 1 to {MAX_HAVE_DIGESTS} digests, got {len(digests)}")
+    return b"".join(bytes.fromhex(d) for d in digests)
+
+
+def parse_have(body: bytes) -> list[str]:
+    """The hex digests of a HAVE body; WireError unless it is 1 to MAX_HAVE_DIGESTS whole digests."""
+    if not body or len(body) % DIGEST_SIZE or len(body) > MAX_HAVE_DIGESTS * DIGEST_SIZE:
+        raise WireError(f"HAVE body of {len(body)} bytes is not 1 to {MAX_HAVE_DIGESTS} digests of {DIGEST_SIZE} bytes")
+    return [body[i : i + DIGEST_SIZE].hex() for i in range(0, len(body), DIGEST_SIZE)]

@@ -73,9 +73,12 @@ def config():
 @pytest.fixture
 def wait_until():
     async def wait(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-        with trio.fail_after(timeout):
-            while not predicate():
-                await trio.sleep(0.05)
+        try:
+            with trio.fail_after(timeout):
+                while not predicate():
+                    await trio.sleep(0.05)
+        except trio.TooSlowError:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
 
     return wait
 
