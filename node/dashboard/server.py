@@ -30,6 +30,7 @@ STATIC = {  # name -> content type; nothing else is served
 }
 PUSH_SECONDS = 0.5  # how often a stream re-reads the folder
 KEEPALIVE_SECONDS = 15.0
+MAX_STREAMS = 8  # open event streams at once (each holds a thread)
 # Scripts and styles from this server only (no CDN, no inline script); uPlot sets element styles.
 CSP = "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:"
 
@@ -50,7 +51,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path in self.routes:
+        port = self.server.dashboard.port
+        if self.headers.get("Host") not in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            # DNS rebinding: a page from elsewhere whose name now resolves to 127.0.0.1 sends its own
+            # host name; only a page of ours names this address and port
+            self.send_error(HTTPStatus.MISDIRECTED_REQUEST)
+        elif path in self.routes:
             self._send(HTTPStatus.OK, STATIC["index.html"], static_file("index.html"))
         elif path.startswith("/static/") and path.removeprefix("/static/") in STATIC:
             name = path.removeprefix("/static/")
@@ -59,7 +65,13 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.dumps(self.server.dashboard.state()).encode()
             self._send(HTTPStatus.OK, "application/json", body)
         elif path == "/events":
-            self._stream()
+            if not self.server.streams.acquire(blocking=False):
+                self.send_error(HTTPStatus.SERVICE_UNAVAILABLE, "too many open event streams")
+                return
+            try:
+                self._stream()
+            finally:
+                self.server.streams.release()
         else:
             self.send_error(HTTPStatus.NOT_FOUND)
 
@@ -105,6 +117,7 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # open event streams must not keep the process alive
     dashboard: Dashboard
+    streams: threading.BoundedSemaphore  # each stream holds a thread: a few tabs, not a flood
 
 
 class Dashboard:
@@ -114,7 +127,11 @@ class Dashboard:
     def __init__(self, folder: Path, *, port: int = 0, live: bool = True) -> None:
         self.folder, self.live = Path(folder), live
         self.stopping = threading.Event()
+        self._state_lock = threading.Lock()
+        self._state: dict | None = None
+        self._state_at = 0.0
         self._server = _Server(("127.0.0.1", port), _Handler)
+        self._server.streams = threading.BoundedSemaphore(MAX_STREAMS)
         self._server.dashboard = self
         self._thread = threading.Thread(target=self._server.serve_forever, name="dashboard-http", daemon=True)
 
@@ -127,7 +144,13 @@ class Dashboard:
         return f"http://127.0.0.1:{self.port}/"
 
     def state(self) -> dict:
-        return snapshot(self.folder, live=self.live and not self.stopping.is_set())
+        """The snapshot, read at most once per PUSH_SECONDS however many pages poll or stream."""
+        with self._state_lock:
+            now = time.monotonic()
+            if self._state is None or now - self._state_at >= PUSH_SECONDS or self.stopping.is_set():
+                self._state = snapshot(self.folder, live=self.live and not self.stopping.is_set())
+                self._state_at = now
+            return self._state
 
     def start(self) -> Dashboard:
         self._thread.start()

@@ -285,6 +285,9 @@ class Peer:
     def _committed(self, r: int) -> bool:
         return self.address in self.ledger.participants(r)
 
+    def _holds_commit(self, r: int, digest: str) -> bool:
+        return any(c.peer == self.address and c.digest.hex() == digest for c in self.ledger.commitments(r))
+
     async def _latest_global(self) -> torch.Tensor:
         """The model of the last finalized round (genesis if none): from our store, else from
         any peer, checked against the finalized digest on chain."""
@@ -446,9 +449,18 @@ class Peer:
         data = wire.update_blob(vector, r, mech_json)
         digest = sha256(data).hex()
         self._set(Phase.COMMITTING)
-        receipt = await self.chain(
-            self.ledger.commit, r, bytes.fromhex(digest), num_samples, eps_micro, mech_json.encode(), record_micro
-        )
+        receipt: Any = None
+        try:
+            receipt = await self.chain(
+                self.ledger.commit, r, bytes.fromhex(digest), num_samples, eps_micro, mech_json.encode(), record_micro
+            )
+        except LedgerError:
+            # A commit can be mined although its reply was lost (the resend then reads "nonce too
+            # low"): if the chain holds this very digest from us, it is ours, spent and counted in
+            # the round, so store, serve and attest it like any other.
+            if not await self.chain(self._holds_commit, r, digest):
+                raise
+            log.warning("round %d: the commit's reply was lost, but the chain holds it: going on", r)
         self._commits += 1
         self._my_counts = counts
         self._save_accountant()

@@ -90,6 +90,37 @@ def test_routes_headers_and_the_event_stream(run_folder):
     stream.close()
 
 
+def test_a_rebound_host_name_and_a_flood_of_streams_are_refused(run_folder):
+    """DNS rebinding: a request naming another host (a page whose name now resolves to 127.0.0.1)
+    gets 421, not the run's state; event streams beyond MAX_STREAMS get 503 while the first are served."""
+    from node.dashboard.server import MAX_STREAMS
+
+    with Dashboard(run_folder) as served:
+        for host in (f"evil.example:{served.port}", "127.0.0.1:1", "localhost"):
+            conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=5)
+            conn.request("GET", "/api/state", headers={"Host": host})
+            response = conn.getresponse()
+            assert response.status == 421 and b"rounds" not in response.read(), host
+            conn.close()
+        conn = http.client.HTTPConnection("localhost", served.port, timeout=5)
+        conn.request("GET", "/api/state")
+        assert conn.getresponse().status == 200
+        conn.close()
+        streams = []
+        for _ in range(MAX_STREAMS):
+            conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=5)
+            conn.request("GET", "/events")
+            response = conn.getresponse()
+            assert response.status == 200 and response.readline() == b"event: state\n"
+            streams.append(conn)
+        extra = http.client.HTTPConnection("127.0.0.1", served.port, timeout=5)
+        extra.request("GET", "/events")
+        assert extra.getresponse().status == 503
+        extra.close()
+    for conn in streams:
+        conn.close()
+
+
 def test_chain_values_are_bounded():
     assert _plain(b"\x01" * 500).startswith("0x0101") and len(_plain(b"\x01" * 500)) == MAX_TEXT
     assert _plain(b'{"name":"pnpm"}') == '{"name":"pnpm"}'

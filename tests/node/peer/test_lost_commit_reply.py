@@ -1,0 +1,75 @@
+"""A commit that was mined although its reply was lost (the resend then reads "nonce too low", a
+plain LedgerError): the peer finds its own digest on chain and goes on as a committer: stores,
+serves and attests its blob, so the round is not left with a participant that never votes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from node.chain.errors import LedgerError
+from node.chain.records import RoundState
+from tests.node.peer.harness import FakeSwarm, run_virtual
+
+T = True
+
+
+def test_a_commit_mined_behind_a_lost_reply_is_served_and_attested():
+    async def main():
+        swarm = FakeSwarm(3)
+        ledger = swarm.members[2].ledger
+        real_commit = ledger.commit
+
+        def commit_then_lose_the_reply(*args: Any) -> dict[str, int]:
+            real_commit(*args)
+            raise LedgerError("nonce too low: the first send was mined, its reply lost")
+
+        ledger.commit = commit_then_lose_the_reply  # the fault: a reply lost after the chain took the commit
+        peers = [swarm.peer(i) for i in range(3)]
+        outcomes: list[Any] = [None] * 3
+
+        async def one(i: int) -> None:
+            outcomes[i] = await peers[i].run()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(one, i)
+
+        info = swarm.members[0].ledger.round_info(1)
+        assert info.state is RoundState.FINALIZED
+        (lossy,) = outcomes[2]
+        assert lossy.committed and lossy.included == [T, T, T], lossy
+        assert all(o[0].included == [T, T, T] for o in outcomes)
+        digest = next(c.digest.hex() for c in ledger.commitments(1) if c.peer == swarm.members[2].address)
+        assert swarm.members[2].store.get(digest) is not None  # stored and served
+        assert peers[2]._commits == 1
+
+    run_virtual(main)
+
+
+def test_a_refused_commit_is_still_a_refusal():
+    """The lookup must not turn a real refusal into a commit: nothing on chain, nothing stored."""
+
+    async def main():
+        swarm = FakeSwarm(3, min_peers=2)
+        ledger = swarm.members[2].ledger
+
+        def refuse(*args: Any) -> dict[str, int]:
+            raise LedgerError("refused")
+
+        ledger.commit = refuse
+        peers = [swarm.peer(i) for i in range(3)]
+        outcomes: list[Any] = [None] * 3
+
+        async def one(i: int) -> None:
+            outcomes[i] = await peers[i].run()
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(one, i)
+        (refused,) = outcomes[2]
+        assert not refused.committed and peers[2]._commits == 0
+        assert swarm.members[2].address not in swarm.members[0].ledger.participants(1)
+
+    run_virtual(main)
