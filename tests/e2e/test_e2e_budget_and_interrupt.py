@@ -89,7 +89,7 @@ def test_ctrl_c_stops_the_swarm_and_keeps_finished_rounds(tmp_path):
             "node.cli",
             "up",
             "--rounds",
-            "6",
+            "20",  # far more than it plays before the Ctrl-C: a fast run must not end first
             "--out",
             str(out),
             "--json",
@@ -106,6 +106,7 @@ def test_ctrl_c_stops_the_swarm_and_keeps_finished_rounds(tmp_path):
         assert up.poll() is None, up.communicate()
         assert time.monotonic() < deadline, "no two finished rounds within 300 s"
         time.sleep(0.2)
+    assert up.poll() is None, "the swarm ended before the Ctrl-C"
     up.send_signal(signal.SIGINT)
     stdout, stderr = up.communicate(timeout=120)
     assert up.returncode == 130, stderr[-2000:]
