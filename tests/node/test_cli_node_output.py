@@ -14,7 +14,6 @@ from node.chain.errors import LedgerError
 from node.chain.sender import InsufficientFunds
 from node.cli import common
 from node.cli.node_output import NodeReporter, format_round, same_data_suspects, tcp_endpoint, tcp_problem
-from node.peer.addresses import advertised_addrs, is_loopback, local_ip_addresses
 from node.runfiles import MetricsWriter, write_json_atomic
 
 PEER_ID = "12D3KooWGgpcVCY9V3D5pJn4ifJLtEysQUZAaqxHGFWA97gZJJDw"
@@ -114,24 +113,6 @@ def test_unreachable_bootstrap_is_warned_after_the_grace(tmp_path):
     assert len(warnings) == 1 and closed in warnings[0] and "Connection refused" in warnings[0], warnings
     assert tcp_endpoint("/dns4/example.org/tcp/4001/p2p/x") == ("example.org", 4001)
     assert tcp_endpoint("/ip4/1.2.3.4/udp/4001/quic") is None
-
-
-def test_wildcard_listen_addresses_become_interface_addresses():
-    local = {"ip4": ["192.0.2.7", "127.0.0.1"], "ip6": ["2001:db8::7", "::1"]}
-    addrs = [f"/ip4/0.0.0.0/tcp/4001/p2p/{PEER_ID}", f"/ip6/::/tcp/4002/p2p/{PEER_ID}", "/ip4/10.0.0.1/tcp/9"]
-    assert advertised_addrs(addrs, local) == [
-        f"/ip4/192.0.2.7/tcp/4001/p2p/{PEER_ID}",
-        f"/ip4/127.0.0.1/tcp/4001/p2p/{PEER_ID}",
-        f"/ip6/2001:db8::7/tcp/4002/p2p/{PEER_ID}",
-        f"/ip6/::1/tcp/4002/p2p/{PEER_ID}",
-        "/ip4/10.0.0.1/tcp/9",
-    ]
-    found = local_ip_addresses()  # this machine's own: never a wildcard, loopback last
-    assert "127.0.0.1" in found["ip4"] and found["ip4"][-1] == "127.0.0.1"
-    assert "0.0.0.0" not in found["ip4"] and "::" not in found["ip6"]
-    real = advertised_addrs([f"/ip4/0.0.0.0/tcp/1/p2p/{PEER_ID}"])
-    assert real and not any("/0.0.0.0/" in a for a in real)
-    assert is_loopback(real[-1]) and not is_loopback("/ip4/192.0.2.7/tcp/1")
 
 
 def test_expected_errors_are_unwrapped_from_exception_groups():

@@ -15,6 +15,19 @@ from tests.node.peer.harness import FakeSwarm, run_virtual
 T = True
 
 
+async def run_peers(peers: list[Any]) -> list[Any]:
+    """Every peer's whole run, side by side in one trio loop."""
+    outcomes: list[Any] = [None] * len(peers)
+
+    async def one(i: int) -> None:
+        outcomes[i] = await peers[i].run()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(peers)):
+            nursery.start_soon(one, i)
+    return outcomes
+
+
 def test_a_commit_mined_behind_a_lost_reply_is_served_and_attested():
     async def main():
         swarm = FakeSwarm(3)
@@ -27,14 +40,7 @@ def test_a_commit_mined_behind_a_lost_reply_is_served_and_attested():
 
         ledger.commit = commit_then_lose_the_reply  # the fault: a reply lost after the chain took the commit
         peers = [swarm.peer(i) for i in range(3)]
-        outcomes: list[Any] = [None] * 3
-
-        async def one(i: int) -> None:
-            outcomes[i] = await peers[i].run()
-
-        async with trio.open_nursery() as nursery:
-            for i in range(3):
-                nursery.start_soon(one, i)
+        outcomes = await run_peers(peers)
 
         info = swarm.members[0].ledger.round_info(1)
         assert info.state is RoundState.FINALIZED
@@ -60,14 +66,7 @@ def test_a_refused_commit_is_still_a_refusal():
 
         ledger.commit = refuse
         peers = [swarm.peer(i) for i in range(3)]
-        outcomes: list[Any] = [None] * 3
-
-        async def one(i: int) -> None:
-            outcomes[i] = await peers[i].run()
-
-        async with trio.open_nursery() as nursery:
-            for i in range(3):
-                nursery.start_soon(one, i)
+        outcomes = await run_peers(peers)
         (refused,) = outcomes[2]
         assert not refused.committed and peers[2]._commits == 0
         assert swarm.members[2].address not in swarm.members[0].ledger.participants(1)
