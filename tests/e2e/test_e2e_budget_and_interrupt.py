@@ -89,12 +89,14 @@ def test_ctrl_c_stops_the_swarm_and_keeps_finished_rounds(tmp_path):
             "node.cli",
             "up",
             "--rounds",
-            "20",  # far more than it plays before the Ctrl-C: a fast run must not end first
+            "6",
             "--out",
             str(out),
             "--json",
             "--set",
             "chain.min_peers=3",
+            "--set",
+            "chain.block_time=1",  # rounds of a few seconds: the Ctrl-C lands mid-run, not after the end
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
