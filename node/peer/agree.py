@@ -79,6 +79,10 @@ def decide_inclusion(have: list[bool], focal: list[bool] | None) -> list[bool]:
     return list(have)
 
 
+class NothingToAggregate(RuntimeError):
+    """Every blob of the round's set was left out (unreachable or malformed), ours included."""
+
+
 @dataclass
 class RoundBlobs:
     """What a peer knows of a closed round's blobs while it fetches them. Index i is participant
@@ -203,7 +207,7 @@ class Agreement:
         """Step 3: the focal set if we hold all of it, else what we fetched ourselves."""
         included = self.blobs.decide()
         if not any(included):
-            raise RuntimeError(f"round {self.round}: no blob could be fetched, not even our own")
+            raise NothingToAggregate(f"round {self.round}: every blob of the set was left out, ours included")
         return included
 
     async def _fetch_until(self, deadline: float, wanted: list[bool]) -> None:

@@ -32,7 +32,7 @@ from node.chain.records import PROTECTS_WORDS, Commitment, RoundInfo
 from node.learning.contribute import contribute, round_seed
 from node.learning.models import init_model
 from node.learning.train import evaluate
-from node.peer.agree import Agreement, obtain
+from node.peer.agree import Agreement, NothingToAggregate, obtain
 from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
 from node.protocol import policy, wire
 from node.protocol.blob import flatten, sha256, unflatten
@@ -495,7 +495,13 @@ class Peer:
 
         self._set(Phase.FETCHING)
         agreement = await self._agreement(r)
-        included = await agreement.run()
+        try:
+            included = await agreement.run()
+        except NothingToAggregate as exc:
+            # e.g. every release of the round past the fixed-point bound: nothing to vote for; the
+            # round aborts at the end of its window and the peer goes on from the last model
+            log.warning("%s: no vote this round", exc)
+            return [], 0
         self._set(Phase.AGGREGATING)
         digest = await self._aggregate(r, previous, agreement.commitments, agreement.blobs.vectors, included)
         if digest is None:  # aggregation failed (logged): no vote this round, the peer goes on
