@@ -102,9 +102,15 @@ def test_ctrl_c_stops_the_swarm_and_keeps_finished_rounds(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    metrics = out / "peers" / "0" / "metrics.jsonl"
+
+    # Any peer's metrics: under load one peer may start late and write its lines only while it
+    # catches up at the very end of the run (then the Ctrl-C would land after the swarm's end).
+    def most_rounds() -> int:
+        files = (out / "peers").glob("*/metrics.jsonl")
+        return max((len(f.read_text().splitlines()) for f in files), default=0)
+
     deadline = time.monotonic() + 300
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+    while most_rounds() < 2:
         assert up.poll() is None, up.communicate()
         assert time.monotonic() < deadline, "no two finished rounds within 300 s"
         time.sleep(0.2)
