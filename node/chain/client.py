@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from eth_account.signers.local import LocalAccount
 from web3 import HTTPProvider, Web3
-from web3.types import EventData, TxReceipt
+from web3.types import EventData, RPCEndpoint, TxReceipt
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, NotParticipant
@@ -66,11 +66,33 @@ def connect(rpc_url: str, *, timeout: float = 10.0, check_evm: bool = True) -> W
     if not rpc_url.startswith(("http://", "https://")):
         raise ValueError(f"rpc_url must be an http(s) URL, got {rpc_url!r}")
     # The client retries itself (with backoff, and without re-sending a transaction blindly).
-    w3 = Web3(HTTPProvider(rpc_url, request_kwargs={"timeout": timeout}, exception_retry_configuration=None))
+    # The chain id is cached: web3 checks it before every call and transaction, which would double
+    # the requests of a peer that watches the chain (an endpoint does not change chains under us).
+    w3 = Web3(
+        HTTPProvider(
+            rpc_url,
+            request_kwargs={"timeout": timeout},
+            exception_retry_configuration=None,
+            cache_allowed_requests=True,
+            cacheable_requests={RPCEndpoint("eth_chainId")},
+        )
+    )
     with_retries(lambda: w3.eth.chain_id, what=f"connect to {rpc_url}")
     if check_evm:
         check_evm_target(w3, rpc_url, artifact_evm_version(load_artifact()))
     return w3
+
+
+def head_block(w3: Web3) -> int:
+    """The latest block number, straight from the provider past web3's middleware: peers poll it
+    several times a second to learn when the chain moved, and this costs a sixth of a web3 call."""
+    answer = w3.provider.make_request(RPCEndpoint("eth_blockNumber"), [])
+    result = answer.get("result") if isinstance(answer, dict) else None
+    if isinstance(result, int) and not isinstance(result, bool) and 0 <= result < 2**64:
+        return result  # in-process providers (eth-tester) answer with the number itself
+    if not isinstance(result, str) or not result.startswith("0x") or not 2 < len(result) <= 18:
+        raise LedgerError(f"eth_blockNumber: unexpected answer {str(answer)[:200]}")
+    return int(result, 16)
 
 
 class LedgerClient:
@@ -243,7 +265,24 @@ class LedgerClient:
             raise
 
     def block_number(self) -> int:
-        return self._read(lambda: self.w3.eth.block_number, "block_number")
+        return self._read(lambda: head_block(self.w3), "block_number")
+
+    def activity(self, from_block: int, to_block: int) -> bool:
+        """Whether the ledger emitted any event in blocks from_block..to_block: every change of
+        its state does (events for every state change), so a peer that watches a round re-reads
+        it only when this says so. One raw eth_getLogs, past web3's middleware (cheap and idle)."""
+        if to_block < from_block:
+            return False
+        query = {"address": self.address, "fromBlock": hex(from_block), "toBlock": hex(to_block)}
+
+        def ask() -> bool:
+            answer = self.w3.provider.make_request(RPCEndpoint("eth_getLogs"), [query])
+            result = answer.get("result") if isinstance(answer, dict) else None
+            if not isinstance(result, list):
+                raise LedgerError(f"eth_getLogs: unexpected answer {str(answer)[:200]}")
+            return len(result) > 0
+
+        return self._read(ask, "activity")
 
     def params(self) -> SwarmParams:
         p = self._view("params")
@@ -294,11 +333,13 @@ class LedgerClient:
             raise LedgerError(f"round {round}: Committed events repeat a peer or a digest (not the ledger's logs)")
         return found
 
-    def commit_history(self, address: str) -> list[Commitment]:
+    def commit_history(self, address: str, from_block: int | None = None) -> list[Commitment]:
         """Every commitment `address` made, oldest first (from the Committed events): the sample
-        counts its record-level eps is composed over."""
+        counts its record-level eps is composed over. `from_block`: only those from that block on
+        (a reader that keeps the history reads only what is new)."""
         peer = Web3.to_checksum_address(address)
-        logs = self._logs("Committed", self.params().deploy_block, self.block_number(), {"peer": peer})
+        start = self.params().deploy_block if from_block is None else from_block
+        logs = self._logs("Committed", start, self.block_number(), {"peer": peer})
         return [_commitment(e) for e in logs]
 
     def attestations(self, round: int) -> list[Attestation]:

@@ -29,6 +29,8 @@ import trio
 from web3 import Web3
 from web3.types import RPCEndpoint
 
+from node.chain.client import head_block
+
 log = logging.getLogger("swarm.chain")
 
 LOCAL_CHAIN_IDS = frozenset({31337, 1337})  # development chains: public dev keys, nothing of value
@@ -37,7 +39,7 @@ WAITING_PHASES = frozenset({"waiting-close", "waiting-final", "following"})
 STALL_AFTER_DEV_S = 3.0
 STALL_AFTER_S = 30.0
 NUDGE_EVERY_S = 1.0
-CHECK_EVERY_S = 0.5
+CHECK_EVERY_S = 1.0
 FIX = "start the chain with interval mining: `swarm chain`, or `anvil --block-time 1`"
 
 
@@ -70,7 +72,7 @@ class ChainLiveness:
         """Read the block number; nudge or warn if the peer is waiting and the chain stalled.
         Returns what it did: "moving", "idle", "nudged" or "warned"."""
         now = self.clock()
-        block = int(self.w3.eth.block_number)
+        block = head_block(self.w3)
         if block != self.last_block:
             self.last_block, self.last_change = block, now
             if self.nudges == 0:

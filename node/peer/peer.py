@@ -46,6 +46,8 @@ log = logging.getLogger("swarm.peer")
 T = TypeVar("T")
 
 RPC_RETRY_INTERVAL = 1.0  # seconds between two calls while the chain's RPC does not answer
+PREFETCH_INTERVAL = 0.5  # seconds between two reads of an open round's commitments
+PREFETCH_IDLE_INTERVAL = 1.0  # ... at most, once nothing new came for a while
 
 
 class Phase(enum.StrEnum):
@@ -79,12 +81,28 @@ class RoundOutcome:
     record_delta: float | None = None
     record_protects: str | None = None
     train_seconds: float = 0.0
+    train_started: float | None = None  # wall clock (Unix time) of this round's local training:
+    train_ended: float | None = None  # a speculative training (see Speculation) starts before the round opens
     round_seconds: float = 0.0
     bytes_received: int = 0  # blob bytes this peer fetched from others during the round
     bytes_sent: int = 0  # blob bytes this peer served to others during the round
     gas_used: int = 0
     phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time per Phase value
     global_digest: str | None = None  # the model this peer holds after the round
+
+
+@dataclass
+class Speculation:
+    """The next round's training, started on this peer's own aggregate as soon as it attested,
+    while the round waits for its majority. Used only if the round finalizes exactly that model
+    (`base`); otherwise dropped unseen: nothing of it was released, so it spent no privacy."""
+
+    round: int
+    base: str  # digest of the aggregate it trains from
+    done: trio.Event = field(default_factory=trio.Event)
+    result: tuple[torch.Tensor, int] | None = None
+    started: float = 0.0
+    ended: float = 0.0
 
 
 class Peer:
@@ -139,6 +157,19 @@ class Peer:
         # the peer id (signed by its key, the first to verify)? None: every registration counts
         # (the in-memory tests, whose fake chain has no signatures)
         self.registration_ok = registration_ok
+        # evaluation has a model of its own: it runs while a speculative training uses self.model
+        self.eval_model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
+        self._background: trio.Nursery | None = None  # run()'s: speculative trainings outlive their round
+        self._speculation: Speculation | None = None
+        self._model_digest: str | None = None  # digest of the finalized model we hold (None: genesis)
+        self._own_aggregate: tuple[int, str, torch.Tensor] | None = None  # (round, digest, vector) we attested
+        self._info: RoundInfo | None = None  # the round's state as last read
+        self._block = 0  # the chain's block number as last read
+        self._windows = (0, 0)  # (commit, attest) windows in blocks, from the ledger's params
+        self._nudged_at = (0, 0)  # (round, participant count) at our last try to close a round
+        self._peer_ids: dict[str, bytes] = {}  # committer address -> its registered peer id
+        self._histories: dict[str, list[Commitment]] = {}  # committer address -> its commits so far
+        self._vetted: dict[tuple[int, str, bytes], tuple[bytes, tuple[str, str] | None]] = {}
 
     # ---------------------------------------------------------------- helpers
     async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -181,27 +212,61 @@ class Peer:
         *,
         what: str,
         nudge: Callable[[], Awaitable[None]] | None = None,
-        nudge_every: float = 1.0,
     ) -> T:
-        """Poll the chain until predicate() is truthy; `nudge` (at most every `nudge_every`
-        seconds) may send a transaction that moves the round along (close or abort)."""
-        next_nudge = trio.current_time()
+        """Watch the chain until predicate() is truthy; `nudge` may send a transaction that moves
+        the round along (close or abort), and decides itself whether the chain would take it.
+
+        A peer with nothing to do stays idle: it polls the cheap block number, and re-reads the
+        predicate only when a new block holds an event of the ledger (every change of the ledger's
+        state emits one); `nudge` is offered every new block (its windows count blocks)."""
+        block = await self._next_block(None)
         with trio.move_on_after(self.s.chain_timeout):
             while True:
                 value = await self.chain(predicate)
                 if value:
                     return value
-                if nudge is not None and trio.current_time() >= next_nudge:
-                    await nudge()
-                    next_nudge = trio.current_time() + nudge_every
-                await trio.sleep(self.s.poll_interval)
+                while True:  # until the ledger did something
+                    if nudge is not None:
+                        await nudge()
+                    seen, block = block, await self._next_block(block)
+                    if await self.chain(self.ledger.activity, seen + 1, block):
+                        break
         raise TimeoutError(f"round {self.round}: no {what} on chain within {self.s.chain_timeout:.0f} s")
+
+    async def _next_block(self, seen: int | None) -> int:
+        """The chain's block number once it is past `seen` (at once if `seen` is None)."""
+        while True:
+            block = await self.chain(self.ledger.block_number)
+            if seen is None or block > seen:
+                self._block = block
+                return block
+            await trio.sleep(self.s.poll_interval)
+
+    async def _nudge_close(self, r: int) -> None:
+        """Close round r when the chain would take it: its commit window is over, or a commit came
+        since our last try (the last registered peer's commit lets anyone close it at once)."""
+        info = self._info
+        if info is None or info.round != r:
+            return
+        window_over = self._block > info.opened_block + self._windows[0]
+        if window_over or (r, info.participant_count) != self._nudged_at:
+            self._nudged_at = (r, info.participant_count)
+            await self._try(self.ledger.close_round, r)
+
+    async def _nudge_abort(self, r: int) -> None:
+        """Abort round r once its attestation window is over without a majority."""
+        info = self._info
+        if info is None or info.round != r or info.state.name != "CLOSED":
+            return
+        if self._block > info.closed_block + self._windows[1]:
+            await self._try(self.ledger.abort_round, r)
 
     # ------------------------------------------------------------ bootstrap
     async def start(self) -> torch.Tensor:
         """Register if needed, check the genesis, and return the current global model."""
 
         params = await self.chain(self.ledger.params)
+        self._windows = (params.commit_window, params.attest_window)
         genesis = wire.genesis_blob(self.genesis_vector, self.s.shared.to_dict())
         if sha256(genesis) != bytes(params.genesis_digest):
             raise RuntimeError(
@@ -342,14 +407,18 @@ class Peer:
     async def run(self, *, on_round: Callable[[RoundOutcome], None] | None = None) -> list[RoundOutcome]:
         global_vector = await self.start()
         outcomes: list[RoundOutcome] = []
-        while True:
-            current = await self.chain(self.ledger.current_round)
-            if current > self.s.rounds:
-                break
-            outcome, global_vector = await self.play_round(current, global_vector)
-            outcomes.append(outcome)
-            if on_round:
-                on_round(outcome)
+        async with trio.open_nursery() as background:
+            self._background = background
+            while True:
+                current = await self.chain(self.ledger.current_round)
+                if current > self.s.rounds:
+                    break
+                outcome, global_vector = await self.play_round(current, global_vector)
+                outcomes.append(outcome)
+                if on_round:
+                    on_round(outcome)
+            self._background = None
+            background.cancel_scope.cancel()  # a speculation for a round that will not come
         # Followers of the last round fetch its model from us after it finalized: do not vanish.
         self._set(Phase.SERVING)
         await trio.sleep(self.s.linger)
@@ -364,42 +433,43 @@ class Peer:
         out = RoundOutcome(round=r, state="open")
         info = await self.chain(self.ledger.round_info, r)
         already = await self.chain(self._committed, r)
-        if info.state.name == "OPEN" and not already:
-            try:
-                out.train_seconds, out.gas_used, spend, record = await self._contribute(r, global_vector)
-                out.eps_cumulative, out.delta_cumulative = spend.epsilon, spend.delta
-                out.eps_protects = f"whole shared update: {PROTECTS_WORDS.get(spend.protects, spend.protects)}"
-                if record is not None:
-                    out.record_eps_cumulative, out.record_delta = record.epsilon, record.delta
-                    out.record_protects = record.protects
-                out.committed = True
-            except BudgetExhausted as exc:
-                self._set(Phase.BUDGET_SPENT, reason=str(exc))
-                log.warning("round %d: %s", r, exc)
-            except LedgerError as exc:  # window closed under us, or similar: follow this round
-                log.warning("round %d: commit refused: %s", r, exc)
-                await self._resync_commits()
-        out.committed = out.committed or already
+        async with trio.open_nursery() as early:
+            if info.state.name == "OPEN":
+                early.start_soon(self._prefetch, r)
+            if info.state.name == "OPEN" and not already:
+                try:
+                    await self._commit_round(r, global_vector, out)
+                except BudgetExhausted as exc:
+                    self._set(Phase.BUDGET_SPENT, reason=str(exc))
+                    log.warning("round %d: %s", r, exc)
+                except LedgerError as exc:  # window closed under us, or similar: follow this round
+                    log.warning("round %d: commit refused: %s", r, exc)
+                    await self._resync_commits()
+            out.committed = out.committed or already
+            if not out.committed:
+                early.cancel_scope.cancel()  # a follower aggregates nothing: no need of the blobs
 
-        self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
-        info = await self._wait_for(
-            lambda: self._state_after(r, "OPEN"), what="close", nudge=lambda: self._try(self.ledger.close_round, r)
-        )
+            self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
+            info = await self._wait_for(
+                lambda: self._state_after(r, "OPEN"), what="close", nudge=lambda: self._nudge_close(r)
+            )
+            early.cancel_scope.cancel()
         if info.state.name == "CLOSED" and out.committed:
             participants = await self.chain(self.ledger.participants, r)
             if self.address in participants:
                 out.included, gas = await self._aggregate_and_attest(r, global_vector)
                 out.gas_used += gas
+                self._speculate(r + 1)
         self._set(Phase.WAITING_FINAL)
         info = await self._wait_for(
             lambda: self._state_after(r, "OPEN", "CLOSED"),
             what="finalization",
-            nudge=lambda: self._try(self.ledger.abort_round, r),
+            nudge=lambda: self._nudge_abort(r),
         )
         out.state = info.state.name.lower()
         if info.state.name == "FINALIZED":
             global_vector = await self._fetch_model(r)
-            out.global_digest = await self._finalized_hex(r)
+            out.global_digest = self._model_digest = await self._finalized_hex(r)
             self._set(Phase.EVALUATING)
             out.accuracy, out.loss = await self._off_loop(self._evaluate, global_vector)
         self._set(Phase.WAITING_FINAL)  # closes the last phase's timer
@@ -408,8 +478,79 @@ class Peer:
         out.bytes_sent, out.bytes_received = self.host.bytes_served - sent0, self.host.bytes_fetched - received0
         return out, global_vector
 
+    async def _commit_round(self, r: int, global_vector: torch.Tensor, out: RoundOutcome) -> None:
+        spend, record = await self._contribute(r, global_vector, out)
+        out.eps_cumulative, out.delta_cumulative = spend.epsilon, spend.delta
+        out.eps_protects = f"whole shared update: {PROTECTS_WORDS.get(spend.protects, spend.protects)}"
+        if record is not None:
+            out.record_eps_cumulative, out.record_delta = record.epsilon, record.delta
+            out.record_protects = record.protects
+        out.committed = True
+
+    # ----------------------------------------------------------- overlapping
+    def _speculate(self, next_round: int) -> None:
+        """Start training `next_round` on the aggregate we just attested, while the majority forms
+        (the round's wait, the model's evaluation and the next round's opening then overlap it)."""
+        own, self._speculation = self._own_aggregate, None
+        if self._background is None or own is None or own[0] != next_round - 1 or next_round > self.s.rounds:
+            return
+        spec = Speculation(round=next_round, base=own[1])
+        self._speculation = spec
+        self._background.start_soon(self._run_speculation, spec, own[2])
+
+    async def _run_speculation(self, spec: Speculation, base: torch.Tensor) -> None:
+        spec.started = time.time()
+        try:
+            spec.result = await self._off_loop(self._train_and_perturb, spec.round, base)
+        except Exception as exc:  # the round's own training runs instead, and raises what it raises
+            log.warning("round %d: speculative training failed: %s", spec.round, exc)
+        finally:
+            spec.ended = time.time()
+            spec.done.set()
+
+    async def _trained(self, r: int, global_vector: torch.Tensor, out: RoundOutcome) -> tuple[torch.Tensor, int]:
+        """Round r's perturbed update: the speculation's if it trained from the model we hold,
+        else trained now."""
+        spec, self._speculation = self._speculation, None
+        if spec is not None and spec.round == r and spec.base == self._model_digest:
+            await spec.done.wait()
+            if spec.result is not None:
+                out.train_started, out.train_ended = spec.started, spec.ended
+                return spec.result
+        out.train_started = time.time()
+        result = await self._off_loop(self._train_and_perturb, r, global_vector)
+        out.train_ended = time.time()
+        return result
+
+    async def _prefetch(self, r: int) -> None:
+        """While round r is open: vet each commitment as it lands on chain and fetch its blob,
+        so that at close only the last committers' blobs are left to fetch. Best effort: any
+        failure here is met again, and handled, by the agreement step."""
+        started: set[bytes] = set()
+        pause = PREFETCH_INTERVAL
+        async with trio.open_nursery() as nursery:
+            while True:  # until play_round cancels us at close
+                with contextlib.suppress(Exception):
+                    info = await self._off_loop(self.ledger.round_info, r)
+                    pause = min(PREFETCH_IDLE_INTERVAL, pause * 1.5)  # nothing new: look less often
+                    if info.participant_count > len(started):
+                        pause = PREFETCH_INTERVAL
+                        for c in await self._off_loop(self.ledger.commitments, r):
+                            if bytes(c.digest) not in started:
+                                started.add(bytes(c.digest))
+                                nursery.start_soon(self._prefetch_one, r, c)
+                await trio.sleep(pause)
+
+    async def _prefetch_one(self, r: int, c: Commitment) -> None:
+        try:
+            raw_id, refused = await self._vet(r, c)
+            if refused is None and c.peer != self.address:
+                await self._obtain(bytes(c.digest).hex(), [peer_id_from_bytes(raw_id)])
+        except Exception as exc:
+            log.debug("round %d: prefetch of %s failed: %s", r, bytes(c.digest).hex()[:12], exc)
+
     def _state_after(self, r: int, *states: str) -> RoundInfo | None:
-        info = self.ledger.round_info(r)
+        info = self._info = self.ledger.round_info(r)
         return None if info.state.name in states else info
 
     async def _try(self, fn: Callable[..., object], *args: Any) -> None:
@@ -420,8 +561,9 @@ class Peer:
             await self.chain(fn, *args)
 
     # ------------------------------------------------------------ contribute
-    async def _contribute(self, r: int, global_vector: torch.Tensor) -> tuple[float, int, Spend, Spend | None]:
-        """Train, perturb, commit (what the policy spends, both figures), then serve."""
+    async def _contribute(self, r: int, global_vector: torch.Tensor, out: RoundOutcome) -> tuple[Spend, Spend | None]:
+        """Train, perturb, commit (what the policy spends, both figures), then serve. Sets the
+        training times and the commit's gas in `out`."""
         counts = [*self._my_counts, int(self.train_y.shape[0])]
         privacy = self.s.shared.privacy
         eps_micro, record_micro = await self._off_loop(policy.expected_micro, privacy, self.num_params, counts)
@@ -442,9 +584,8 @@ class Peer:
                     f"{wire.eps_from_micro(cap):.6g}: this peer stops contributing"
                 )
         self._set(Phase.TRAINING)
-        t0 = time.monotonic()
-        vector, num_samples = await self._off_loop(self._train_and_perturb, r, global_vector)
-        train_seconds = time.monotonic() - t0
+        vector, num_samples = await self._trained(r, global_vector, out)
+        out.train_seconds = (out.train_ended or 0.0) - (out.train_started or 0.0)
         mech_json = wire.canonical(self.s.mechanism)
         data = wire.update_blob(vector, r, mech_json)
         digest = sha256(data).hex()
@@ -470,7 +611,8 @@ class Peer:
         if self.s.fault == "wrong-bytes":
             cast(PoisonableStore, self.store).poison(digest)  # testing: commit this digest, serve other bytes
         await self.host.announce_blob(digest)
-        return train_seconds, _gas(receipt), spend, record
+        out.gas_used += _gas(receipt)
+        return spend, record
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
         c = contribute(
@@ -519,12 +661,9 @@ class Peer:
     async def _agreement(self, r: int) -> Agreement:
         """The agreement step of round r over its on-chain set, wired to this peer's ledger, host and store."""
         commitments = await self.chain(self.ledger.commitments, r)
-        raw_ids = [await self.chain(self.ledger.peer_id_of, c.peer) for c in commitments]
-        peer_ids = [peer_id_from_bytes(raw) for raw in raw_ids]
-        refused = [
-            await self._registration_problem(r, c, raw) or await self._policy_violation(r, c)
-            for c, raw in zip(commitments, raw_ids)
-        ]
+        vetted = [await self._vet(r, c) for c in commitments]
+        peer_ids = [peer_id_from_bytes(raw) for raw, _ in vetted]
+        refused = [reason for _, reason in vetted]
         return Agreement(
             r,
             commitments,
@@ -537,6 +676,20 @@ class Peer:
             read_attestations=lambda: self.chain(self.ledger.attestations, r),
             refused=refused,
         )
+
+    async def _vet(self, r: int, c: Commitment) -> tuple[bytes, tuple[str, str] | None]:
+        """Commitment c's peer id and why it is left out (None: it is not), read once per round:
+        both rest on chain data fixed once c is on chain (registrations precede commits, the
+        committer's history up to round r), so a verdict made while the round was open holds."""
+        key = (r, c.peer, bytes(c.digest))
+        if key not in self._vetted:
+            raw = self._peer_ids.get(c.peer) or bytes(await self.chain(self.ledger.peer_id_of, c.peer))
+            if raw:
+                self._peer_ids[c.peer] = raw  # an account registers once: its peer id never changes
+            refused = await self._registration_problem(r, c, raw) or await self._policy_violation(r, c)
+            self._vetted = {k: v for k, v in self._vetted.items() if k[0] >= r - 1}  # older rounds are over
+            self._vetted[key] = (raw, refused)
+        return self._vetted[key]
 
     async def _registration_problem(self, r: int, c: Commitment, peer_id: bytes) -> tuple[str, str] | None:
         """Why commitment `c` of round r comes from an account that does not own its peer id (a
@@ -558,8 +711,7 @@ class Peer:
         honest peer leaves the same commits out."""
         if c.peer == self.address:
             return None
-        history = await self.chain(self.ledger.commit_history, c.peer)
-        counts = [int(h.num_samples) for h in history if h.round <= r]
+        counts = [int(h.num_samples) for h in await self._history_through(c) if h.round <= r]
         reason = await self._off_loop(
             policy.commit_violation,
             self.s.shared.privacy,
@@ -572,6 +724,18 @@ class Peer:
         if reason:
             log.warning("round %d: leaving out %s: %s", r, c.peer, reason[1])
         return reason
+
+    async def _history_through(self, c: Commitment) -> list[Commitment]:
+        """Committer c.peer's commits up to c at least, kept between rounds: each round reads only
+        the blocks since the last commit we knew of."""
+        known = self._histories.get(c.peer, [])
+        if not any(h.round == c.round and h.digest == c.digest for h in known):
+            since = max((h.block_number for h in known), default=None)
+            newer = await self.chain(self.ledger.commit_history, c.peer, None if since is None else since + 1)
+            rounds = {h.round for h in known}
+            known = known + [h for h in newer if h.round not in rounds]
+            self._histories[c.peer] = known
+        return known
 
     async def _aggregate(
         self,
@@ -595,11 +759,12 @@ class Peer:
         data = wire.model_blob(new_vector, r)
         digest = self.store.put(data)
         await self.host.announce_blob(digest)
+        self._own_aggregate = (r, digest, new_vector)
         return digest
 
     def _evaluate(self, vector: torch.Tensor) -> tuple[float, float]:
-        self.model.load_state_dict(unflatten(vector, self.spec))
-        return evaluate(self.model, self.test_x, self.test_y, device=self.s.device)
+        self.eval_model.load_state_dict(unflatten(vector, self.spec))
+        return evaluate(self.eval_model, self.test_x, self.test_y, device=self.s.device)
 
 
 class BudgetExhausted(Exception):

@@ -120,7 +120,7 @@ class RegistryCache:
         }
         self.scanned_to = latest
 
-    async def keep_fresh(self, interval: float = 1.0) -> None:
+    async def keep_fresh(self, interval: float = 2.0) -> None:
         while True:  # ends when the owning nursery is cancelled at shutdown
             try:
                 await trio.to_thread.run_sync(self.refresh)

@@ -12,7 +12,9 @@ Two figures per commit (docs/PRIVACY-MODEL.md):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from functools import lru_cache
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
@@ -34,6 +36,14 @@ def eps_step_micro(mechanism_params: dict[str, object], num_params: int) -> int:
 def expected_micro(policy: PrivacyPolicy, num_params: int, sample_counts: Sequence[int]) -> tuple[int, int]:
     """(whole-update eps, record-level eps), in micro-eps, that a peer records after releasing
     one round per entry of `sample_counts` (its committed numSamples, oldest first)."""
+    return _expected_micro(canonical(policy.to_dict()), num_params, tuple(int(n) for n in sample_counts))
+
+
+@lru_cache(maxsize=1024)
+def _expected_micro(policy_json: str, num_params: int, sample_counts: tuple[int, ...]) -> tuple[int, int]:
+    # Cached: every peer checks every committer's record each round, and a PLD composition costs
+    # about a tenth of a second; peers with equal shards share one answer.
+    policy = PrivacyPolicy.from_dict(json.loads(policy_json))
     params = dict(policy.mechanism)
     k = len(sample_counts)
     step = eps_step_micro(params, num_params)

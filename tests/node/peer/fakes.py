@@ -271,6 +271,14 @@ class FakeLedger:
         self.chain = chain
         self.account = FakeAccount(address)
 
+    def block_number(self) -> int:
+        return self.chain.block_number()
+
+    def activity(self, from_block: int, to_block: int) -> bool:
+        # The fake's blocks are slices of time that hold several transactions, one of which may
+        # come after a read in the same block: say yes, and the peer re-reads on every new block.
+        return True
+
     def params(self) -> SwarmParams:
         return self.chain.params
 
@@ -296,8 +304,11 @@ class FakeLedger:
     def commitments(self, round: int) -> list[Commitment]:
         return list(self.chain.round(round).commitments)
 
-    def commit_history(self, address: str) -> list[Commitment]:
-        return [c for rnd in self.chain.rounds for c in rnd.commitments if c.peer == address]
+    def commit_history(self, address: str, from_block: int | None = None) -> list[Commitment]:
+        start = 0 if from_block is None else from_block
+        return [
+            c for rnd in self.chain.rounds for c in rnd.commitments if c.peer == address and c.block_number >= start
+        ]
 
     def attestations(self, round: int) -> list[Attestation]:
         rnd = self.chain.round(round)

@@ -1,0 +1,119 @@
+"""What a peer overlaps with waiting (issue 15): it fetches the blobs of an open round as their
+commits land, and trains the next round on its own aggregate while the majority forms, keeping
+that training only if the chain finalizes exactly that model. Real `Peer`s on the fakes, in
+trio's virtual time."""
+
+from __future__ import annotations
+
+import torch
+import trio
+
+from node.chain.records import RoundState
+from node.peer.peer import Peer
+from tests.node.peer.harness import FakeSwarm, genesis_vector, run_virtual, update_blob
+from tests.node.peer.test_peer_round import run_all
+
+
+def record_trainings(peer: Peer, swarm: FakeSwarm, log: list[tuple[int, bool, RoundState]]) -> None:
+    """Log (round trained, from genesis?, state of the previous round on chain then) per training."""
+    train = peer._train_and_perturb
+
+    def logged(r: int, base: torch.Tensor) -> tuple[torch.Tensor, int]:
+        before = swarm.chain.round(r - 1).state if r > 1 else RoundState.FINALIZED
+        log.append((r, bool(base.equal(genesis_vector())), before))
+        return train(r, base)
+
+    peer._train_and_perturb = logged  # type: ignore[method-assign]
+
+
+def test_peers_train_the_next_round_on_their_own_aggregate_before_the_round_finalizes():
+    async def main():
+        swarm = FakeSwarm(3)
+        peers = [swarm.peer(i, rounds=2) for i in range(3)]
+        logs: list[list[tuple[int, bool, RoundState]]] = [[] for _ in peers]
+        for peer, log in zip(peers, logs):
+            record_trainings(peer, swarm, log)
+        for slow in peers[1:]:  # peer 0 attests first, the majority forms 5 s later
+            attest = slow._aggregate_and_attest
+
+            async def later(r, previous, attest=attest):
+                await trio.sleep(5)
+                return await attest(r, previous)
+
+            slow._aggregate_and_attest = later  # type: ignore[method-assign]
+
+        outcomes = await run_all(peers)
+
+        assert [swarm.chain.round(r).state for r in (1, 2)] == [RoundState.FINALIZED] * 2
+        for log, outcome in zip(logs, outcomes):
+            # one training per round, none thrown away: round 2's started from the aggregate, not genesis
+            assert [(r, from_genesis) for r, from_genesis, _ in log] == [(1, True), (2, False)]
+            assert [o.state for o in outcome] == ["finalized", "finalized"]
+            assert all(o.train_started is not None and o.train_ended >= o.train_started for o in outcome)
+        # the first attester began round 2 while round 1 still waited for its majority
+        assert logs[0][1][2] is RoundState.CLOSED
+        # and what they committed in round 2 is what the chain holds
+        assert {c.peer for c in swarm.members[0].ledger.commitments(2)} == {m.address for m in swarm.members}
+
+    run_virtual(main)
+
+
+def test_a_speculation_on_a_model_the_chain_did_not_finalize_is_dropped():
+    """Peer 0 attests alone, the others never vote: round 1 is aborted, so the model is still
+    genesis and the round-2 update trained on peer 0's own aggregate is thrown away unseen."""
+
+    async def main():
+        swarm = FakeSwarm(3, min_peers=1)
+        swarm.register(1, 2)
+        for i in (1, 2):
+            swarm.commit(i, update_blob(i))
+        peer = swarm.peer(0, rounds=2)
+        log: list[tuple[int, bool, RoundState]] = []
+        record_trainings(peer, swarm, log)
+
+        outcome = await peer.run()
+
+        assert [o.state for o in outcome] == ["aborted", "finalized"]
+        assert [(r, from_genesis) for r, from_genesis, _ in log] == [(1, True), (2, False), (2, True)]
+        (mine,) = swarm.members[0].ledger.commitments(2)  # the round-2 commit: trained from genesis
+        blob = swarm.members[0].store.get(mine.digest.hex())
+        assert blob is not None and outcome[1].committed
+
+    run_virtual(main)
+
+
+def test_a_peer_fetches_the_blobs_of_an_open_round_as_their_commits_land():
+    """Members 1 and 2 commit at once, member 3 at t = 30 s: peer 0 holds 1's and 2's blobs long
+    before the round closes, so at close only the last committer's blob is left to fetch."""
+
+    async def main():
+        swarm = FakeSwarm(4)
+        swarm.register(0, 1, 2, 3)
+        for i in (1, 2):
+            swarm.commit(i, update_blob(i))
+        swarm.chain.params = swarm.chain.params.__class__(
+            **{**swarm.chain.params.__dict__, "commit_window": 1000}
+        )  # the round stays open until the last commit
+        peer = swarm.peer(0)
+        late: dict[str, float] = {}
+
+        async def commit_late():
+            await trio.sleep(30)
+            late["digest"] = swarm.commit(3, update_blob(3))
+            late["time"] = trio.current_time()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(commit_late)
+            outcome, _ = await peer.play_round(1, genesis_vector())
+
+        assert outcome.committed and outcome.included == [True] * 4
+        mine = swarm.members[0].peer_id
+        fetched = {t.digest: t.time for t in swarm.network.transfers if t.receiver == mine}
+        early = [d.hex() for d in (c.digest for c in swarm.members[0].ledger.commitments(1)[:3])]
+        for digest in early:
+            if digest in fetched:  # our own is not fetched
+                assert fetched[digest] < late["time"]
+        assert sum(d in fetched for d in early) == 2
+        assert fetched[late["digest"]] >= late["time"]
+
+    run_virtual(main)
