@@ -18,6 +18,7 @@ T = TypeVar("T")
 
 
 def is_transient(exc: BaseException) -> bool:
+    # ConnectionError covers node.chain.rawrpc.RawRPCUnavailable
     if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)):
         return True
     if isinstance(exc, requests.HTTPError) and exc.response is not None:

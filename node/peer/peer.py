@@ -46,8 +46,8 @@ log = logging.getLogger("swarm.peer")
 T = TypeVar("T")
 
 RPC_RETRY_INTERVAL = 1.0  # seconds between two calls while the chain's RPC does not answer
-PREFETCH_INTERVAL = 0.5  # seconds between two reads of an open round's commitments
-PREFETCH_IDLE_INTERVAL = 1.0  # ... at most, once nothing new came for a while
+QUICK_WAIT = 2.0  # seconds after the ledger's last event during which the chain is polled every poll_interval
+IDLE_POLL = 0.5  # seconds between two polls once the ledger has been quiet that long (a waiting peer is idle)
 
 
 class Phase(enum.StrEnum):
@@ -165,6 +165,10 @@ class Peer:
         self._own_aggregate: tuple[int, str, torch.Tensor] | None = None  # (round, digest, vector) we attested
         self._info: RoundInfo | None = None  # the round's state as last read
         self._block = 0  # the chain's block number as last read
+        self._moves = 0  # ledger events seen so far (in blocks, by the chain watcher): waiters re-read on a change
+        self._last_move = 0.0  # trio time of the last one
+        self._tick = trio.Event()  # set on every new block
+        self._watching = False  # the chain watcher runs (in run())
         self._windows = (0, 0)  # (commit, attest) windows in blocks, from the ledger's params
         self._nudged_at = (0, 0)  # (round, participant count) at our last try to close a round
         self._peer_ids: dict[str, bytes] = {}  # committer address -> its registered peer id
@@ -216,31 +220,54 @@ class Peer:
         """Watch the chain until predicate() is truthy; `nudge` may send a transaction that moves
         the round along (close or abort), and decides itself whether the chain would take it.
 
-        A peer with nothing to do stays idle: it polls the cheap block number, and re-reads the
-        predicate only when a new block holds an event of the ledger (every change of the ledger's
-        state emits one); `nudge` is offered every new block (its windows count blocks)."""
-        block = await self._next_block(None)
+        The predicate is re-read only after the ledger emitted an event (every change of its state
+        does), as the chain watcher (`_watch_chain`) reports; `nudge` is offered every new block
+        (its windows count blocks)."""
         with trio.move_on_after(self.s.chain_timeout):
             while True:
+                moves = self._moves
                 value = await self.chain(predicate)
                 if value:
                     return value
-                while True:  # until the ledger did something
+                while self._moves == moves:
                     if nudge is not None:
                         await nudge()
-                    seen, block = block, await self._next_block(block)
-                    if await self.chain(self.ledger.activity, seen + 1, block):
-                        break
+                    await self._next_tick()
         raise TimeoutError(f"round {self.round}: no {what} on chain within {self.s.chain_timeout:.0f} s")
 
-    async def _next_block(self, seen: int | None) -> int:
-        """The chain's block number once it is past `seen` (at once if `seen` is None)."""
-        while True:
-            block = await self.chain(self.ledger.block_number)
-            if seen is None or block > seen:
-                self._block = block
-                return block
-            await trio.sleep(self.s.poll_interval)
+    async def _next_tick(self) -> None:
+        """Until the chain has a new block (read by the watcher when it runs, else here)."""
+        if self._watching:
+            await self._tick.wait()
+        else:  # play_round driven without run(): poll here, as the watcher would
+            await self._poll_chain(pause=self.s.poll_interval)
+
+    async def _watch_chain(self) -> None:
+        """The peer's one poller of the chain, for its whole life: reads the cheap block number,
+        and on a new block whether the ledger emitted anything in it. Waiters (`_wait_for`, the
+        prefetch) read the ledger again only then, so a peer with nothing to do stays idle; after
+        QUICK_WAIT of quiet it polls every IDLE_POLL only."""
+        self._watching = True
+        try:
+            while True:  # ends when run()'s nursery is cancelled
+                quiet = trio.current_time() - self._last_move
+                await self._poll_chain(pause=self.s.poll_interval if quiet < QUICK_WAIT else IDLE_POLL)
+        finally:
+            self._watching = False
+
+    async def _poll_chain(self, *, pause: float) -> None:
+        """One poll after `pause`: on a new block, wake the waiters, and count a move if the ledger
+        emitted an event since the last block seen."""
+        await trio.sleep(pause)
+        block = await self.chain(self.ledger.block_number)
+        if block <= self._block:
+            return
+        seen, self._block = self._block, block
+        if not seen or await self.chain(self.ledger.activity, seen + 1, block):
+            self._moves += 1
+            self._last_move = trio.current_time()
+        self._tick.set()
+        self._tick = trio.Event()
 
     async def _nudge_close(self, r: int) -> None:
         """Close round r when the chain would take it: its commit window is over, or a commit came
@@ -409,6 +436,7 @@ class Peer:
         outcomes: list[RoundOutcome] = []
         async with trio.open_nursery() as background:
             self._background = background
+            background.start_soon(self._watch_chain)
             while True:
                 current = await self.chain(self.ledger.current_round)
                 if current > self.s.rounds:
@@ -527,19 +555,18 @@ class Peer:
         so that at close only the last committers' blobs are left to fetch. Best effort: any
         failure here is met again, and handled, by the agreement step."""
         started: set[bytes] = set()
-        pause = PREFETCH_INTERVAL
         async with trio.open_nursery() as nursery:
             while True:  # until play_round cancels us at close
+                moves = self._moves
                 with contextlib.suppress(Exception):
                     info = await self._off_loop(self.ledger.round_info, r)
-                    pause = min(PREFETCH_IDLE_INTERVAL, pause * 1.5)  # nothing new: look less often
                     if info.participant_count > len(started):
-                        pause = PREFETCH_INTERVAL
                         for c in await self._off_loop(self.ledger.commitments, r):
                             if bytes(c.digest) not in started:
                                 started.add(bytes(c.digest))
                                 nursery.start_soon(self._prefetch_one, r, c)
-                await trio.sleep(pause)
+                while self._moves == moves:  # a commit is a ledger event
+                    await self._next_tick()
 
     async def _prefetch_one(self, r: int, c: Commitment) -> None:
         try:
