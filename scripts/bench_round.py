@@ -35,6 +35,7 @@ DEMO_TARGET = 0.10  # outside training, share of a round of the demo (4 peers): 
 LARGE_TARGET = 0.25  # the same for 16 peers
 IDLE_TARGET = 0.02  # of one core, a waiting peer
 IDLE_SECONDS = 15.0
+PEER_RSS_BYTES = 700 * 2**20  # resident memory of one `swarm node` of the demo (torch, opacus, libp2p): ~650 MB
 PHASES = [
     ("training", "training"),
     ("committing", "commit"),
@@ -186,8 +187,16 @@ def main() -> int:
     print("idle: 3 peers waiting for a fourth ...", flush=True)
     idle = idle_cpu()
     print("  CPU of one core per waiting peer: " + ", ".join(f"{x:.1%}" for x in idle), flush=True)
-    results = []
+    results, skipped = [], []
     for n in args.peers:
+        if n * PEER_RSS_BYTES > available_memory():
+            why = (
+                f"{n} peers not run: {n} x ~{PEER_RSS_BYTES / 2**20:.0f} MB per peer process is more than the "
+                f"{available_memory() / 2**30:.1f} GB of memory available"
+            )
+            print(why, flush=True)
+            skipped.append(why)
+            continue
         print(f"swarm of {n} peers, {args.rounds} rounds ...", flush=True)
         results.append(run_swarm(n, args.rounds))
         r = results[-1]
@@ -198,7 +207,7 @@ def main() -> int:
             + f"; finalized {r['states'].count('finalized')}/{len(r['states'])}",
             flush=True,
         )
-    md = report(results, idle, args.rounds)
+    md = report(results, idle, args.rounds, skipped)
     if not args.no_write:
         write_section("round", md)
     print(md)
@@ -211,7 +220,14 @@ def main() -> int:
     return 0 if all(met) else 1
 
 
-def report(results: list[dict], idle: list[float], rounds: int) -> str:
+def available_memory() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 2**62  # unknown: try
+
+
+def report(results: list[dict], idle: list[float], rounds: int, skipped: list[str]) -> str:
     rows = [
         [
             r["peers"],
@@ -268,6 +284,8 @@ def report(results: list[dict], idle: list[float], rounds: int) -> str:
             "share 2 cores, so training and waiting both grow with N.",
             "",
             table(headers, rows),
+            "",
+            *(f"{why}." for why in skipped),
             "",
             "Growth against the smallest swarm:",
             "",
