@@ -251,7 +251,11 @@ class Peer:
         try:
             while True:  # ends when run()'s nursery is cancelled
                 quiet = trio.current_time() - self._last_move
-                await self._poll_chain(pause=self.s.poll_interval if quiet < QUICK_WAIT else IDLE_POLL)
+                try:
+                    await self._poll_chain(pause=self.s.poll_interval if quiet < QUICK_WAIT else IDLE_POLL)
+                except Exception as exc:  # an RPC that fails or lies: the waiters' own deadlines decide
+                    log.warning("round %d: watching the chain failed, trying again: %s", self.round, exc)
+                    await trio.sleep(RPC_RETRY_INTERVAL)
         finally:
             self._watching = False
 

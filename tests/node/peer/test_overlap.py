@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import trio
 
+from node.chain.errors import LedgerError
 from node.chain.records import RoundState
 from node.peer.peer import Peer
 from tests.node.peer.harness import FakeSwarm, genesis_vector, run_virtual, update_blob
@@ -115,5 +116,30 @@ def test_a_peer_fetches_the_blobs_of_an_open_round_as_their_commits_land():
                 assert fetched[digest] < late["time"]
         assert sum(d in fetched for d in early) == 2
         assert fetched[late["digest"]] >= late["time"]
+
+    run_virtual(main)
+
+
+def test_the_chain_watcher_outlives_bad_answers():
+    """An RPC that answers the block number with garbage now and then delays the peer's waits;
+    it does not end the peer (its waits keep their own deadlines)."""
+
+    async def main():
+        swarm = FakeSwarm(3)
+        peers = [swarm.peer(i) for i in range(3)]
+        ledger = swarm.members[0].ledger
+        honest = ledger.block_number
+        calls = {"n": 0}
+
+        def flaky() -> int:
+            calls["n"] += 1
+            if calls["n"] % 3 == 0:
+                raise LedgerError("eth_blockNumber: unexpected answer 'garbage'")
+            return honest()
+
+        ledger.block_number = flaky  # type: ignore[method-assign]
+        outcomes = await run_all(peers)
+
+        assert [o.state for o in outcomes[0]] == ["finalized"] and calls["n"] >= 3
 
     run_virtual(main)
