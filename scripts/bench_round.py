@@ -88,9 +88,9 @@ def run_swarm(peers: int, rounds: int) -> dict:
         swarm.start()
         swarm.wait(config.chain.run_timeout)
         wall = time.monotonic() - started
-        failed = [p.index for p in swarm.peers if p.process.returncode != 0]
-        if failed:
-            raise SystemExit(f"peers {failed} failed: see their peer.log")
+        failed = {p.index: last_error(p.workdir / "peer.log") for p in swarm.peers if p.process.returncode != 0}
+        for i, why in failed.items():
+            print(f"  peer {i} failed: {why}", flush=True)
         all_records = [p.metrics() for p in swarm.peers]
         metrics = [m for ms in all_records for m in ms if m["round"] > 1]
         later = range(2, rounds + 1)
@@ -128,7 +128,15 @@ def run_swarm(peers: int, rounds: int) -> dict:
         "gas_round": statistics.fmean(gas),
         "gas_peer": statistics.fmean(gas) / peers,
         "penalties": penalties,
+        "failed": failed,
     }
+
+
+def last_error(log: Path) -> str:
+    """The last line of a peer's log that says what went wrong (for a peer that exited non-zero)."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["(empty log)"])[-1][:300]
 
 
 def training_cover(records: list[dict]) -> list[tuple[float, float]]:
@@ -263,7 +271,8 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
         if n not in by_n:
             return f"{n} peers: not run"
         share = by_n[n]["outside_share"]
-        ok = share <= target and by_n[n]["states"].count("finalized") == len(by_n[n]["states"])
+        everything = by_n[n]["states"].count("finalized") == len(by_n[n]["states"]) and not by_n[n]["failed"]
+        ok = share <= target and everything
         return f"{n} peers {share:.0%} (target <= {target:.0%}), {'met' if ok else 'NOT met'}"
 
     headers = ["peers", "finalized", "round s", "training s", "evaluation s", "outside training s", "share"]
@@ -286,6 +295,11 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
             table(headers, rows),
             "",
             *(f"{why}." for why in skipped),
+            *(
+                f"{r['peers']} peers: peer {i} exited non-zero ({why}); the figures are the other peers'."
+                for r in results
+                for i, why in r["failed"].items()
+            ),
             "",
             "Growth against the smallest swarm:",
             "",
