@@ -161,6 +161,8 @@ class Peer:
         self.eval_model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
         self._background: trio.Nursery | None = None  # run()'s: speculative trainings outlive their round
         self._speculation: Speculation | None = None
+        # self.model is the training's scratch space (opacus hooks into it): one training at a time
+        self._model_in_use = trio.Lock()
         self._model_digest: str | None = None  # digest of the finalized model we hold (None: genesis)
         self._own_aggregate: tuple[int, str, torch.Tensor] | None = None  # (round, digest, vector) we attested
         self._info: RoundInfo | None = None  # the round's state as last read
@@ -531,9 +533,10 @@ class Peer:
         self._background.start_soon(self._run_speculation, spec, own[2])
 
     async def _run_speculation(self, spec: Speculation, base: torch.Tensor) -> None:
-        spec.started = time.time()
         try:
-            spec.result = await self._off_loop(self._train_and_perturb, spec.round, base)
+            async with self._model_in_use:
+                spec.started = time.time()
+                spec.result = await self._off_loop(self._train_and_perturb, spec.round, base)
         except Exception as exc:  # the round's own training runs instead, and raises what it raises
             log.warning("round %d: speculative training failed: %s", spec.round, exc)
         finally:
@@ -549,9 +552,10 @@ class Peer:
             if spec.result is not None:
                 out.train_started, out.train_ended = spec.started, spec.ended
                 return spec.result
-        out.train_started = time.time()
-        result = await self._off_loop(self._train_and_perturb, r, global_vector)
-        out.train_ended = time.time()
+        async with self._model_in_use:  # a dropped speculation may still be training: one at a time
+            out.train_started = time.time()
+            result = await self._off_loop(self._train_and_perturb, r, global_vector)
+            out.train_ended = time.time()
         return result
 
     async def _prefetch(self, r: int) -> None:

@@ -5,12 +5,14 @@ trio's virtual time."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 import trio
 
 from node.chain.errors import LedgerError
 from node.chain.records import RoundState
-from node.peer.peer import Peer
+from node.peer.peer import Peer, RoundOutcome
 from tests.node.peer.harness import FakeSwarm, genesis_vector, run_virtual, update_blob
 from tests.node.peer.test_peer_round import run_all
 
@@ -143,3 +145,38 @@ def test_the_chain_watcher_outlives_bad_answers():
         assert [o.state for o in outcomes[0]] == ["finalized"] and calls["n"] >= 3
 
     run_virtual(main)
+
+
+def test_a_dropped_speculation_still_training_never_shares_the_model_with_the_next_training():
+    """Real worker threads: the round's own training waits until a speculation it will not use
+    is done (opacus refused a second set of hooks on the shared model: "Trying to add hooks twice
+    to the same model", seen in a 32-peer swarm)."""
+
+    async def main():
+        swarm = FakeSwarm(1)
+        peer = swarm.peer(0, rounds=2)
+        peer._run_sync = trio.to_thread.run_sync
+        running: list[int] = []
+        most: list[int] = []
+
+        def slow(r: int, base: torch.Tensor) -> tuple[torch.Tensor, int]:
+            running.append(r)
+            most.append(len(running))
+            time.sleep(0.3)
+            running.remove(r)
+            return base, 1
+
+        peer._train_and_perturb = slow  # type: ignore[method-assign]
+        async with trio.open_nursery() as background:
+            peer._background = background
+            peer._own_aggregate = (1, "ab" * 32, genesis_vector())
+            peer._speculate(2)  # trains from an aggregate the chain will not finalize
+            await trio.sleep(0.05)
+            peer._model_digest = "cd" * 32
+            out = RoundOutcome(round=2, state="open")
+            await peer._trained(2, genesis_vector(), out)
+
+        assert most == [1, 1]  # both ran, never at once
+        assert out.train_started is not None and out.train_ended - out.train_started >= 0.3
+
+    trio.run(main)
