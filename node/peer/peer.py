@@ -37,7 +37,7 @@ from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunS
 from node.protocol import policy, wire
 from node.protocol.blob import flatten, sha256, unflatten
 from node.protocol.settings import PeerSettings
-from node.protocol.wire import encode_bitmap
+from node.protocol.wire import decode_bitmap, encode_bitmap
 from node.runfiles import write_json_atomic
 from p2p import peer_id_from_bytes
 
@@ -504,6 +504,8 @@ class Peer:
         if info.state.name == "FINALIZED":
             global_vector = await self._fetch_model(r)
             out.global_digest = self._model_digest = await self._finalized_hex(r)
+            if out.committed and not out.included:  # finalized before we saw it close: say what won
+                out.included = await self._finalized_set(r, info)
             self._set(Phase.EVALUATING)
             out.accuracy, out.loss = await self._off_loop(self._evaluate, global_vector)
         self._set(Phase.WAITING_FINAL)  # closes the last phase's timer
@@ -583,6 +585,14 @@ class Peer:
                 await self._obtain(bytes(c.digest).hex(), [peer_id_from_bytes(raw_id)])
         except Exception as exc:
             log.debug("round %d: prefetch of %s failed: %s", r, bytes(c.digest).hex()[:12], exc)
+
+    async def _finalized_set(self, r: int, info: RoundInfo) -> list[bool]:
+        """The inclusion bitmap the majority of a finalized round attested (its finalized digest, most votes)."""
+        attestations = await self.chain(self.ledger.attestations, r)
+        winning = [a for a in attestations if a.aggregate_digest == info.finalized_digest]
+        if not winning:
+            return []
+        return decode_bitmap(max(winning, key=lambda a: a.votes).included, info.participant_count)
 
     def _state_after(self, r: int, *states: str) -> RoundInfo | None:
         info = self._info = self.ledger.round_info(r)

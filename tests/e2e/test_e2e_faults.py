@@ -3,7 +3,9 @@ real RPC outage. Two swarm runs hold every scenario, to keep the suite cheap:
 
 1. six peers, four rounds: two peers killed at once (a third of the swarm) while one of them
    trains; a peer killed once it committed and before the round closed; another killed while it
-   fetches (the first one's blob is then missing, so fetching lasts `fetch_timeout`); a peer killed
+   fetches (the first one served other bytes than it committed before it died, so its blob cannot
+   be had and fetching lasts `fetch_timeout`: an honest blob would already be here, since peers
+   fetch the blobs of an open round as their commits land); a peer killed
    after it attested. Every killed peer is restarted from its workdir (same keys, store, accountant).
 2. three peers behind a TCP proxy in front of Anvil, which the test cuts for 30 s mid-round.
 
@@ -166,7 +168,9 @@ def test_sigkill_in_every_phase_a_third_at_once_and_restarts(tmp_path):
         "chain.attest_window=48",  # 12 s, at least twice fetch_timeout
         "chain.fetch_timeout=4",
     )
-    with LocalSwarm(cfg, tmp_path / "run") as swarm:
+    # peer 2 serves other bytes than it commits until it is killed (restarted honest), so that
+    # nobody can have its blob: the others then fetch for fetch_timeout, and peer 3 dies there
+    with LocalSwarm(cfg, tmp_path / "run", faults={2: "wrong-bytes"}) as swarm:
         watch = Watch(swarm)
         swarm.start()
         peers = swarm.peers
@@ -199,6 +203,7 @@ def test_sigkill_in_every_phase_a_third_at_once_and_restarts(tmp_path):
         kill(swarm, 2)
         watch.until(lambda: phase(peers[3]) == (committed_in, "fetching"), 120, "peer 3 fetching")
         kill(swarm, 3)
+        swarm.faults.pop(2)
         for i in (0, 1, 2, 3):  # from their workdirs: same keys, blob store and accountant
             swarm.start_peer(i)
 

@@ -13,7 +13,17 @@ import trio
 from node.chain.errors import LedgerError
 from node.chain.records import RoundState
 from node.peer.peer import Peer, RoundOutcome
-from tests.node.peer.harness import FakeSwarm, genesis_vector, run_virtual, update_blob
+from node.protocol import wire
+from tests.node.peer.harness import (
+    SHARED,
+    FakeSwarm,
+    closed_round,
+    digest_of,
+    genesis_vector,
+    run_virtual,
+    samples_of,
+    update_blob,
+)
 from tests.node.peer.test_peer_round import run_all
 
 
@@ -180,3 +190,29 @@ def test_a_dropped_speculation_still_training_never_shares_the_model_with_the_ne
         assert out.train_started is not None and out.train_ended - out.train_started >= 0.3
 
     trio.run(main)
+
+
+def test_a_round_finalized_before_the_peer_saw_it_close_reports_the_set_that_won():
+    """Fast peers can close, attest and finalize within one poll of a slower one: its round line
+    then says which blobs the majority included, read from the chain, not "none"."""
+
+    async def main():
+        swarm, blobs, _ = closed_round(3)
+        digest = digest_of(blobs, [True, True, True])
+        for i in (1, 2):
+            swarm.members[i].ledger.attest_flags(1, digest, [True, True, True])
+        assert swarm.chain.round(1).state is RoundState.FINALIZED
+        for i in (1, 2):  # the model is held by the peers that computed it
+            swarm.members[i].store.put(wire.model_blob(model_vector(blobs), 1))
+
+        outcome, _ = await swarm.peer(0).play_round(1, genesis_vector())
+
+        assert outcome.state == "finalized" and outcome.committed
+        assert outcome.included == [True, True, True] and outcome.global_digest == digest.hex()
+
+    run_virtual(main)
+
+
+def model_vector(blobs: list[bytes]) -> torch.Tensor:
+    vectors = [wire.read_vector(b, genesis_vector().numel(), kind="update")[0] for b in blobs]
+    return wire.next_global(SHARED, genesis_vector(), vectors, [samples_of(i) for i in range(len(blobs))])
