@@ -273,7 +273,11 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
         share = by_n[n]["outside_share"]
         everything = by_n[n]["states"].count("finalized") == len(by_n[n]["states"]) and not by_n[n]["failed"]
         ok = share <= target and everything
-        return f"{n} peers {share:.0%} (target <= {target:.0%}), {'met' if ok else 'NOT met'}"
+        finalized = by_n[n]["states"].count("finalized")
+        return (
+            f"{n} peers {share:.0%} outside training, {finalized}/{len(by_n[n]['states'])} rounds finalized "
+            f"(target <= {target:.0%}, every round finalized, no peer failing): {'met' if ok else 'NOT met'}"
+        )
 
     headers = ["peers", "finalized", "round s", "training s", "evaluation s", "outside training s", "share"]
     headers += [f"{label} s" for name, label in PHASES if name not in ("training", "evaluating")]
@@ -312,7 +316,7 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
             + ", ".join(f"{x:.1%}" for x in idle)
             + f" of one core (target <= {IDLE_TARGET:.0%}, {'met' if max(idle) <= IDLE_TARGET else 'NOT met'}).",
             "",
-            f"Targets (issue 15): {verdict(4, DEMO_TARGET)}; {verdict(16, LARGE_TARGET)} (every round finalized).",
+            f"Targets (issue 15): {verdict(4, DEMO_TARGET)}; {verdict(16, LARGE_TARGET)}.",
             "",
             "'busiest upload / (blob x N)': blob bytes served by the peer that served most in a round, over one "
             "blob per peer of the swarm. All-to-all, every peer needs the N-1 other blobs, so the swarm uploads "

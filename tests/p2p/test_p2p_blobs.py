@@ -36,41 +36,128 @@ async def test_64mb_blob_fetched_intact_and_served_onwards(config, hosts, wait_u
         assert again == data
 
 
-async def test_holder_killed_mid_transfer_fetch_completes_from_second_holder(config, hosts, stores, wait_until):
-    data = os.urandom(16 * MiB)
-    first = stores["counting"](signal_after=4 * MiB)
-    second = stores["counting"]()
-    digest = first.put(data)
-    second.put(data)
-    async with hosts([(config(), second, None), (config(request_timeout=2.0), MemoryBlobStore(), None)]) as (
-        holder2,
+async def test_blob_striped_over_three_holders_each_serving_part(config, hosts):
+    data = os.urandom(24 * MiB)
+    holder_stores = [MemoryBlobStore() for _ in range(3)]
+    digest = holder_stores[0].put(data)
+    for store in holder_stores[1:]:
+        store.put(data)
+    # 256 KiB chunks, 2 in flight per holder: 96 chunks handed out on demand, so no holder can take
+    # them all before the others have answered OPEN.
+    fetcher_cfg = config(chunk_size=256 * 1024, pipeline_depth=2)
+    async with hosts(
+        [(config(), store, None) for store in holder_stores] + [(fetcher_cfg, MemoryBlobStore(), None)]
+    ) as (
+        *holders,
         fetcher,
     ):
-        async with trio.open_nursery() as nursery:
-            first_addr: list[str] = []
-            first_id: list[str] = []
+        for holder in holders:
+            await fetcher.connect(holder.addrs[0])
+        got = await fetcher.fetch(digest, providers=[h.peer_id for h in holders], timeout=60)
+        assert got == data and fetcher.store.get(digest) == data
+        served = [h.bytes_served for h in holders]
+        assert all(0 < n < len(data) for n in served), served
+        assert sum(served) >= len(data) and fetcher.bytes_fetched >= len(data)
 
-            async def run_first_holder(task_status=trio.TASK_STATUS_IGNORED):
+
+async def test_holder_killed_mid_transfer_the_others_finish(config, hosts, stores):
+    data = os.urandom(32 * MiB)
+    doomed = stores["counting"](signal_after=2 * MiB)
+    others = [MemoryBlobStore(), MemoryBlobStore()]
+    digest = doomed.put(data)
+    for store in others:
+        store.put(data)
+    fetcher_cfg = config(request_timeout=2.0, chunk_size=512 * 1024, pipeline_depth=2)
+    async with hosts([(config(), s, None) for s in others] + [(fetcher_cfg, MemoryBlobStore(), None)]) as (
+        *survivors,
+        fetcher,
+    ):
+        fetched_when_killed: list[int] = []
+        async with trio.open_nursery() as nursery:
+            doomed_addr: list[str] = []
+            doomed_id: list[str] = []
+
+            async def run_doomed_holder(task_status=trio.TASK_STATUS_IGNORED):
                 with trio.CancelScope() as scope:
-                    async with open_host(config(), first, None) as holder1:
-                        first_addr.append(holder1.addrs[0])
-                        first_id.append(holder1.peer_id)
+                    async with open_host(config(), doomed, None) as holder:
+                        doomed_addr.append(holder.addrs[0])
+                        doomed_id.append(holder.peer_id)
                         task_status.started(scope)
                         await trio.sleep_forever()
 
-            kill_scope = await nursery.start(run_first_holder)
+            kill_scope = await nursery.start(run_doomed_holder)
 
-            async def kill_when_4mb_served():
-                await first.threshold_reached.wait()
+            async def kill_when_2mb_served():
+                await doomed.threshold_reached.wait()
+                fetched_when_killed.append(fetcher.bytes_fetched)
                 kill_scope.cancel()  # the whole host shuts down: listener, connections, streams
 
-            nursery.start_soon(kill_when_4mb_served)
-            await fetcher.connect(first_addr[0])
-            await fetcher.connect(holder2.addrs[0])
-            got = await fetcher.fetch(digest, providers=[first_id[0], holder2.peer_id], timeout=60)
+            nursery.start_soon(kill_when_2mb_served)
+            await fetcher.connect(doomed_addr[0])
+            for holder in survivors:
+                await fetcher.connect(holder.addrs[0])
+            providers = [doomed_id[0]] + [h.peer_id for h in survivors]
+            got = await fetcher.fetch(digest, providers=providers, timeout=60)
         assert got == data and fetcher.store.has(digest)
-        assert 4 * MiB <= first.bytes_served < len(data), "first holder must die mid-transfer"
-        assert second.bytes_served > 0 and first.bytes_served + second.bytes_served >= len(data)
+        assert fetched_when_killed and fetched_when_killed[0] < len(data), "the holder must die mid-transfer"
+        assert 2 * MiB <= doomed.bytes_served < len(data)
+        assert sum(h.bytes_served for h in survivors) >= len(data) - doomed.bytes_served
+
+
+async def test_one_of_three_holders_serving_wrong_bytes_is_never_accepted(config, hosts, stores):
+    data = os.urandom(8 * MiB)
+    honest = [MemoryBlobStore(), MemoryBlobStore()]
+    liar_store = stores["corrupting"]()
+    digest = liar_store.put(data)
+    for store in honest:
+        store.put(data)
+    fetcher_cfg = config(chunk_size=256 * 1024, pipeline_depth=2)
+    async with hosts(
+        [(config(), liar_store, None)]
+        + [(config(), s, None) for s in honest]
+        + [(fetcher_cfg, MemoryBlobStore(), None)]
+    ) as (liar, *others, fetcher):
+        for holder in [liar, *others]:
+            await fetcher.connect(holder.addrs[0])
+        # The liar is asked first, so it serves chunks; its corrupted bytes must not be accepted.
+        try:
+            got = await fetcher.fetch(digest, providers=[liar.peer_id] + [h.peer_id for h in others], timeout=60)
+        except DigestMismatch as exc:
+            assert "nothing stored" in str(exc) and liar.peer_id in str(exc)
+            assert not fetcher.store.has(digest)
+        else:
+            assert got == data and liar.bytes_served == 0
+        assert liar.bytes_served > 0 or fetcher.store.get(digest) == data
+        assert fetcher.store.get(digest) in (None, data)
+
+
+class _SizeLyingStore(MemoryBlobStore):
+    """Declares one chunk more than it holds (a faulty or lying peer); serves what it has."""
+
+    def size(self, digest):
+        size = super().size(digest)
+        return None if size is None else size + MiB
+
+
+async def test_providers_disagreeing_on_the_size_are_refused(config, hosts):
+    data = os.urandom(2 * MiB)
+    liar_store, honest_store = _SizeLyingStore(), MemoryBlobStore()
+    digest = liar_store.put(data)
+    honest_store.put(data)
+    fetcher_store = MemoryBlobStore()
+    # One holder at a time, the liar first: its size is the one the honest holder must agree with.
+    async with hosts(
+        [
+            (config(), liar_store, None),
+            (config(), honest_store, None),
+            (config(parallel_providers=1), fetcher_store, None),
+        ]
+    ) as (liar, honest, fetcher):
+        await fetcher.connect(liar.addrs[0])
+        await fetcher.connect(honest.addrs[0])
+        with pytest.raises(BlobNotFound, match="another provider declared"):
+            await fetcher.fetch(digest, providers=[liar.peer_id, honest.peer_id], timeout=30)
+        assert not fetcher_store.has(digest) and honest.bytes_served == 0
 
 
 async def test_peer_serving_wrong_bytes_gives_digest_error_and_stores_nothing(config, hosts, stores):
