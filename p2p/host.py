@@ -231,11 +231,21 @@ class SwarmHost:
         return info.peer_id.to_base58()
 
     async def _dial(self, info: PeerInfo) -> None:
+        timed_out = P2PError(f"connecting to {info.peer_id} timed out after {self.config.connect_timeout}s")
         try:
-            with trio.fail_after(self.config.connect_timeout):
-                await self.libp2p_host.connect(info)
-        except trio.TooSlowError:
-            raise P2PError(f"connecting to {info.peer_id} timed out after {self.config.connect_timeout}s") from None
+            with trio.move_on_after(self.config.connect_timeout) as deadline:
+                try:
+                    await self.libp2p_host.connect(info)
+                except BaseExceptionGroup as group:
+                    # py-libp2p's nurseries wrap our deadline's Cancelled in a group, which the cancel
+                    # scope then lets through (seen with 32 hosts dialing in one process): when only
+                    # Cancelled is inside and our deadline fired, it is a timeout like any other.
+                    not_cancelled = group.subgroup(lambda e: not isinstance(e, (trio.Cancelled, BaseExceptionGroup)))
+                    if deadline.cancel_called and not_cancelled is None:
+                        raise timed_out from None
+                    raise
+            if deadline.cancelled_caught:
+                raise timed_out
         except P2PError:
             raise
         except Exception as exc:
@@ -582,18 +592,18 @@ class SwarmHost:
         self, digest: str, candidates: tuple[list[str], list[str]], limit: int, timeout: float
     ) -> bytes:
         """The blob's bytes from `candidates`, hash checked; raises as `fetch` documents."""
-        fetch = _StripedFetch(digest, limit, self.config.chunk_size)
+        holders, fallback = candidates
+        spread = max(1, min(self.config.parallel_providers, len(holders)))
+        fetch = _StripedFetch(digest, limit, self.config.chunk_size, spread)
         try:
             with trio.fail_after(timeout):
                 async with trio.open_nursery() as nursery:
-                    holders, fallback = candidates
                     untried = collections.deque(holders)
                     finished_ok: collections.deque[str] = collections.deque()  # may serve again
                     active = 0
-                    slot_freed = trio.Event()
 
                     async def run(peer: str) -> None:
-                        nonlocal active, slot_freed
+                        nonlocal active
                         try:
                             await self._fetch_from(peer, fetch)
                             finished_ok.append(peer)
@@ -603,12 +613,13 @@ class SwarmHost:
                                 fetch.declared[peer] = exc.declared_size
                         finally:
                             active -= 1
-                            slot_freed.set()
+                            fetch.changed.set()
 
                     while not fetch.complete:
-                        while active < self.config.parallel_providers and (untried or finished_ok):
-                            if not fetch.needs_more_holders():
-                                break
+                        # One holder until the size is known (it may be refused); then up to
+                        # parallel_providers while chunks wait to be handed out.
+                        wanted = 1 if fetch.size is None else (self.config.parallel_providers if fetch.pending else 0)
+                        while active < wanted and (untried or finished_ok):
                             peer = untried.popleft() if untried else finished_ok.popleft()
                             active += 1
                             nursery.start_soon(run, peer)
@@ -618,8 +629,8 @@ class SwarmHost:
                             continue
                         if active == 0:
                             break  # every candidate failed or finished, and chunks are missing
-                        await slot_freed.wait()
-                        slot_freed = trio.Event()
+                        await fetch.changed.wait()
+                        fetch.changed = trio.Event()
                     nursery.cancel_scope.cancel()  # complete: stop holders still waiting on duplicates
         except trio.TooSlowError:
             raise FetchTimeout(
@@ -680,7 +691,7 @@ class SwarmHost:
             fetch.agree_size(declared)  # raises _ProviderFailed on a size above the limit or a disagreement
             while True:
                 while len(in_flight) < self.config.pipeline_depth:
-                    chunk = fetch.take(peer, idle=not in_flight)
+                    chunk = fetch.take(peer, len(in_flight))
                     if chunk is None:
                         break
                     in_flight.append(chunk)
@@ -722,17 +733,21 @@ class SwarmHost:
 class _StripedFetch:
     """The state of one blob fetch shared by the holders serving it at once.
 
-    Chunks are handed out on demand (`take`), so a fast holder takes more of them than a slow one
-    and a holder never has more than `pipeline_depth` chunks outstanding. Once no chunk is left to
+    Chunks are handed out on demand (`take`), so a fast holder takes more of them than a slow one;
+    a holder has at most min(`pipeline_depth`, `share`) chunks outstanding, `share` being its part of
+    the blob when split among `spread` holders, so even a blob of a few chunks is split. Once no chunk is left to
     hand out, an idle holder takes a duplicate of a chunk still outstanding at another holder
     (at most one duplicate per chunk), so a holder that slowed down does not hold up the end of
     the fetch; whichever copy arrives first is kept. Chunks of a holder that fails go back to the
     front of the queue (`give_back`)."""
 
-    def __init__(self, digest: str, limit: int, chunk_size: int) -> None:
+    def __init__(self, digest: str, limit: int, chunk_size: int, spread: int) -> None:
         self.digest = digest
         self.limit = limit
         self.chunk_size = chunk_size
+        self.spread = spread  # holders the chunks are shared among
+        self.share = 1  # chunks one holder may have outstanding: about 1/spread of the blob
+        self.changed = trio.Event()  # set when the size becomes known, chunks come back or a holder ends
         self.size: int | None = None  # the size the first holder declared; every other must agree
         self.buffer = bytearray()
         self.pending: collections.deque[tuple[int, int]] = collections.deque()  # not yet handed out
@@ -746,12 +761,6 @@ class _StripedFetch:
     def complete(self) -> bool:
         return self.size is not None and self.received == self.size
 
-    def needs_more_holders(self) -> bool:
-        """Whether another holder would have anything to do (before the size is known: yes)."""
-        if self.size is None:
-            return True
-        return bool(self.pending) or any(len(asked) < 2 for _, asked in self.outstanding.values())
-
     def agree_size(self, declared: int) -> None:
         if declared > self.limit:
             raise _ProviderFailed(f"declares {declared} bytes, above the limit of {self.limit}", declared)
@@ -761,12 +770,17 @@ class _StripedFetch:
             self.pending.extend(
                 (offset, min(self.chunk_size, declared - offset)) for offset in range(0, declared, self.chunk_size)
             )
+            self.share = max(1, math.ceil(len(self.pending) / self.spread))
+            self.changed.set()
         elif declared != self.size:
             raise _ProviderFailed(f"declares {declared} bytes, another provider declared {self.size}")
 
-    def take(self, peer: str, idle: bool) -> tuple[int, int] | None:
-        """The next chunk for `peer` to ask for, or None."""
-        if self.pending:
+    def take(self, peer: str, in_flight: int) -> tuple[int, int] | None:
+        """The next chunk for `peer` (which has `in_flight` chunks outstanding) to ask for, or None.
+        A holder has at most `share` chunks outstanding, so a small blob (fewer chunks than
+        pipeline_depth) is still split among the holders instead of going to the first one."""
+        idle = in_flight == 0
+        if self.pending and in_flight < self.share:
             offset, length = self.pending.popleft()
             self.outstanding[offset] = (length, {peer})
             return offset, length
@@ -795,6 +809,7 @@ class _StripedFetch:
             if not entry[1]:
                 del self.outstanding[offset]
                 self.pending.appendleft((offset, length))
+                self.changed.set()
 
 
 def _security_options(key_pair: KeyPair) -> dict[TProtocol, ISecureTransport]:

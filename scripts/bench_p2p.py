@@ -36,7 +36,7 @@ def _config(**overrides):
 
     from p2p.host import HostConfig
 
-    fields = dict(key_pair=create_new_key_pair(), topic="bench", request_timeout=30.0, connect_timeout=10.0)
+    fields = dict(key_pair=create_new_key_pair(), topic="bench", request_timeout=30.0, connect_timeout=30.0)
     fields.update(overrides)
     return HostConfig(**fields)
 
