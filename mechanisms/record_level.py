@@ -181,3 +181,41 @@ def record_level_spend(policy: DPSGDPolicy, sample_counts: Sequence[int]) -> Spe
         f"{policy.epochs} epoch(s) per round; {ACCOUNTANT})",
         ACCOUNTANT,
     )
+
+
+def calibrate_noise(
+    target_epsilon: float,
+    *,
+    batch_size: int,
+    epochs: int,
+    num_samples: int,
+    rounds: int,
+    delta: float = 1e-5,
+    max_grad_norm: float = 1.0,
+    relative_tolerance: float = 0.005,
+) -> float:
+    """The smallest noise multiplier (to within `relative_tolerance`, rounded up) for which a peer
+    holding `num_samples` records that releases `rounds` rounds of DP-SGD stays within
+    `target_epsilon` at `delta`, by `record_level_spend` (the figure the ledger records).
+
+    Bisection on the noise multiplier: eps falls as the noise grows (more noise, less loss)."""
+    if not (isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf):
+        raise ValueError(f"target_epsilon must be finite and > 0, got {target_epsilon!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+
+    def eps(sigma: float) -> float:
+        policy = DPSGDPolicy(sigma, max_grad_norm, batch_size, epochs, delta)
+        return record_level_spend(policy, [num_samples] * rounds).epsilon
+
+    low, high = 0.1, 1.0
+    while eps(high) > target_epsilon:
+        low, high = high, high * 2
+        if high > 1e4:
+            raise ValueError(f"no noise multiplier up to 1e4 reaches eps {target_epsilon} in {rounds} rounds")
+    if eps(low) <= target_epsilon:
+        return low
+    while (high - low) / high > relative_tolerance:
+        middle = (low + high) / 2
+        low, high = (low, middle) if eps(middle) <= target_epsilon else (middle, high)
+    return float(f"{high:.4g}") if eps(float(f"{high:.4g}")) <= target_epsilon else high

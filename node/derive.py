@@ -12,7 +12,7 @@ from mechanisms.record_level import DPSGDPolicy, record_level_spend
 from node.config import Config
 from node.learning.data import dataset_meta, load_dataset
 from node.learning.device import resolve_device
-from node.learning.models import build_model, init_model
+from node.learning.models import build_model, init_model, model_inputs
 from node.learning.partition import partition as split
 from node.protocol import policy, wire
 from node.protocol.blob import flatten
@@ -166,4 +166,5 @@ def load_shard(
         )
         idx = torch.as_tensor(shards[i], dtype=torch.long)
         train = train.subset(idx)
-    return (train.x, train.y), (test.x, test.y)
+    model = config.model_name  # a model may read fixed features of the inputs (ScatterNet), computed once here
+    return (model_inputs(model, train.x), train.y), (model_inputs(model, test.x), test.y)

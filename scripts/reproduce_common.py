@@ -80,8 +80,8 @@ def pct(value) -> str:
 
 def eps_text(summary: dict) -> str:
     p = summary.get("privacy")
-    if p is None:
-        return "none (no privacy)"
+    if p is None or "eps_whole_update_max" not in p:  # no local mechanism (DP-SGD alone is reported apart)
+        return "none (no local mechanism)" if p else "none (no privacy)"
     what = " (sign only)" if p["protects"] == "sign" else ""
-    delta = f", delta {p['delta']:.0e}" if p.get("delta") else ""
+    delta = f", delta {p['eps_whole_update_delta']:.0e}" if p.get("eps_whole_update_delta") else ""
     return f"{p['eps_whole_update_max']:.4g}{delta}{what}"

@@ -27,7 +27,17 @@ import math
 import torch
 from torch import nn
 
-MODELS = ("pnpm-mnist", "pnpm-fmnist", "pnpm-cifar10", "seed002-cnn", "digits-cnn", "logreg")
+from node.learning.features import scatter_features, scatter_shape
+
+_CONV_BASES = ("pnpm-mnist", "pnpm-fmnist", "pnpm-cifar10", "seed002-cnn", "digits-cnn")
+# Variants of every CNN for DP-SGD (docs/RESULTS.md, ablations): "-tanh" swaps ReLU for tanh
+# (tempered sigmoids: Papernot, Thakurta, Song, Chien, Erlingsson, AAAI 2021), "-gn" adds a group
+# normalization after each convolution (per-sample, so DP-SGD's per-sample gradients stay valid,
+# unlike batch norm).
+_CONV_VARIANTS = ("", "-tanh", "-gn", "-gn-tanh")
+# Linear and small-CNN heads on ScatterNet features (node.learning.features; Tramer & Boneh 2021).
+SCATTER_MODELS = ("scatter-linear", "scatter-cnn")
+MODELS = (*(base + v for base in _CONV_BASES for v in _CONV_VARIANTS), *SCATTER_MODELS, "logreg")
 DEFAULT_MODELS = {
     "mnist": "pnpm-mnist",
     "fashion-mnist": "pnpm-fmnist",
@@ -58,14 +68,20 @@ class ConvNet(nn.Module):
         kernel: int,
         padding: int,
         hidden: int,
+        activation: str = "relu",
+        group_norm: bool = False,
     ) -> None:
         super().__init__()
+        act: type[nn.Module] = {"relu": nn.ReLU, "tanh": nn.Tanh}[activation]
         if len(input_shape) != 3:
             raise ValueError(f"a CNN needs input_shape (C, H, W), got {tuple(input_shape)}")
         in_channels, height, width = input_shape
         layers: list[nn.Module] = []
         for out_channels in channels:
-            layers += [nn.Conv2d(in_channels, out_channels, kernel, padding=padding), nn.MaxPool2d(2), nn.ReLU()]
+            layers.append(nn.Conv2d(in_channels, out_channels, kernel, padding=padding))
+            if group_norm:
+                layers.append(nn.GroupNorm(_groups(out_channels), out_channels))
+            layers += [nn.MaxPool2d(2), act()]
             in_channels = out_channels
             height, width = _conv_out(height, kernel, padding, True), _conv_out(width, kernel, padding, True)
             if height < 1 or width < 1:
@@ -75,11 +91,62 @@ class ConvNet(nn.Module):
                 )
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(in_channels * height * width, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+            nn.Flatten(), nn.Linear(in_channels * height * width, hidden), act(), nn.Linear(hidden, num_classes)
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
+
+
+def _groups(channels: int) -> int:
+    """Group count of a group norm: groups of 4 channels (at most 32 groups), as in the DP-SGD
+    literature's CNNs (De et al. 2022 use 16 groups on wider layers)."""
+    return max(1, min(32, channels // 4))
+
+
+class ScatterLinear(nn.Module):
+    """Group norm over ScatterNet features, then one linear layer (Tramer & Boneh 2021's
+    "ScatterNet + linear"; 27 groups of 3 channels for a grey image, as in their code). Its input
+    is the features of `node.learning.features.scatter_features`, never pixels."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        channels, height, width = scatter_shape(input_shape)
+        self.norm = nn.GroupNorm(channels // 3, channels)
+        self.linear = nn.Linear(channels * height * width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(self.norm(x).flatten(1))
+
+
+class ScatterCNN(nn.Module):
+    """Group norm over ScatterNet features, then a small tanh CNN (Tramer & Boneh 2021's
+    "ScatterNet + CNN" for MNIST-like data: conv 3x3 to 16 and 32 channels with a 2x2 pool,
+    a group norm after each conv, a fully connected layer to 32 and the classifier)."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int) -> None:
+        super().__init__()
+        channels, height, width = scatter_shape(input_shape)
+        self.norm = nn.GroupNorm(channels // 3, channels)
+        self.body = ConvNet(
+            (channels, height, width),
+            num_classes,
+            (16, 32),
+            kernel=3,
+            padding=1,
+            hidden=32,
+            activation="tanh",
+            group_norm=True,
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(self.norm(x))
+
+
+def input_features(name: str) -> str | None:
+    """What model `name` reads: None for the data set's own inputs, "scatter" for ScatterNet
+    features (computed once per data set by node.learning.features.scatter_features)."""
+    return "scatter" if name in SCATTER_MODELS else None
 
 
 class LogisticRegression(nn.Module):
@@ -99,17 +166,38 @@ def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int) ->
     input_shape = tuple(int(d) for d in input_shape)
     if num_classes < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-    if name == "pnpm-mnist":
-        return ConvNet(input_shape, num_classes, (10, 20), kernel=5, padding=0, hidden=50)
-    if name in ("pnpm-fmnist", "pnpm-cifar10"):
-        return ConvNet(input_shape, num_classes, (16, 32, 64), kernel=3, padding=1, hidden=32)
-    if name == "seed002-cnn":  # seed 002, section 4.2 (its printed MNIST model)
-        return ConvNet(input_shape, num_classes, (32, 64), kernel=3, padding=1, hidden=128)
-    if name == "digits-cnn":  # 8x8 digits: learns to ~95% in a few seconds on one core
-        return ConvNet(input_shape, num_classes, (16,), kernel=3, padding=1, hidden=32)
+    if name == "scatter-linear":
+        return ScatterLinear(input_shape, num_classes)
+    if name == "scatter-cnn":
+        return ScatterCNN(input_shape, num_classes)
+    base, variant = _split_variant(name)
+    if base in _CONV_ARCHITECTURES:
+        channels, kernel, padding, hidden = _CONV_ARCHITECTURES[base]
+        activation = "tanh" if "tanh" in variant else "relu"
+        return ConvNet(input_shape, num_classes, channels, kernel, padding, hidden, activation, "gn" in variant)
     if name == "logreg":
         return LogisticRegression(input_shape, num_classes)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+
+
+# (channels, kernel, padding, hidden) of each CNN: pnpm-* from the PNPM paper (module docstring),
+# seed002-cnn from seed 002 section 4.2 (its printed MNIST model), digits-cnn for 8x8 digits
+# (learns to ~95% in a few seconds on one core).
+_CONV_ARCHITECTURES: dict[str, tuple[tuple[int, ...], int, int, int]] = {
+    "pnpm-mnist": ((10, 20), 5, 0, 50),
+    "pnpm-fmnist": ((16, 32, 64), 3, 1, 32),
+    "pnpm-cifar10": ((16, 32, 64), 3, 1, 32),
+    "seed002-cnn": ((32, 64), 3, 1, 128),
+    "digits-cnn": ((16,), 3, 1, 32),
+}
+
+
+def _split_variant(name: str) -> tuple[str, str]:
+    """("pnpm-fmnist", "-gn-tanh") from "pnpm-fmnist-gn-tanh"; the variant is "" for a base name."""
+    for base in _CONV_BASES:
+        if name.startswith(base) and name[len(base) :] in _CONV_VARIANTS:
+            return base, name[len(base) :]
+    return name, ""
 
 
 def init_model(name: str, *, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
@@ -126,6 +214,9 @@ def init_model(name: str, *, input_shape: tuple[int, ...], num_classes: int, see
                 module.weight.uniform_(-bound, bound, generator=generator)
                 if module.bias is not None:  # every layer of `build_model` has one
                     module.bias.uniform_(-bound, bound, generator=generator)
+            elif isinstance(module, nn.GroupNorm):  # PyTorch's init: the identity map
+                module.weight.fill_(1.0)
+                module.bias.zero_()
     return model
 
 
@@ -143,3 +234,11 @@ def count_weights(model: nn.Module) -> int:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def model_inputs(name: str, x: torch.Tensor) -> torch.Tensor:
+    """What model `name` is fed for the data set inputs `x`: `x` itself, or its ScatterNet features
+    (computed once, cached on disk: node.learning.features)."""
+    if input_features(name) == "scatter":
+        return scatter_features(x)
+    return x

@@ -8,10 +8,16 @@ real peer, never something derived from a public seed. No DataLoader (and no wor
 data are tensors in memory and batches are index slices. `torch.set_num_threads` is the
 caller's business.
 
-DP-SGD (Abadi et al., CCS 2016) uses opacus' pieces directly: `GradSampleModule` for
-per-sample gradients, `DPOptimizer` for per-sample clipping to `max_grad_norm` and Gaussian
-noise of std `noise_multiplier * max_grad_norm`, `UniformWithReplacementSampler` for Poisson
-sampling with rate batch_size / N. The rate and the number of steps come from
+DP-SGD (Abadi et al., CCS 2016) uses opacus' pieces directly: ghost clipping
+(`GradSampleModuleFastGradientClipping`, Li, Tramer, Liang, Hashimoto, "Large language models can
+be strong differentially private learners", ICLR 2022; Bu et al. 2023 for the mixed form) for the
+per-sample gradient norms, `DPOptimizerFastGradientClipping` for the clipped sum (a second
+backward pass of the loss weighted by each sample's clipping factor) plus Gaussian noise of std
+`noise_multiplier * max_grad_norm`, `UniformWithReplacementSampler` for Poisson sampling with
+rate batch_size / N. The same clipped sum as materialized per-sample gradients, without them: a
+linear layer's per-sample gradient norm is ||activation|| x ||output gradient||, so the
+ScatterNet + linear model trains 4.5x faster than with opacus' hooks (docs/BENCHMARKS.md); layers
+without a norm sampler (conv, group norm) get per-sample gradients as before. The rate and the number of steps come from
 `mechanisms.record_level.round_steps`, the function the record-level accountant uses, so what is
 trained and what is accounted cannot differ. Accounting is not done here: a round's privacy loss
 counts once it is released, from the sample count committed on chain (`record_level_spend`).
@@ -32,9 +38,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from opacus import GradSampleModule
-from opacus.optimizers import DPOptimizer
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizerFastGradientClipping
 from opacus.optimizers.optimizer import _check_processed_flag, _generate_noise, _mark_as_processed
+from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
@@ -137,8 +144,10 @@ def channels_last(model: nn.Module, x: torch.Tensor) -> Iterator[torch.Tensor]:
     oneDNN's convolutions and max-pooling are vectorised over channels in this layout: with the
     pool-before-ReLU blocks of node.learning.models it trains the PNPM CNN about 2x faster on CPU
     (docs/SIMULATE.md). Values are the same up to float rounding order inside the convolutions.
-    Inputs that are not image batches (N, C, H, W) pass through unchanged."""
-    if x.dim() != 4:
+    Inputs that are not image batches (N, C, H, W) pass through unchanged, and so do models with
+    a group norm: torch 2.13's CPU GroupNorm backward crashes the process (SIGSEGV) on
+    channels-last inputs (tests/node/learning/test_model_variants.py trains one)."""
+    if x.dim() != 4 or any(isinstance(m, nn.GroupNorm) for m in model.modules()):
         yield x
         return
     model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # torch's stubs omit memory_format
@@ -191,9 +200,9 @@ def _train_dpsgd(
     n = int(y.shape[0])
     sample_rate, total_steps = round_steps(dp.batch_size, dp.epochs, n)
     steps_per_epoch = total_steps // dp.epochs
-    grad_module = GradSampleModule(model)
+    grad_module = GradSampleModuleFastGradientClipping(model, max_grad_norm=dp.max_grad_norm, use_ghost_clipping=True)
     # The CPU path keeps opacus' own optimizer; on another device the noise is drawn on the CPU.
-    optimizer_class = DPOptimizer if x.device.type == "cpu" else _CPUNoiseDPOptimizer
+    optimizer_class = DPOptimizerFastGradientClipping if x.device.type == "cpu" else _CPUNoiseDPOptimizer
     optimizer = optimizer_class(
         torch.optim.SGD(grad_module.parameters(), lr=lr, momentum=momentum),
         noise_multiplier=dp.noise_multiplier,
@@ -216,8 +225,9 @@ def _train_dpsgd(
                     continue
                 index = torch.as_tensor(batch, dtype=torch.long, device=x.device)
                 optimizer.zero_grad(set_to_none=True)
-                loss = F.cross_entropy(grad_module(x[index]), y[index])
-                loss.backward()
+                per_sample = F.cross_entropy(grad_module(x[index]), y[index], reduction="none")
+                loss = DPTensorFastGradientClipping(grad_module, optimizer, per_sample, "mean")
+                loss.backward()  # two passes: per-sample norms, then the clipped sum
                 optimizer.step()
                 losses.append(loss.item())
     finally:
@@ -228,8 +238,8 @@ def _train_dpsgd(
     return TrainResult(n, mean_loss, steps)
 
 
-class _CPUNoiseDPOptimizer(DPOptimizer):
-    """opacus' DPOptimizer with the noise drawn on the generator's device (the CPU) and then moved
+class _CPUNoiseDPOptimizer(DPOptimizerFastGradientClipping):
+    """opacus' DPOptimizerFastGradientClipping with the noise drawn on the generator's device (the CPU) and then moved
     to the gradients' device. opacus draws on the gradients' device, which a CPU generator cannot
     do for CUDA tensors, and a CUDA generator could not be seeded from the OS CSPRNG the way
     mechanisms.randomness.secret_generator seeds the CPU one. Same draws in the same order as

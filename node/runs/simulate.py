@@ -41,7 +41,7 @@ from node.config import Config
 from node.derive import peer_settings
 from node.learning.contribute import contribute, round_seed
 from node.learning.data import load_dataset
-from node.learning.models import init_model
+from node.learning.models import init_model, model_inputs
 from node.learning.partition import partition
 from node.learning.train import evaluate
 from node.protocol import wire
@@ -198,11 +198,13 @@ class Simulation:
             shards_per_peer=d.shards_per_peer,
             seed=c.swarm.seed,
         )
+        # A model may read fixed features of the inputs (ScatterNet): computed once for the whole set.
+        train_x = model_inputs(sh.model, train.x)
         self.peers = []
         for i, idx in enumerate(shards):
             index = torch.as_tensor(idx, dtype=torch.long)
-            self.peers.append(_Peer(peer_name(i), train.x[index].contiguous(), train.y[index].contiguous()))
-        self.test_x, self.test_y = test.x, test.y
+            self.peers.append(_Peer(peer_name(i), train_x[index].contiguous(), train.y[index].contiguous()))
+        self.test_x, self.test_y = model_inputs(sh.model, test.x), test.y
         self._spend_cache: dict[int, Spend] = {}
 
     def _noise(self, seed: int, peer: str, round_number: int) -> torch.Generator:
@@ -402,16 +404,7 @@ class Simulation:
             "final_accuracy": done[-1]["accuracy"] if done else None,
             "best_accuracy": max(r["accuracy"] for r in done) if done else None,
             "diverged": stop_reason,
-            "privacy": None
-            if spend is None
-            else {
-                "per_contribution_eps": float(spend.epsilon),
-                "max_contributions": max_commits,
-                "eps_whole_update_max": float(final_spend.epsilon) if final_spend else None,
-                "delta": float(getattr(final_spend or spend, "delta", 0.0) or 0.0),
-                "protects": spend.protects,
-                "per_coordinate_eps": self.mechanism_params.get("epsilon"),
-            },
+            "privacy": self._privacy_summary(spend, final_spend, max_commits),
             "dp_sgd": self._dp_sgd_summary(),
             "peer_rounds": peer_rounds,
             "threads": self.threads,
@@ -427,6 +420,34 @@ class Simulation:
             },
             "ledger": recorder.info(),
         }
+
+    def _privacy_summary(self, spend: Spend | None, final_spend: Spend | None, max_commits: int) -> dict | None:
+        """The run's guarantee: `epsilon` and `delta` are the headline pair, record-level when
+        DP-SGD trains (what a data owner is promised about each record), else the local
+        mechanism's whole-update figure; `scope` says which. The mechanism's own figures keep
+        their names beside it. None for the non-private baseline."""
+        dp = self._dp_sgd_summary()
+        if spend is None and dp is None:
+            return None
+        summary: dict = {}
+        if spend is not None:
+            whole = final_spend or spend
+            summary = {
+                "per_contribution_eps": float(spend.epsilon),
+                "max_contributions": max_commits,
+                "eps_whole_update_max": float(final_spend.epsilon) if final_spend else None,
+                "eps_whole_update_delta": float(getattr(whole, "delta", 0.0) or 0.0),
+                "per_coordinate_eps": self.mechanism_params.get("epsilon"),
+                "mechanism_protects": spend.protects,
+                "protects": spend.protects,
+                "scope": "whole update",
+                "epsilon": float(final_spend.epsilon) if final_spend else None,
+                "delta": float(getattr(whole, "delta", 0.0) or 0.0),
+            }
+        if dp is not None:  # the record-level figure is the headline: it is what DP-SGD promises each record
+            summary.update(epsilon=dp["epsilon"], delta=dp["delta"], scope="record", record_protects=dp["protects"])
+            summary.setdefault("protects", dp["protects"])
+        return summary
 
     def _dp_sgd_summary(self) -> dict | None:
         """With DP-SGD in local training: each peer's record-level eps composed over every step
@@ -457,7 +478,7 @@ def summary_line(summary: dict) -> str:
     p = summary.get("privacy")
     dp = summary.get("dp_sgd")
     records = "" if not dp else (f"; DP-SGD: ({dp['epsilon']:.4g}, {dp['delta']:g})-DP for {dp['protects']}")
-    if p is None:
+    if p is None or "per_contribution_eps" not in p:  # no local mechanism
         return ("no local DP on the shared vector" + records) if dp else "no privacy: non-private baseline"
     note = (
         " (sign only: PNPM never randomizes |w|, so the value itself has no finite eps)"

@@ -3,8 +3,9 @@ left untouched; the CUDA path only where CUDA exists."""
 
 import pytest
 import torch
-from opacus import GradSampleModule
-from opacus.optimizers import DPOptimizer
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizerFastGradientClipping
+from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 
 from mechanisms.record_level import DPSGDPolicy
 from node.config import ConfigError, load_config
@@ -78,8 +79,8 @@ def test_cpu_drawn_noise_is_opacus_noise_bit_for_bit():
     the same (CPU) generator: two DP-SGD steps agree bit for bit on the CPU."""
     x, y = TRAIN.x[:16], TRAIN.y[:16]
     results = []
-    for optimizer_class in (DPOptimizer, _CPUNoiseDPOptimizer):
-        model = GradSampleModule(fresh())
+    for optimizer_class in (DPOptimizerFastGradientClipping, _CPUNoiseDPOptimizer):
+        model = GradSampleModuleFastGradientClipping(fresh(), max_grad_norm=1.0)
         optimizer = optimizer_class(
             torch.optim.SGD(model.parameters(), lr=0.5),
             noise_multiplier=1.0,
@@ -90,7 +91,8 @@ def test_cpu_drawn_noise_is_opacus_noise_bit_for_bit():
         )
         for _ in range(2):
             optimizer.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+            per_sample = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+            DPTensorFastGradientClipping(model, optimizer, per_sample, "mean").backward()
             optimizer.step()
         model._close()
         results.append(flatten(model._module)[0])
