@@ -20,9 +20,9 @@ from typing import Any
 import tomli_w
 
 import mechanisms
-from node.learning.data import DATASETS
+from node.learning.data import DATASET_META, DATASETS
 from node.learning.device import device_error
-from node.learning.models import MODELS, default_model_for
+from node.learning.models import MODELS, default_model_for, input_features
 from node.learning.partition import SCHEMES
 from node.protocol.aggregate import RULES
 
@@ -67,6 +67,7 @@ class TrainConfig:
     dp_noise_multiplier: float
     dp_max_grad_norm: float
     dp_delta: float
+    dp_augmentations: int  # augmentation multiplicity of DP-SGD (De et al. 2022); 1 = off; images only
     device: str  # auto | cpu | cuda: where this peer trains; per peer, not in the genesis
 
 
@@ -297,6 +298,12 @@ def _check_ranges(c: Config) -> None:
         (c.train.dp_noise_multiplier > 0, "train.dp_noise_multiplier", "must be > 0"),
         (c.train.dp_max_grad_norm > 0, "train.dp_max_grad_norm", "must be > 0"),
         (0 < c.train.dp_delta < 1, "train.dp_delta", "must be in (0, 1)"),
+        (1 <= c.train.dp_augmentations <= 64, "train.dp_augmentations", "must be in [1, 64]"),
+        (
+            c.train.dp_augmentations == 1 or _reads_pixels(c),
+            "train.dp_augmentations",
+            "needs DP-SGD on an image dataset with a model that reads pixels (not ScatterNet features)",
+        ),
         (c.privacy.epsilon > 0, "privacy.epsilon", "must be > 0"),
         (c.privacy.perturb in ("weights", "update"), "privacy.perturb", "must be weights or update"),
         (0 < c.privacy.delta < 1, "privacy.delta", "must be in (0, 1)"),
@@ -329,6 +336,13 @@ def _check_ranges(c: Config) -> None:
 
 def _MECHANISM_NAMES() -> tuple[str, ...]:
     return ("none", *sorted(getattr(mechanisms, "MECHANISMS", {})))
+
+
+def _reads_pixels(c: Config) -> bool:
+    """Whether the model trains on the dataset's images themselves (what augmentation crops)."""
+    if not c.train.dp_sgd or c.data.dataset not in DATASET_META or c.model.name not in (*MODELS, "auto"):
+        return False
+    return len(DATASET_META[c.data.dataset].input_shape) == 3 and input_features(c.model_name) is None
 
 
 def quorum(c: Config) -> int:

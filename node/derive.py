@@ -142,6 +142,7 @@ def peer_settings(config: Config, *, fault: str | None = None) -> PeerSettings:
         rounds=config.swarm.rounds,
         fetch_timeout=config.chain.fetch_timeout,
         device=resolve_device(t.device).type,  # per peer, not shared: "auto" becomes this machine's choice
+        augmentations=t.dp_augmentations,
         fault=fault,
     )
 

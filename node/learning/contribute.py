@@ -65,6 +65,7 @@ def contribute(
         dp=settings.dp,
         privacy_generator=noise,
         device=settings.device,  # the model comes back on the CPU: the blob is encoded from CPU tensors
+        augmentations=settings.augmentations,
     )
     local, _ = flatten(model)
     shared = local - global_vector if settings.shared.share == "update" else local

@@ -17,16 +17,26 @@ backward pass of the loss weighted by each sample's clipping factor) plus Gaussi
 rate batch_size / N. The same clipped sum as materialized per-sample gradients, without them: a
 linear layer's per-sample gradient norm is ||activation|| x ||output gradient||, so the
 ScatterNet + linear model trains 4.5x faster than with opacus' hooks (docs/BENCHMARKS.md); layers
-without a norm sampler (conv, group norm) get per-sample gradients as before. The rate and the number of steps come from
-`mechanisms.record_level.round_steps`, the function the record-level accountant uses, so what is
-trained and what is accounted cannot differ. Accounting is not done here: a round's privacy loss
-counts once it is released, from the sample count committed on chain (`record_level_spend`).
+without a norm sampler (conv, group norm) get per-sample gradients as before. The rate and the
+number of steps come from `mechanisms.record_level.round_steps`, the function the record-level
+accountant uses, so what is trained and what is accounted cannot differ. Accounting is not done
+here: a round's privacy loss counts once it is released, from the sample count committed on chain
+(`record_level_spend`).
+
+Augmentation multiplicity (De, Berrada, Hayes, Smith, Balle, "Unlocking high-accuracy
+differentially private image classification through scale", 2022): with `augmentations` K > 1,
+each record of a DP-SGD batch is seen as K random crops (reflect-padded by 2 pixels) and
+horizontal flips, and its gradient is the mean over the K copies BEFORE clipping, so one record
+still moves the sum by at most the clip norm and the accountant is unchanged; the averaged
+gradient is less noisy, which is what pays. It needs materialized per-sample gradients (opacus'
+hooks, `GradSampleModule`), since the mean comes before the clip. The crops and flips draw from the
+privacy generator: nothing secret rests on them, but nothing public needs them either.
 
 `device` (node.learning.device) is where the model and the batches live while training or
 evaluating; the model is always given back on the CPU, so what is flattened into a blob never
 leaves the CPU path. The generators stay on the CPU (the secret generator is a CPU MT19937):
 batch orders and Poisson samples are drawn there and moved, and DP-SGD's noise is drawn on the
-CPU and moved to the device (`_CPUNoiseDPOptimizer`), so a CUDA peer's noise is exactly as secret.
+CPU and moved to the device (`_CPUNoiseMixin`), so a CUDA peer's noise is exactly as secret.
 """
 
 from __future__ import annotations
@@ -35,11 +45,13 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from opacus import GradSampleModule
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizerFastGradientClipping
+from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.optimizers.optimizer import _check_processed_flag, _generate_noise, _mark_as_processed
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
@@ -84,6 +96,7 @@ def train_local(
     dp: DPSGDPolicy | None = None,
     privacy_generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
+    augmentations: int = 1,
 ) -> TrainResult:
     """Train `model` in place on (x, y) and report what the round needs.
 
@@ -101,6 +114,10 @@ def train_local(
         raise ValueError(f"lr must be > 0, got {lr!r}")
     if not 0 <= momentum < 1:
         raise ValueError(f"momentum must be in [0, 1), got {momentum!r}")
+    if isinstance(augmentations, bool) or not isinstance(augmentations, int) or augmentations < 1:
+        raise ValueError(f"augmentations must be an integer >= 1, got {augmentations!r}")
+    if augmentations > 1 and (dp is None or x.dim() != 4):
+        raise ValueError("augmentation multiplicity is a DP-SGD option for image batches (N, C, H, W)")
     if dp is not None:
         if privacy_generator is None:
             raise ValueError(
@@ -116,7 +133,7 @@ def train_local(
         if dp is None:
             return _train_sgd(model, x, y, epochs, batch_size, lr, momentum, torch.Generator().manual_seed(seed))
         assert privacy_generator is not None  # checked above
-        return _train_dpsgd(model, x, y, lr, momentum, privacy_generator, dp)
+        return _train_dpsgd(model, x, y, lr, momentum, privacy_generator, dp, augmentations)
 
 
 @contextmanager
@@ -193,6 +210,7 @@ def _train_dpsgd(
     momentum: float,
     generator: torch.Generator,
     dp: DPSGDPolicy,
+    augmentations: int = 1,
 ) -> TrainResult:
     errors = ModuleValidator.validate(model, strict=False)
     if errors:
@@ -200,9 +218,17 @@ def _train_dpsgd(
     n = int(y.shape[0])
     sample_rate, total_steps = round_steps(dp.batch_size, dp.epochs, n)
     steps_per_epoch = total_steps // dp.epochs
-    grad_module = GradSampleModuleFastGradientClipping(model, max_grad_norm=dp.max_grad_norm, use_ghost_clipping=True)
-    # The CPU path keeps opacus' own optimizer; on another device the noise is drawn on the CPU.
-    optimizer_class = DPOptimizerFastGradientClipping if x.device.type == "cpu" else _CPUNoiseDPOptimizer
+    on_cpu = x.device.type == "cpu"  # elsewhere the noise is drawn on the CPU generator and moved
+    grad_module: GradSampleModule | GradSampleModuleFastGradientClipping
+    optimizer_class: type[DPOptimizer]
+    if augmentations == 1:
+        grad_module = GradSampleModuleFastGradientClipping(
+            model, max_grad_norm=dp.max_grad_norm, use_ghost_clipping=True
+        )
+        optimizer_class = DPOptimizerFastGradientClipping if on_cpu else _CPUNoiseGhostOptimizer
+    else:  # the mean over a record's copies comes before the clip: per-sample gradients needed
+        grad_module = GradSampleModule(model)
+        optimizer_class = DPOptimizer if on_cpu else _CPUNoiseDPOptimizer
     optimizer = optimizer_class(
         torch.optim.SGD(grad_module.parameters(), lr=lr, momentum=momentum),
         noise_multiplier=dp.noise_multiplier,
@@ -225,11 +251,18 @@ def _train_dpsgd(
                     continue
                 index = torch.as_tensor(batch, dtype=torch.long, device=x.device)
                 optimizer.zero_grad(set_to_none=True)
-                per_sample = F.cross_entropy(grad_module(x[index]), y[index], reduction="none")
-                loss = DPTensorFastGradientClipping(grad_module, optimizer, per_sample, "mean")
-                loss.backward()  # two passes: per-sample norms, then the clipped sum
+                if augmentations == 1:
+                    per_sample = F.cross_entropy(grad_module(x[index]), y[index], reduction="none")
+                    loss = DPTensorFastGradientClipping(grad_module, optimizer, per_sample, "mean")
+                    loss.backward()  # two passes: per-sample norms, then the clipped sum
+                    losses.append(loss.item())
+                else:
+                    copies = augment(x[index], augmentations, generator)
+                    plain_loss = F.cross_entropy(grad_module(copies), y[index].repeat_interleave(augmentations))
+                    plain_loss.backward()
+                    _average_copies(grad_module, len(batch), augmentations)
+                    losses.append(plain_loss.item())
                 optimizer.step()
-                losses.append(loss.item())
     finally:
         grad_module._close()  # removes opacus' hooks and per-sample buffers: `model` is plain again
     mean_loss = sum(losses) / len(losses) if losses else float("nan")
@@ -238,12 +271,48 @@ def _train_dpsgd(
     return TrainResult(n, mean_loss, steps)
 
 
-class _CPUNoiseDPOptimizer(DPOptimizerFastGradientClipping):
-    """opacus' DPOptimizerFastGradientClipping with the noise drawn on the generator's device (the CPU) and then moved
+AUGMENT_PAD = 2  # pixels of reflect padding a random crop may shift by (De et al. use 4 on 32x32)
+
+
+def augment(x: torch.Tensor, copies: int, generator: torch.Generator) -> torch.Tensor:
+    """`copies` random crops (of the image reflect-padded by AUGMENT_PAD) and horizontal flips of
+    each image of `x` (N, C, H, W): rows i*copies ... i*copies + copies - 1 are copies of image i.
+    The offsets and flips draw from `generator` on the CPU and are moved to x's device."""
+    n, c, h, w = x.shape
+    rows = n * copies
+    repeated = x.repeat_interleave(copies, dim=0)
+    padded = F.pad(repeated, (AUGMENT_PAD,) * 4, mode="reflect")
+    offsets = torch.randint(0, 2 * AUGMENT_PAD + 1, (rows, 2), generator=generator).to(x.device)
+    flips = (torch.rand(rows, generator=generator) < 0.5).to(x.device)
+    iy = offsets[:, :1] + torch.arange(h, device=x.device)  # (rows, h)
+    ix = offsets[:, 1:] + torch.arange(w, device=x.device)  # (rows, w)
+    ix = torch.where(flips[:, None], ix.flip(1), ix)
+    r = torch.arange(rows, device=x.device)[:, None, None, None]
+    ch = torch.arange(c, device=x.device)[None, :, None, None]
+    return padded[r, ch, iy[:, None, :, None], ix[:, None, None, :]]
+
+
+def _average_copies(grad_module: GradSampleModule, records: int, copies: int) -> None:
+    """Each record's per-sample gradient: the mean over its `copies` rows (opacus' "mean" loss
+    reduction already scaled each row to its own loss's gradient)."""
+    for p in grad_module.parameters():
+        sample = getattr(p, "grad_sample", None)
+        if sample is not None:
+            p.grad_sample = sample.view(records, copies, *sample.shape[1:]).mean(dim=1)
+
+
+class _CPUNoiseMixin:
+    """opacus' optimizers with the noise drawn on the generator's device (the CPU) and then moved
     to the gradients' device. opacus draws on the gradients' device, which a CPU generator cannot
     do for CUDA tensors, and a CUDA generator could not be seeded from the OS CSPRNG the way
     mechanisms.randomness.secret_generator seeds the CPU one. Same draws in the same order as
     opacus' add_noise (tests/node/learning/test_device.py checks the bits on the CPU)."""
+
+    params: list[Any]  # parameters carrying opacus' summed_grad
+    generator: torch.Generator | None
+    noise_multiplier: float
+    max_grad_norm: float
+    secure_mode: bool
 
     def add_noise(self) -> None:
         generator_device = self.generator.device if self.generator is not None else torch.device("cpu")
@@ -258,6 +327,14 @@ class _CPUNoiseDPOptimizer(DPOptimizerFastGradientClipping):
             )
             p.grad = (p.summed_grad + noise.to(p.summed_grad.device)).view_as(p)
             _mark_as_processed(p.summed_grad)
+
+
+class _CPUNoiseGhostOptimizer(_CPUNoiseMixin, DPOptimizerFastGradientClipping):
+    """Ghost clipping with CPU-drawn noise."""
+
+
+class _CPUNoiseDPOptimizer(_CPUNoiseMixin, DPOptimizer):
+    """Materialized per-sample gradients (augmentation multiplicity) with CPU-drawn noise."""
 
 
 @torch.no_grad()

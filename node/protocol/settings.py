@@ -97,6 +97,7 @@ class PeerSettings:
     chain_timeout: float = 600.0  # longest wait for any one chain state change
     linger: float = 5.0  # seconds to keep serving after the last round, for peers still fetching its model
     device: str = "cpu"  # torch device local training runs on (node/learning/device.py)
+    augmentations: int = 1  # DP-SGD augmentation multiplicity (node.learning.train); 1 = off
     fault: str | None = None  # testing only: "wrong-bytes" or "scale:K" (node/peer/faults.py)
 
     @property

@@ -3,8 +3,9 @@ left untouched; the CUDA path only where CUDA exists."""
 
 import pytest
 import torch
+from opacus import GradSampleModule
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizerFastGradientClipping
+from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 
 from mechanisms.record_level import DPSGDPolicy
@@ -13,7 +14,7 @@ from node.derive import genesis, peer_settings, shared_settings
 from node.learning.data import load_dataset
 from node.learning.device import resolve_device
 from node.learning.models import init_model
-from node.learning.train import _CPUNoiseDPOptimizer, evaluate, train_local
+from node.learning.train import _CPUNoiseDPOptimizer, _CPUNoiseGhostOptimizer, evaluate, train_local
 from node.protocol.blob import encode_blob, flatten
 
 TRAIN = load_dataset("digits", limit=200)
@@ -74,13 +75,16 @@ def test_cpu_path_is_the_default_path_bit_for_bit():
     assert evaluate(a, TRAIN.x, TRAIN.y) == evaluate(b, TRAIN.x, TRAIN.y, device="cpu")
 
 
-def test_cpu_drawn_noise_is_opacus_noise_bit_for_bit():
-    """The optimizer a CUDA peer uses draws the same noise in the same order as opacus' own, from
-    the same (CPU) generator: two DP-SGD steps agree bit for bit on the CPU."""
+@pytest.mark.parametrize("ghost", [True, False], ids=["ghost-clipping", "per-sample-hooks"])
+def test_cpu_drawn_noise_is_opacus_noise_bit_for_bit(ghost):
+    """The optimizers a CUDA peer uses draw the same noise in the same order as opacus' own, from
+    the same (CPU) generator: two DP-SGD steps agree bit for bit on the CPU, with ghost clipping
+    and with the per-sample hooks that augmentation multiplicity uses."""
     x, y = TRAIN.x[:16], TRAIN.y[:16]
     results = []
-    for optimizer_class in (DPOptimizerFastGradientClipping, _CPUNoiseDPOptimizer):
-        model = GradSampleModuleFastGradientClipping(fresh(), max_grad_norm=1.0)
+    pair = (DPOptimizerFastGradientClipping, _CPUNoiseGhostOptimizer) if ghost else (DPOptimizer, _CPUNoiseDPOptimizer)
+    for optimizer_class in pair:
+        model = GradSampleModuleFastGradientClipping(fresh(), max_grad_norm=1.0) if ghost else GradSampleModule(fresh())
         optimizer = optimizer_class(
             torch.optim.SGD(model.parameters(), lr=0.5),
             noise_multiplier=1.0,
@@ -91,8 +95,11 @@ def test_cpu_drawn_noise_is_opacus_noise_bit_for_bit():
         )
         for _ in range(2):
             optimizer.zero_grad(set_to_none=True)
-            per_sample = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
-            DPTensorFastGradientClipping(model, optimizer, per_sample, "mean").backward()
+            if ghost:
+                per_sample = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
+                DPTensorFastGradientClipping(model, optimizer, per_sample, "mean").backward()
+            else:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
         model._close()
         results.append(flatten(model._module)[0])

@@ -212,3 +212,95 @@ def test_calibration_refuses_nonsense():
         calibrate_noise(0.0, batch_size=64, epochs=1, num_samples=100, rounds=1)
     with pytest.raises(ValueError, match="rounds"):
         calibrate_noise(1.0, batch_size=64, epochs=1, num_samples=100, rounds=0)
+
+
+def test_each_augmented_copy_is_a_crop_or_flipped_crop_of_its_own_image():
+    from node.learning.train import AUGMENT_PAD, augment
+
+    g = torch.Generator().manual_seed(6)
+    x = torch.rand(3, 1, 28, 28, generator=g)
+    copies = augment(x, 4, torch.Generator().manual_seed(7))
+    assert copies.shape == (12, 1, 28, 28)
+    padded = F.pad(x, (AUGMENT_PAD,) * 4, mode="reflect")
+    seen = set()
+    for row in range(12):
+        image = padded[row // 4]
+        span = range(2 * AUGMENT_PAD + 1)
+        crops = [(oy, ox, flip) for oy in span for ox in span for flip in (False, True)]
+        matches = [
+            c
+            for c in crops
+            if torch.equal(
+                copies[row],
+                image[:, c[0] : c[0] + 28, c[1] : c[1] + 28].flip(-1)
+                if c[2]
+                else image[:, c[0] : c[0] + 28, c[1] : c[1] + 28],
+            )
+        ]
+        assert matches, f"copy {row} is no crop of image {row // 4}"
+        seen.add(matches[0])
+    assert len(seen) > 3  # the draws differ between copies
+
+
+def test_augmented_dp_sgd_clips_each_records_mean_over_its_copies():
+    """With K copies, the per-sample gradient opacus clips is the mean of the K copies' gradients
+    (checked against torch.func on the same copies), so one record's share of the sum stays within
+    the clip norm and the accountant's sensitivity is unchanged."""
+    from opacus import GradSampleModule
+
+    from node.learning.train import _average_copies, augment
+
+    model = init_model("pnpm-fmnist-gn-tanh", input_shape=FMNIST, num_classes=10, seed=1)
+    x = torch.rand(4, *FMNIST, generator=torch.Generator().manual_seed(8))
+    y = torch.tensor([0, 3, 5, 9])
+    copies = augment(x, 3, torch.Generator().manual_seed(9))
+    labels = y.repeat_interleave(3)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss_of(p, xi, yi):
+        return F.cross_entropy(torch.func.functional_call(model, p, (xi[None],)), yi[None])
+
+    per_copy = torch.func.vmap(torch.func.grad(loss_of), in_dims=(None, 0, 0))(params, copies, labels)
+    expected = {k: g.view(4, 3, *g.shape[1:]).mean(1) for k, g in per_copy.items()}
+    module = GradSampleModule(model)
+    F.cross_entropy(module(copies), labels).backward()
+    _average_copies(module, 4, 3)
+    for key, param in model.named_parameters():
+        assert param.grad_sample.shape == (4, *param.shape)
+        # float32 means of 3 gradients, each a sum over a 28x28 image: relative 1e-4
+        assert torch.allclose(param.grad_sample, expected[key], rtol=1e-4, atol=1e-6), key
+    module._close()
+
+
+def test_augmentation_multiplicity_trains_and_counts_the_policys_steps():
+    model = init_model("pnpm-fmnist-tanh", input_shape=FMNIST, num_classes=10, seed=0)
+    x = torch.rand(64, *FMNIST, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(64) % 10
+    before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    dp = DPSGDPolicy(noise_multiplier=1.0, max_grad_norm=1.0, batch_size=16, epochs=1)
+    result = train_local(
+        model,
+        x,
+        y,
+        epochs=1,
+        batch_size=16,
+        lr=0.5,
+        seed=0,
+        dp=dp,
+        privacy_generator=torch.Generator().manual_seed(2),
+        augmentations=4,
+    )
+    assert result.dp_steps == 4 and math.isfinite(result.mean_loss)
+    assert not torch.equal(before, torch.cat([p.detach().flatten() for p in model.parameters()]))
+    with pytest.raises(ValueError, match="augmentation multiplicity"):
+        train_local(model, x, y, epochs=1, batch_size=16, lr=0.5, seed=0, augmentations=2)  # not DP-SGD
+
+
+def test_augmentations_need_dp_sgd_on_pixels():
+    from node.config import ConfigError
+
+    ok = ["train.dp_augmentations=4", "train.dp_sgd=true", "data.dataset=fashion-mnist"]
+    assert load_config(overrides=ok).train.dp_augmentations == 4
+    for bad in (["train.dp_augmentations=4"], [*ok, "model.name=scatter-linear"], [*ok, "train.dp_augmentations=0"]):
+        with pytest.raises(ConfigError, match="dp_augmentations"):
+            load_config(overrides=bad)
