@@ -27,7 +27,16 @@ from collections.abc import Callable
 
 import torch
 
-from .base import Guarantee, Mechanism, check_delta, check_epsilon, check_positive, check_tensor, scratch
+from .base import (
+    Guarantee,
+    Mechanism,
+    check_delta,
+    check_epsilon,
+    check_positive,
+    check_tensor,
+    interval_violation,
+    scratch,
+)
 from .local import TAIL_EXPONENT, blocks, random_bits_, round_down_uniform_
 
 _SQRT2 = math.sqrt(2.0)
@@ -100,6 +109,13 @@ def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.
 TAIL_RADIUS = math.sqrt(2.0 * TAIL_EXPONENT) * (1.0 - 2.0**-40)
 # A release has at most 2^62 Box-Muller pairs (a tensor has fewer than 2^63 elements).
 MAX_PAIRS = 2.0**62
+# The largest finite radius (in sigmas) the sampler can draw at all: U* >= 2^-1074 (the smallest
+# subnormal; below 2^-1022 with probability 2^-1022), sqrt(2 * 1074 ln 2) = 38.587, rounded up.
+# (U* = 0, after 40 levels of redraws, would give an infinite value: refused as non-finite anyway.)
+MAX_RADIUS = 38.6
+# `l2_norm` is within ~1e-6 relative of the true norm (float32 rows of 256), so a clipped
+# coordinate can exceed clip_norm by that much: the release check allows 2^-16 (1.5e-5).
+CLIP_SLACK = 1.0 + 2.0**-16
 # exp(-r^2/2) is convex in r^2 on [0, D^2] when r/D exceeds (3 + sqrt 5)/2 = 2.618.
 _CONVEX_RATIO = 2.62
 
@@ -193,8 +209,9 @@ class Gaussian(Mechanism):
 
     name = "gaussian"
     release_check = (
-        "nothing: the clipped update plus N(0, sigma^2) noise can be any real vector, and the "
-        "noise cannot be told from the update without it"
+        "every coordinate lies within clip_norm + 38.6 sigma (the clipped update plus the sampler's "
+        "largest radius), up to float rounding; inside it the noise cannot be told from the update "
+        "without it, so a raw update passes"
     )
 
     def __init__(
@@ -224,6 +241,16 @@ class Gaussian(Mechanism):
     @property
     def sensitivity(self) -> float:
         return 2.0 * self.clip_norm
+
+    @property
+    def bound(self) -> float:
+        """Every coordinate of an output lies in [-bound, bound]: a clipped coordinate (|x_i| <= S,
+        with `l2_norm`'s slack) plus a Box-Muller value (at most MAX_RADIUS sigma)."""
+        return self.clip_norm * CLIP_SLACK + MAX_RADIUS * self.sigma
+
+    def release_violation(self, y: torch.Tensor) -> str | None:
+        bound = self.bound
+        return interval_violation(y, -bound, bound, f"within gaussian's bound [{-bound:.9g}, {bound:.9g}]")
 
     @property
     def residual_delta(self) -> float:

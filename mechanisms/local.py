@@ -596,7 +596,11 @@ class Laplace(_PureLocal):
 
     name = "laplace"
     domain = "[-1, 1]"
-    release_check = "nothing: t + Lap(2/eps) can be any real number"
+    release_check = (
+        "every coordinate lies in [-(steps + 1/2) L, (steps + 1/2) L], the snapping mechanism's clamp "
+        "(about 1 + 32 b, b = 2/eps), up to float rounding (every point of it is a possible output of "
+        "every input, up to the grid: a raw update within it passes)"
+    )
 
     def __init__(self, epsilon: float, clip: bool = False) -> None:
         super().__init__(epsilon, clip)
@@ -607,6 +611,10 @@ class Laplace(_PureLocal):
     def bound(self) -> float:
         """Every output lies in [-bound, bound] (the outer grid point plus the dither)."""
         return (self.steps + 0.5) * self.snap
+
+    def output_set(self) -> OutputSet:
+        # |k| <= steps and |phi| < 1/2: (k + phi) L, exact in float64, rounded once into the output
+        return ("interval", -self.bound, self.bound)
 
     def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
         t = self._input(x)

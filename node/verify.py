@@ -6,16 +6,24 @@ from the included blobs (ledger order, the finalizing bitmap) matches the finali
 each commit names the swarm's privacy policy (from the genesis blob, whose digest is on chain) and
 records at least what that policy spends after the peer's commits so far: the local mechanism's
 whole-update eps and, with DP-SGD, the record-level eps composed over the committed sample counts
-(one-sided: recording more is allowed, less is a failure); no finalized aggregate includes a
-commit that breaks the policy; each decodable
-update is a possible output of the committed mechanism where its output has a checkable shape
-(`Mechanism.release_violation`: Duchi, LDP-FL and low-eps HM in their two-point sets, PM, HM and
-the exponential mechanism within their range, sampling with at most k non-zeros). Whether the
+(one-sided: recording more is allowed, less is a failure); each committed blob decodes (a
+malformed one is named: check "blob"); each decodable update is a possible output of the policy's
+mechanism where its output has a checkable shape (`wire.check_release`, the peers' own rule:
+`Mechanism.release_violation`: Duchi, LDP-FL and low-eps HM in their two-point sets, PM, HM and
+the exponential mechanism within their range, Laplace and the Gaussian within their bound,
+sampling with at most k non-zeros). Whether the
 noise was really drawn (Gaussian, Laplace, PNPM magnitudes, a value inside PM's range) cannot be
 checked from the release: it rests on each peer's own software. The genesis blob anchors the
 shared settings (model, aggregation rule): its digest is on chain. Each participant's registration
 must be signed by the key of the peer id it names and be that peer id's first such registration
 (check "registration", node.chain.registration).
+
+No finalized aggregate may include a commit that honest peers leave out (check "aggregate", and
+`aggregate_ok` false even when the recomputed digest matches): one that breaks the policy, comes
+from an account whose registration does not verify, or releases what the mechanism cannot output.
+A malformed or missing included blob fails the recomputation itself. Every exception inside a
+check is a named failure of its round (and of its committer, where there is one), never the end
+of verification.
 
 The ledger opens the next round as soon as one ends, so a finished swarm leaves a last round that
 is open with no commitment: it is reported as `not_started`, not as a round (nothing to check).
@@ -35,7 +43,7 @@ import mechanisms
 from mechanisms.accounting import cumulative_spend
 from mechanisms.record_level import record_level_spend
 from node.chain.client import LedgerClient, load_artifact
-from node.chain.records import RoundInfo
+from node.chain.records import Commitment, RoundInfo
 from node.chain.registration import Registration, registration_problem
 from node.protocol import policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
@@ -163,10 +171,12 @@ def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyRepo
     counts_by_peer: dict[str, list[int]] = {}
     last_eps: dict[str, tuple[int, int]] = {}
     registrations: list[Registration] | None = None  # read once, at the first commitment
+    unregistered: set[str] = set()  # committers whose registration does not verify: peers leave them out
 
-    def check_registration(r: int, peer: str) -> None:
+    def check_registration(r: int, peer: str) -> bool:
         """A participant's registration must bind it to its peer id: signed by the peer id's key,
-        and the first such registration of that peer id (node.chain.registration)."""
+        and the first such registration of that peer id (node.chain.registration). False (and a
+        failure "registration") when it does not."""
         nonlocal registrations
         try:
             if registrations is None:
@@ -176,64 +186,86 @@ def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyRepo
             problem = f"the registration could not be checked: {_why(exc)}"
         if problem is not None:
             report.failures.append(Failure(r, peer, "registration", problem))
+        return problem is None
 
-    def check_round(r: int, info: RoundInfo, check: RoundCheck, previous: torch.Tensor) -> torch.Tensor | None:
-        """Round r's checks; the model recomputed from its included blobs if it finalized, else None."""
-        commitments = ledger.commitments(r)
-        check.participants = len(commitments)
-        vectors: list[torch.Tensor | None] = []
-        breaks_policy: list[bool] = []
-        for c in commitments:
-            peer = c.peer
-            if peer not in counts_by_peer:  # its first commitment: is it who its peer id says?
-                check_registration(r, peer)
-            counts = counts_by_peer.setdefault(peer, [])
-            counts.append(int(c.num_samples))
-            last_eps[peer] = (int(c.eps_micro), int(c.record_eps_micro))
-            vector, data, unreadable = None, None, ""
+    def check_commit(r: int, c: Commitment, check: RoundCheck) -> tuple[torch.Tensor | None, list[str]]:
+        """One commitment of round r: its blob, registration, policy and release. Returns its
+        decoded update (None if unusable) and why honest peers leave it out (node/peer/peer.py
+        `_vet`, node/peer/agree.py): each reason is also a failure naming the committer here."""
+        peer = c.peer
+        refused: list[str] = []
+        if peer not in counts_by_peer and not check_registration(r, peer):  # its first commitment: who is it?
+            unregistered.add(peer)
+        if peer in unregistered:
+            refused.append("comes from an account whose registration does not verify")
+        counts = counts_by_peer.setdefault(peer, [])
+        counts.append(int(c.num_samples))
+        last_eps[peer] = (int(c.eps_micro), int(c.record_eps_micro))
+        digest = bytes(c.digest)
+        vector, data = None, None
+        try:
+            data = archive.get(digest.hex())
+        except Exception as exc:  # the archive's own trouble: this blob is unusable, the rest goes on
+            report.failures.append(Failure(r, peer, "blob", f"the archive could not read the blob: {_why(exc)}"))
+        if data is not None and sha256(data) != digest:  # tampered archive: fails whatever the bitmap
+            detail = f"archived blob altered: its bytes hash to {sha256(data).hex()[:16]}..., not the committed digest"
+            report.failures.append(Failure(r, peer, "blob", detail))
+        elif data is not None:
             try:
-                data = archive.get(bytes(c.digest).hex())
-            except Exception as exc:  # the archive's own trouble: this blob is unusable, the rest goes on
-                unreadable = _why(exc)
-                report.failures.append(Failure(r, peer, "blob", f"the archive could not read the blob: {unreadable}"))
-            if data is None:
-                detail = "blob missing from the archive"
-            elif sha256(data) != bytes(c.digest):
-                detail = (
-                    f"archived blob altered: its bytes hash to {sha256(data).hex()[:16]}..., not the committed digest"
-                )
-            else:
-                try:
-                    vector, _ = wire.read_vector(data, num_params, kind="update")
-                    check.blobs_ok += 1
-                    detail = ""
-                except BlobError as exc:
-                    detail = f"blob matches its digest but is malformed: {exc}"
-            vectors.append(vector)
-            if data is not None and sha256(data) != bytes(c.digest):  # tampered archive: fails whatever the bitmap
+                vector, _ = wire.read_vector(data, num_params, kind="update")
+                check.blobs_ok += 1
+            except BlobError as exc:  # committed, so published: every peer left it out as malformed
+                detail = f"round {r}: blob {digest.hex()[:16]} of {peer} matches its digest but is malformed: {exc}"
                 report.failures.append(Failure(r, peer, "blob", detail))
-            # the policy: its mechanism, and at least what its commits so far spend (one-sided)
+        # the policy: its mechanism, and at least what its commits so far spend (one-sided)
+        try:
             broken = policy.commit_violation(
                 privacy, num_params, c.mechanism, int(c.eps_micro), int(c.record_eps_micro), counts, one_sided=True
             )
-            breaks_policy.append(broken is not None)
-            if broken is None:
-                check.eps_ok += 1
-            else:
-                report.failures.append(Failure(r, peer, broken[0], broken[1]))
+        except Exception as exc:  # peers leave out a commit whose check raises (peer.py _policy_violation)
+            broken = ("policy", f"the commit could not be checked against the policy: {_why(exc)}")
+        if broken is None:
+            check.eps_ok += 1
+        else:
+            report.failures.append(Failure(r, peer, broken[0], broken[1]))
+            refused.append("breaks the policy")
+        # the one release rule of the peers (wire.check_release): a possible output of the policy's mechanism
+        if vector is not None:
+            try:
+                wire.check_release(vector, committed)
+                check.releases_ok += 1
+            except BlobError as exc:
+                report.failures.append(Failure(r, peer, "release", str(exc)))
+                refused.append("is not a possible output of the swarm's mechanism")
+            except Exception as exc:
+                detail = f"the release could not be checked: {_why(exc)}"
+                report.failures.append(Failure(r, peer, "release", detail))
+                refused.append("could not be checked as a release")
+        try:
             spend = cumulative_spend(dict(privacy.mechanism), num_params, len(counts))
             entry = report.peers.setdefault(peer, {})
             entry.update(protects=spend.protects, delta=spend.delta)
             if privacy.dp_sgd is not None:
                 record = record_level_spend(privacy.dp_sgd, counts)
                 entry.update(record_protects=record.protects, record_delta=record.delta)
-            if vector is not None and committed is not None:
-                violation = committed.release_violation(vector)
-                if violation is None:
-                    check.releases_ok += 1
-                else:
-                    detail = f"not a possible output of the committed {committed!r}: {violation}"
-                    report.failures.append(Failure(r, peer, "release", detail))
+        except Exception as exc:
+            report.failures.append(Failure(r, peer, "eps", f"the spend could not be computed: {_why(exc)}"))
+        return vector, refused
+
+    def check_round(r: int, info: RoundInfo, check: RoundCheck, previous: torch.Tensor) -> torch.Tensor | None:
+        """Round r's checks; the model recomputed from its included blobs if it finalized, else None."""
+        commitments = ledger.commitments(r)
+        check.participants = len(commitments)
+        vectors: list[torch.Tensor | None] = []
+        refusals: list[list[str]] = []
+        for c in commitments:
+            try:
+                vector, refused = check_commit(r, c, check)
+            except Exception as exc:  # whatever else a hostile chain or archive makes a check raise
+                report.failures.append(Failure(r, c.peer, "commit", f"the commit could not be checked: {_why(exc)}"))
+                vector, refused = None, []
+            vectors.append(vector)
+            refusals.append(refused)
 
         if info.state.name != "FINALIZED":
             return None
@@ -251,11 +283,15 @@ def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyRepo
             return None
         included = decode_bitmap(bitmap, len(commitments))
         check.included = sum(included)
-        for c, inc, against_policy in zip(commitments, included, breaks_policy):
-            if inc and against_policy:
-                report.failures.append(
-                    Failure(r, c.peer, "aggregate", "the finalized aggregate includes a commit that breaks the policy")
+        # what honest peers leave out, included anyway: the majority did not follow the peers' rules
+        dishonest = False
+        for c, inc, refused in zip(commitments, included, refusals):
+            if inc and refused:
+                dishonest = True
+                detail = (
+                    f"the finalized aggregate includes a commit that {' and '.join(refused)}: honest peers leave it out"
                 )
+                report.failures.append(Failure(r, c.peer, "aggregate", detail))
         unusable = [c.peer for c, inc, v in zip(commitments, included, vectors) if inc and v is None]
         for peer in unusable:
             report.failures.append(
@@ -277,9 +313,11 @@ def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyRepo
             [int(c.num_samples) for c, inc in zip(commitments, included) if inc],
         )
         digest = sha256(wire.model_blob(recomputed, r))
-        check.aggregate_ok = digest == finalized
-        if check.aggregate_ok:
+        if digest == finalized:
+            # the chain's model, so the next round starts from it, whether or not it was honest
+            check.aggregate_ok = not dishonest
             return recomputed
+        check.aggregate_ok = False
         report.failures.append(
             Failure(
                 r,
@@ -321,11 +359,20 @@ def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyRepo
                 check.aggregate_ok = False if info.state.name == "FINALIZED" else check.aggregate_ok
                 report.failures.append(Failure(r, "-", "round", f"the round could not be checked: {_why(exc)}"))
         if info.state.name == "FINALIZED":
-            global_vector = _next_model(archive, report, r, info.finalized_digest, recomputed, num_params)
+            try:
+                global_vector = _next_model(archive, report, r, info.finalized_digest, recomputed, num_params)
+            except Exception as exc:  # the archive's own trouble reading the model: go on from ours
+                detail = f"the finalized model could not be read from the archive: {_why(exc)}"
+                report.failures.append(Failure(r, "-", "aggregate-blob", detail))
+                global_vector = recomputed
 
     for peer, (eps_micro, record_micro) in last_eps.items():
-        on_chain = int(ledger.eps_spent(peer))
-        record_on_chain = int(ledger.record_eps_spent(peer))
+        try:
+            on_chain = int(ledger.eps_spent(peer))
+            record_on_chain = int(ledger.record_eps_spent(peer))
+        except Exception as exc:  # one peer's totals unreadable: named, the others are still checked
+            report.failures.append(Failure(0, peer, "eps", f"the eps totals could not be read: {_why(exc)}"))
+            continue
         entry = report.peers.setdefault(peer, {})
         entry.update(eps_spent=eps_from_micro(on_chain), commits=len(counts_by_peer[peer]))
         if privacy.dp_sgd is not None:

@@ -91,7 +91,10 @@ class RoundBlobs:
     peer_ids: list[str]  # libp2p peer id of each participant (its committer)
     mine: int
     vectors: list[torch.Tensor | None] = field(default_factory=list)
-    malformed: list[bool] = field(default_factory=list)  # right digest, unusable content
+    malformed: list[bool] = field(default_factory=list)  # right digest, unusable content (or refused)
+    # why blob i is left out (malformed or refused): one line naming the round, the participant,
+    # its committer and peer id, and the reason; None while it is not left out
+    left_out: list[str | None] = field(default_factory=list)
     holders: list[list[str]] = field(default_factory=list)  # attesters that included blob i hold it
     bitmaps: list[list[bool]] = field(default_factory=list)  # the round's attested bitmaps, chain order
 
@@ -101,6 +104,7 @@ class RoundBlobs:
             raise ValueError(f"own index {self.mine} is not among {n} participants")
         self.vectors = self.vectors or [None] * n
         self.malformed = self.malformed or [False] * n
+        self.left_out = self.left_out or [None] * n
         self.holders = self.holders or [[] for _ in range(n)]
 
     @property
@@ -179,13 +183,20 @@ class Agreement:
         self.commitments = commitments
         self.index = {c.peer: i for i, c in enumerate(commitments)}
         self.blobs = RoundBlobs(peer_ids, mine=self.index[me])
-        for i, reason in enumerate(refused):  # breaks the swarm's privacy policy: never fetched or included
-            self.blobs.malformed[i] = reason is not None
+        for i, reason in enumerate(refused):  # breaks the policy, or a squatter's: never fetched or included
+            if reason is not None:
+                why = ": ".join(map(str, reason)) if isinstance(reason, tuple) else str(reason)
+                self.blobs.malformed[i] = True
+                self.blobs.left_out[i] = f"round {round}: {self._who(i)} is refused unfetched: {why}"
         self.fetch_timeout = fetch_timeout
         self._obtain = obtain
         self._announced = announced
         self._read_update = read_update
         self._read_attestations = read_attestations
+
+    def _who(self, i: int) -> str:
+        """Participant i, as the log and `RoundBlobs.left_out` name it."""
+        return f"participant {i} ({self.commitments[i].peer}, peer {self.blobs.peer_ids[i]})"
 
     async def run(self) -> list[bool]:
         """Steps 1 to 3: the inclusion bitmap this peer attests; `self.blobs.vectors` holds the blobs."""
@@ -228,18 +239,14 @@ class Agreement:
             try:
                 data = await self._obtain(digest_hex, blobs.providers(i, self._announced(digest_hex)))
                 blobs.vectors[i] = self._read_update(data)
-            except BlobError as exc:  # right digest, malformed content: nobody can use it
-                # every decode failure is a BlobError (node.protocol.blob, wire.read_vector): left out
-                # here as on every peer; the log names the round, the participant and the blob
-                log.warning(
-                    "round %d: blob %s of participant %d (%s, peer %s) is malformed, left out: %s",
-                    self.round,
-                    digest_hex[:16],
-                    i,
-                    self.commitments[i].peer,
-                    blobs.peer_ids[i],
-                    exc,
-                )
+            except BlobError as exc:  # right digest, unusable content: nobody can use it
+                # every decode failure is a BlobError (node.protocol.blob, wire.read_vector), and so
+                # is a release the swarm's mechanism cannot output (wire.check_release): left out
+                # here as on every peer; what is logged and kept names the round, the participant,
+                # its committer and peer id, and the blob
+                why = f"round {self.round}: blob {digest_hex[:16]} of {self._who(i)} is malformed, left out: {exc}"
+                log.warning("%s", why)
+                blobs.left_out[i] = why
                 blobs.malformed[i] = True
             except Exception as exc:  # P2P errors: try again (other holders) until cancelled
                 log.info("round %d: fetch of %s failed: %s", self.round, digest_hex[:12], exc)

@@ -176,6 +176,9 @@ class Peer:
         self._peer_ids: dict[str, bytes] = {}  # committer address -> its registered peer id
         self._histories: dict[str, list[Commitment]] = {}  # committer address -> its commits so far
         self._vetted: dict[tuple[int, str, bytes], tuple[bytes, tuple[str, str] | None]] = {}
+        # the swarm's mechanism (its policy, in the genesis): every fetched update must be one of
+        # its possible outputs (wire.check_release); None for an empty policy, which checks nothing
+        self.release_mechanism = wire.swarm_mechanism(sh)
 
     # ---------------------------------------------------------------- helpers
     async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -717,7 +720,9 @@ class Peer:
             fetch_timeout=self.s.fetch_timeout,
             obtain=self._obtain,
             announced=self.host.providers,
-            read_update=lambda data: wire.read_vector(data, self.num_params, kind="update")[0],
+            # decoded, bounded (wire.read_vector) and a possible output of the swarm's mechanism
+            # (wire.check_release): the rule `swarm verify` applies, so peers and verify agree
+            read_update=lambda data: wire.read_update(data, self.num_params, self.release_mechanism),
             read_attestations=lambda: self.chain(self.ledger.attestations, r),
             refused=refused,
         )
@@ -757,15 +762,18 @@ class Peer:
         if c.peer == self.address:
             return None
         counts = [int(h.num_samples) for h in await self._history_through(c) if h.round <= r]
-        reason = await self._off_loop(
-            policy.commit_violation,
-            self.s.shared.privacy,
-            self.num_params,
-            c.mechanism,
-            int(c.eps_micro),
-            int(c.record_eps_micro),
-            counts,
-        )
+        try:
+            reason = await self._off_loop(
+                policy.commit_violation,
+                self.s.shared.privacy,
+                self.num_params,
+                c.mechanism,
+                int(c.eps_micro),
+                int(c.record_eps_micro),
+                counts,
+            )
+        except Exception as exc:  # a pure function of chain data: it raises alike on every peer
+            reason = ("policy", f"its commit could not be checked against the policy: {type(exc).__name__}: {exc}")
         if reason:
             log.warning("round %d: leaving out %s: %s", r, c.peer, reason[1])
         return reason

@@ -20,8 +20,8 @@ import mechanisms as M
 from mechanisms.local import duchi_bound, hybrid_pm_probability, piecewise_bound
 from mechanisms.sampled import sample_count
 
-CHECKABLE = ("duchi", "pm", "hm", "ldp-fl", "exponential", "sampled", "rr")
-UNCHECKABLE = ("pnpm", "laplace", "gaussian")
+CHECKABLE = ("duchi", "pm", "hm", "ldp-fl", "exponential", "sampled", "rr", "laplace", "gaussian")
+UNCHECKABLE = ("pnpm",)
 EPSILONS = st.one_of(
     st.floats(1e-4, 700.0),
     st.sampled_from([1e-6, 0.01, 0.5, 0.61, 0.6100001, 1.0, 2.5, 10.0, 36.9, 60.0, 699.0, 700.0]),
@@ -38,6 +38,10 @@ def _inputs(d: int, kind: str, dtype: torch.dtype, g: torch.Generator) -> torch.
         return torch.tensor([-1.0, 1.0, 0.0, -0.0, 1e-30, -1e-30], dtype=dtype).repeat(d // 6 + 1)[:d]
     if kind == "update":  # a model update: small values
         return (torch.randn(d, generator=g, dtype=torch.float64) * 0.01).to(dtype)
+    if kind == "spike":  # one coordinate carries the whole norm: a clipped Gaussian input lands on S
+        x = torch.randn(d, generator=g, dtype=torch.float64) * 1e-4
+        x[d // 2] = -1e3 if d % 2 else 1e3
+        return x.to(dtype)
     return (torch.randn(d, generator=g, dtype=torch.float64) * 3).to(dtype)  # "wide": needs clip
 
 
@@ -51,6 +55,15 @@ def _build(name: str, epsilon: float, data: st.DataObject) -> M.Mechanism:
         return M.get(name, base=base, epsilon=epsilon, clip=True)
     if name == "rr":
         return M.get(name, epsilon=epsilon, k=data.draw(st.sampled_from([2, 3, 7, 100]), label="k"))
+    if name == "gaussian":  # sigma from z (a tiny z makes the clipped value dominate the bound)
+        clip_norm = data.draw(st.sampled_from([1e-3, 0.05, 1.0, 50.0]), label="clip_norm")
+        z = data.draw(st.sampled_from([3e-4, 1e-3, 0.5, 1.0, 30.0]), label="z")
+        return M.get(name, clip_norm=clip_norm, noise_multiplier=z)
+    if name == "laplace":  # the float64 snapping mechanism refuses eps past its range (ValueError)
+        try:
+            return M.get(name, epsilon=epsilon, clip=True)
+        except ValueError:
+            assume(False)
     return M.get(name, epsilon=epsilon, clip=True)
 
 
@@ -60,7 +73,7 @@ def _build(name: str, epsilon: float, data: st.DataObject) -> M.Mechanism:
     epsilon=EPSILONS,
     dtype=DTYPES,
     d=st.integers(1, 3000),
-    kind=st.sampled_from(["uniform", "edges", "update", "wide"]),
+    kind=st.sampled_from(["uniform", "edges", "update", "wide", "spike"]),
     seed=st.integers(0, 2**31),
     data=st.data(),
 )
@@ -98,6 +111,10 @@ def test_genuine_outputs_are_never_flagged(name, epsilon, dtype, d, kind, seed, 
         ("sampled", {"base": "pm", "epsilon": 600.0}),
         ("sampled", {"base": "hm", "epsilon": 600.0}),
         ("sampled", {"base": "duchi", "epsilon": 600.0}),
+        ("laplace", {"epsilon": 1.0}),
+        ("laplace", {"epsilon": 0.05}),
+        ("gaussian", {"clip_norm": 1.0, "noise_multiplier": 1.0}),
+        ("gaussian", {"clip_norm": 1.0, "noise_multiplier": 3e-4}),
     ],
 )
 def test_a_million_genuine_coordinates_pass(name, params):
@@ -234,11 +251,40 @@ def test_hybrid_switches_from_two_points_to_the_interval_at_its_threshold():
 
 @pytest.mark.parametrize("name", UNCHECKABLE)
 def test_unchecked_mechanisms_say_so_and_accept_anything(name):
-    params = {"clip_norm": 1.0, "noise_multiplier": 1.0} if name == "gaussian" else {"epsilon": 1.0}
-    mech = M.get(name, **params)
+    mech = M.get(name, epsilon=1.0)
     assert mech.release_check.startswith("nothing")
     assert mech.release_violation(_update()) is None
     assert mech.release_violation(torch.tensor([1e30, -5.0, 0.0])) is None
+
+
+@pytest.mark.parametrize(
+    "mech, bound",
+    [
+        (M.get("laplace", epsilon=1.0), M.get("laplace", epsilon=1.0).bound),
+        (M.get("laplace", epsilon=0.01), M.get("laplace", epsilon=0.01).bound),
+        (M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0), 1.0 * (1 + 2**-16) + 38.6 * 1.0),
+        (
+            M.get("gaussian", clip_norm=2.0, epsilon=1.0, delta=1e-5),
+            M.get("gaussian", clip_norm=2.0, epsilon=1.0, delta=1e-5).bound,
+        ),
+    ],
+    ids=repr,
+)
+def test_noise_mechanisms_bound_their_values_but_pass_a_raw_update(mech, bound):
+    """Laplace's snapping clamp and the Gaussian sampler's largest radius bound every coordinate:
+    a value past it cannot be a release. Inside it anything goes (the documented limit)."""
+    assert mech.release_violation(_update()) is None
+    y = _genuine(mech)
+    assert mech.release_violation(y) is None
+    assert float(y.abs().max()) < bound
+    for outside in (bound * (1 + 1e-4), -bound * (1 + 1e-4), 1e6, float("nan"), float("inf")):
+        forged = y.clone()
+        forged[7] = outside
+        violation = mech.release_violation(forged)
+        assert violation is not None and "index 7 " in violation, (outside, violation)
+    at_edge = y.clone()
+    at_edge[7] = bound
+    assert mech.release_violation(at_edge) is None
 
 
 def test_every_mechanism_states_what_it_checks():
@@ -247,3 +293,19 @@ def test_every_mechanism_states_what_it_checks():
         checks = not cls.release_check.startswith("nothing")
         assert checks == (name in CHECKABLE), name
     assert math.isclose(M.base.release_tolerance(torch.float32, 2.0), 8 * 2.0**-23 * 2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_clipped_gaussian_coordinate_at_the_clip_norm_passes(dtype):
+    """The clip-dominated corner of the Gaussian bound: one coordinate carries the whole norm of a
+    million (the float32 norm's rounding is largest there) and the noise is tiny, so the release's
+    largest value sits at clip_norm itself."""
+    mech = M.get("gaussian", clip_norm=1.0, noise_multiplier=3e-4)
+    g = torch.Generator().manual_seed(5)
+    for sign in (1.0, -1.0):
+        x = (torch.randn(1_000_000, generator=g, dtype=torch.float64) * 1e-4).to(dtype)
+        x[123] = sign * 1e3
+        y = mech.perturb(x, generator=g)
+        assert abs(float(y[123])) > 0.9  # the clipped coordinate, close to S
+        assert mech.release_violation(y) is None
+        assert mech.release_violation(y.to(torch.float32)) is None

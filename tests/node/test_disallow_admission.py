@@ -109,3 +109,77 @@ def test_a_disallowed_peer_is_refused_on_the_stream_path_and_allow_readmits_it()
         trio.run(main)
         # a disallowed owner still owns its peer id: its past commits stay valid (docs/THREATS.md)
         assert registry.owns(banned_account.address, banned_id)
+
+
+def test_a_disallowed_peers_gossip_is_refused_and_allow_readmits_it():
+    """The gossip path (issue 13, item 6): after `disallow` (and the registry's refresh), the
+    holder delivers none of the removed peer's announcements and records none of its HAVEs as a
+    provider, on the mesh link it already has; after `allow` both go through again. Real Anvil
+    with an allowlist, two real libp2p hosts, the holder admitting through `RegistryCache`."""
+    with start_anvil(accounts=3) as anvil:
+        w3 = connect(anvil.url)
+        deployer_account, member_account, banned_account = (Account.from_key(k) for k in anvil.private_keys[:3])
+        deployer = LedgerClient.deploy(
+            w3,
+            deployer_account,
+            min_peers=2,
+            commit_window=50,
+            attest_window=50,
+            eps_cap_micro=10**9,
+            delta=1e-5,
+            genesis_digest=GENESIS,
+            allowlist=[member_account.address, banned_account.address],
+        )
+        member, banned = (LedgerClient(w3, deployer.address, a) for a in (member_account, banned_account))
+        holder_pair, banned_pair = key_pair(1), key_pair(2)
+        register(member, holder_pair)
+        register(banned, banned_pair)
+        registry = RegistryCache(LedgerClient(w3, deployer.address))
+        registry.refresh()
+
+        async def main() -> None:
+            theirs = MemoryBlobStore()
+            before, during, after = (theirs.put(os.urandom(512)) for _ in range(3))  # one HAVE per stage
+
+            async def heard(host, what: str) -> bytes:
+                with trio.fail_after(10):
+                    got = await host.announcements.receive()
+                assert got.peer_id == other.peer_id, what
+                return got.payload
+
+            async def until(predicate, what: str) -> None:
+                with trio.fail_after(10):
+                    while not predicate():
+                        await trio.sleep(0.05)
+
+            async with (
+                open_host(host_config(holder_pair), MemoryBlobStore(), registry) as holder,
+                open_host(host_config(banned_pair), theirs, None) as other,
+            ):
+                await other.connect(holder.addrs[0])
+                await until(lambda: other.peer_id in holder.mesh_peers(), "the holder's mesh holds the peer")
+                await other.publish(b"before")
+                assert await heard(holder, "admitted") == b"before"
+                await other.announce_blob(before)
+                await until(lambda: other.peer_id in holder.providers(before), "a provider of its blob")
+
+                await trio.to_thread.run_sync(lambda: deployer.disallow(banned_account.address))
+                await trio.to_thread.run_sync(registry.refresh)
+                assert not registry(other.peer_id)
+                await other.publish(b"during")
+                await other.announce_blob(during)
+                await trio.sleep(2.0)  # several gossip heartbeats: a delivered message would be here
+                with pytest.raises(trio.WouldBlock):
+                    holder.announcements.receive_nowait()
+                assert other.peer_id not in holder.providers(during)
+                assert other.peer_id in holder.mesh_peers()  # refused on a link that is still up
+
+                await trio.to_thread.run_sync(lambda: deployer.allow([banned_account.address]))
+                await trio.to_thread.run_sync(registry.refresh)
+                await other.publish(b"after")
+                assert await heard(holder, "readmitted") == b"after"  # not a late "during"
+                await other.announce_blob(after)
+                await until(lambda: other.peer_id in holder.providers(after), "a provider again")
+                assert other.peer_id not in holder.providers(during)
+
+        trio.run(main)

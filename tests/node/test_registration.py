@@ -182,7 +182,12 @@ def test_a_squatter_cannot_block_the_victim_and_the_registry_admits_only_signed_
     assert calls == [(registry.scanned_to - 1, registry.scanned_to)]
 
 
-def test_verify_names_a_committer_whose_registration_does_not_verify(anvil):
+@pytest.mark.parametrize("squatter_included", [False, True], ids=["left-out", "included"])
+def test_verify_names_a_committer_whose_registration_does_not_verify(anvil, squatter_included):
+    """The squatter's commit is named either way. Honest peers leave it out unfetched (peer.py
+    `_registration_problem`), so a finalized aggregate that includes it was not made by honest
+    peers: verify fails it too (check "aggregate", aggregate_ok false), although its digest is
+    what the attested blobs give."""
     archive = MemoryBlobStore()
     (honest, mallory, victim, _), genesis_vector = deploy(anvil, archive)
     register(mallory, key(1), signature=b"\x02" * 64)  # squats the victim's peer id before it
@@ -199,14 +204,22 @@ def test_verify_names_a_committer_whose_registration_does_not_verify(anvil):
         digest = archive.put(wire.update_blob(vector, 1, mech_json))
         client.commit(1, bytes.fromhex(digest), 10, eps, mech_json.encode())
     honest.close_round(1)  # every registered peer committed
-    model = wire.model_blob(wire.next_global(SHARED, genesis_vector, vectors, [10, 10, 10]), 1)
+    flags = [True, True, squatter_included]
+    kept = [v for v, f in zip(vectors, flags) if f]
+    model = wire.model_blob(wire.next_global(SHARED, genesis_vector, kept, [10] * len(kept)), 1)
     archive.put(model)
     for client in clients[:2]:
-        client.attest(1, sha256(model), wire.encode_bitmap([True, True, True]))
+        client.attest(1, sha256(model), wire.encode_bitmap(flags))
     report = verify(LedgerClient(honest.w3, honest.address), archive)
-    assert [(f.round, f.peer, f.check) for f in report.failures] == [(1, mallory.account.address, "registration")]
+    squatter = mallory.account.address
+    expected = [(1, squatter, "registration")] + [(1, squatter, "aggregate")] * squatter_included
+    assert [(f.round, f.peer, f.check) for f in report.failures] == expected
     assert "does not verify" in report.failures[0].detail
-    assert report.rounds[0].aggregate_ok
+    assert report.rounds[0].included == sum(flags)
+    assert report.rounds[0].aggregate_ok is not squatter_included
+    if squatter_included:
+        detail = report.failures[1].detail
+        assert "registration does not verify" in detail and "honest peers leave it out" in detail
 
 
 def test_a_peer_signs_its_registration_with_its_libp2p_key():

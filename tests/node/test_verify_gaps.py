@@ -44,9 +44,17 @@ def anvil():
         yield chain
 
 
-def run_swarm(anvil, rounds: int = 2):
-    """Deploy, register 3 peers, play `rounds` rounds to finalization; returns (anvil, read-only
-    client, archive, [(round, model digest, update digests)])."""
+def malformed_blob(r: int, mech_json: str) -> bytes:
+    """An update blob with the right digest on chain but unusable content: one value too many."""
+    return wire.update_blob(torch.zeros(D + 1), r, mech_json)
+
+
+def run_swarm(anvil, rounds: int = 2, *, malformed: tuple[int, int] | None = None, include_malformed: bool = False):
+    """Deploy, register 3 peers, play `rounds` rounds to finalization; returns (read-only client,
+    archive, [(round, model digest, update digests)]). `malformed` = (round, peer index): that peer
+    commits (and the archive holds) `malformed_blob` instead of its update; the majority leaves it
+    out as honest peers do, unless `include_malformed` (then it attests the others' aggregate
+    with the malformed blob's bit set, which nobody could have computed)."""
     from eth_account import Account
 
     from mechanisms.accounting import cumulative_spend
@@ -77,18 +85,22 @@ def run_swarm(anvil, rounds: int = 2):
     previous, played = genesis_vector, []
     for r in range(1, rounds + 1):
         eps = wire.eps_to_micro(cumulative_spend(params, D, r).epsilon)
-        vectors, digests = [], []
+        vectors, digests, flags = [], [], [True, True, True]
         for i, client in enumerate(clients):
             vector = (torch.randn(D, generator=torch.Generator().manual_seed(100 * r + i)) * 0.01).to(torch.float32)
-            vectors.append(vector)
-            digests.append(archive.put(wire.update_blob(vector, r, mech_json)))
+            data = wire.update_blob(vector, r, mech_json)
+            if malformed == (r, i):
+                data, flags[i] = malformed_blob(r, mech_json), include_malformed
+            else:
+                vectors.append(vector)
+            digests.append(archive.put(data))
             client.commit(r, bytes.fromhex(digests[-1]), 10, eps, mech_json.encode())
         deployer.close_round(r)
-        previous = wire.next_global(SHARED, previous, vectors, [10, 10, 10])
+        previous = wire.next_global(SHARED, previous, vectors, [10] * len(vectors))
         model = wire.model_blob(previous, r)
         archive.put(model)
         for client in clients[:2]:
-            client.attest(r, sha256(model), wire.encode_bitmap([True, True, True]))
+            client.attest(r, sha256(model), wire.encode_bitmap(flags))
         played.append((r, sha256(model), digests))
     return LedgerClient(w3, deployer.address), archive, played
 
@@ -166,3 +178,117 @@ def test_patched_code_fails_the_code_check(anvil):
     report = verify(ledger, archive)
     assert (0, "code") in failures(report)
     assert "differs from the artifact" in next(f.detail for f in report.failures if f.check == "code")
+
+
+# ------------------------------------------------------------------ malformed blobs (named)
+
+
+def test_a_committed_malformed_blob_is_named_and_the_rounds_verify(anvil):
+    """A peer committed a blob that does not decode; the honest majority left it out (as every
+    peer does, node/peer/agree.py): verify names its round, its committer and "malformed", and
+    both aggregates are right."""
+    ledger, archive, _ = run_swarm(anvil, malformed=(1, 1))
+    culprit = ledger.commitments(1)[1].peer
+    report = verify(ledger, archive)
+    assert [(f.round, f.peer, f.check) for f in report.failures] == [(1, culprit, "blob")], report.failures
+    detail = report.failures[0].detail
+    assert "round 1:" in detail and culprit in detail and "malformed" in detail and "shape" in detail, detail
+    assert [r.aggregate_ok for r in report.rounds[:2]] == [True, True]
+    assert (report.rounds[0].blobs_ok, report.rounds[0].included) == (2, 2)
+
+
+def test_an_aggregate_that_includes_a_malformed_blob_fails(anvil):
+    ledger, archive, _ = run_swarm(anvil, malformed=(1, 2), include_malformed=True)
+    culprit = ledger.commitments(1)[2].peer
+    report = verify(ledger, archive)
+    assert [(f.round, f.peer, f.check) for f in report.failures] == [(1, culprit, "blob"), (1, culprit, "blob")]
+    assert "malformed" in report.failures[0].detail
+    assert "included in the finalized aggregate" in report.failures[1].detail
+    assert [r.aggregate_ok for r in report.rounds[:2]] == [False, True]  # round 2 from the archived model
+
+
+# ------------------------------------------------------------------ exceptions outside a round's checks
+
+
+def test_an_archive_that_raises_on_a_finalized_model_is_a_named_failure_and_verify_goes_on(anvil):
+    ledger, archive, played = run_swarm(anvil)
+    model = played[0][1].hex()
+
+    class Flaky(MemoryBlobStore):
+        def get(self, digest: str) -> bytes | None:
+            if digest == model:
+                raise OSError("disk on fire")
+            return archive.get(digest)
+
+    report = verify(ledger, Flaky())
+    assert failures(report) == [(1, "aggregate-blob")], report.failures
+    assert "OSError: disk on fire" in report.failures[0].detail
+    assert [r.aggregate_ok for r in report.rounds[:2]] == [True, True]  # round 2 from the recomputed model
+    assert all("eps_spent" in entry for entry in report.peers.values())  # the final totals were still checked
+
+
+def test_an_eps_total_that_cannot_be_read_names_its_peer_and_the_others_are_checked(anvil):
+    ledger, archive, _ = run_swarm(anvil, rounds=1)
+    peers = [c.peer for c in ledger.commitments(1)]
+    original = ledger.eps_spent
+
+    def eps_spent(peer: str) -> int:
+        if peer == peers[1]:
+            raise ConnectionError("RPC went away")
+        return original(peer)
+
+    ledger.eps_spent = eps_spent  # type: ignore[method-assign]
+    report = verify(ledger, archive)
+    assert [(f.round, f.peer, f.check) for f in report.failures] == [(0, peers[1], "eps")], report.failures
+    assert "ConnectionError: RPC went away" in report.failures[0].detail
+    assert "eps_spent" in report.peers[peers[0]] and "eps_spent" in report.peers[peers[2]]
+    assert report.rounds[0].aggregate_ok
+
+
+def test_a_policy_check_that_raises_names_the_committer(anvil, monkeypatch):
+    """Peers leave out a commit whose policy check raises (peer.py `_policy_violation`: a pure
+    function of chain data, so it raises alike everywhere); verify names the committer, checks the
+    round's other commits, and fails the aggregate that includes it."""
+    from node.protocol import policy
+
+    ledger, archive, _ = run_swarm(anvil)
+    peers = [c.peer for c in ledger.commitments(2)]
+    calls = []
+    original = policy.commit_violation
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 5:  # round 2, the second commit
+            raise ArithmeticError("accountant overflow")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(policy, "commit_violation", flaky)
+    report = verify(ledger, archive)
+    assert [(f.round, f.peer, f.check) for f in report.failures] == [
+        (2, peers[1], "policy"),
+        (2, peers[1], "aggregate"),
+    ], report.failures
+    assert "ArithmeticError: accountant overflow" in report.failures[0].detail
+    assert (report.rounds[1].eps_ok, report.rounds[1].releases_ok, report.rounds[1].blobs_ok) == (2, 3, 3)
+    assert [r.aggregate_ok for r in report.rounds[:2]] == [True, False]
+
+
+def test_a_release_check_that_raises_names_the_committer(anvil, monkeypatch):
+    ledger, archive, _ = run_swarm(anvil, rounds=1)
+    peers = [c.peer for c in ledger.commitments(1)]
+    target = (torch.randn(D, generator=torch.Generator().manual_seed(100 + 2)) * 0.01).to(torch.float32)
+    original = wire.check_release
+
+    def flaky(vector, mechanism):
+        if torch.equal(vector, target):  # peer 2's update
+            raise RuntimeError("out of memory")
+        return original(vector, mechanism)
+
+    monkeypatch.setattr(wire, "check_release", flaky)
+    report = verify(ledger, archive)
+    assert [(f.round, f.peer, f.check) for f in report.failures] == [
+        (1, peers[2], "release"),
+        (1, peers[2], "aggregate"),
+    ], report.failures
+    assert "could not be checked: RuntimeError: out of memory" in report.failures[0].detail
+    assert (report.rounds[0].eps_ok, report.rounds[0].releases_ok) == (3, 2)

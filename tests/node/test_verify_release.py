@@ -39,9 +39,10 @@ SHARED = SharedSettings(
 )
 
 
-def _one_round(params: dict[str, object], forge=None, *, commit_as=None, eps_shift=0):
+def _one_round(params: dict[str, object], forge=None, *, commit_as=None, eps_shift=0, include=(True, True, True)):
     """Deploy, register 3 peers, commit their releases (peer 2's replaced by `forge(update,
-    genuine)` when given), close, attest the true aggregate; verify with a read-only client."""
+    genuine)` when given), close, attest the true aggregate of the blobs flagged in `include`;
+    verify with a read-only client."""
     from eth_account import Account
     from eth_tester import EthereumTester
     from web3 import EthereumTesterProvider, Web3
@@ -90,11 +91,12 @@ def _one_round(params: dict[str, object], forge=None, *, commit_as=None, eps_shi
         digest = archive.put(wire.update_blob(vector, 1, committed_json))
         client.commit(1, bytes.fromhex(digest), 10, committed_eps, committed_json.encode())
     deployer.close_round(1)  # every registered peer committed
-    aggregate = wire.next_global(shared, genesis_vector, vectors, [10, 10, 10])
+    kept = [v for v, inc in zip(vectors, include) if inc]
+    aggregate = wire.next_global(shared, genesis_vector, kept, [10] * len(kept))
     model = wire.model_blob(aggregate, 1)
     archive.put(model)
     for client in clients[:2]:  # a strict majority of 3
-        client.attest(1, sha256(model), wire.encode_bitmap([True, True, True]))
+        client.attest(1, sha256(model), wire.encode_bitmap(list(include)))
     report = verify(LedgerClient(w3, deployer.address), archive)
     return report, [a.address for a in accounts]
 
@@ -120,7 +122,9 @@ def test_honest_duchi_round_verifies():
     ids=["raw", "scaled", "one-moved"],
 )
 def test_release_outside_the_committed_output_set_fails_verify(forge, count):
-    report, addresses = _one_round(DUCHI, forge)
+    """The honest majority left the forged release out, as every peer does (wire.check_release):
+    the release is named, the aggregate is right."""
+    report, addresses = _one_round(DUCHI, forge, include=(True, True, False))
     assert not report.ok
     assert [(f.round, f.peer, f.check) for f in report.failures] == [(1, addresses[2], "release")]
     detail = report.failures[0].detail
@@ -129,13 +133,28 @@ def test_release_outside_the_committed_output_set_fails_verify(forge, count):
     # everything else still holds: the digests match, the aggregate and the eps are right
     assert report.rounds[0].blobs_ok == 3 and report.rounds[0].aggregate_ok and report.rounds[0].eps_ok == 3
     assert report.rounds[0].releases_ok == 2  # the forged one is the only release that fails
+    assert report.rounds[0].included == 2
+
+
+def test_an_aggregate_that_includes_an_impossible_release_fails_verify():
+    """Every honest peer leaves a release its mechanism cannot output out (wire.check_release), so a
+    finalized aggregate that includes one was not made by honest peers: named, and not ok, although
+    it is the digest the attesters' blobs give."""
+    report, addresses = _one_round(DUCHI, lambda update, genuine: genuine * 1.01)
+    assert sorted((f.round, f.peer, f.check) for f in report.failures) == [
+        (1, addresses[2], "aggregate"),
+        (1, addresses[2], "release"),
+    ]
+    detail = next(f.detail for f in report.failures if f.check == "aggregate")
+    assert "is not a possible output of the swarm's mechanism" in detail and "honest peers leave it out" in detail
+    assert report.rounds[0].aggregate_ok is False and report.rounds[0].included == 3
 
 
 def test_sampled_release_with_too_many_non_zeros_fails_verify():
     params = M.get("sampled", base="pm", epsilon=10.0, clip=True).params()
     honest, _ = _one_round(params)
     assert honest.ok, honest.failures
-    report, addresses = _one_round(params, lambda update, genuine: update)
+    report, addresses = _one_round(params, lambda update, genuine: update, include=(True, True, False))
     assert [(f.peer, f.check) for f in report.failures] == [(addresses[2], "release")]
     assert f"{D} of {D} coordinates are non-zero" in report.failures[0].detail
 

@@ -160,14 +160,24 @@ class FakeSwarm:
         for i in indices:
             self.members[i].ledger.register(self.members[i].host.peer_id_bytes)
 
-    def commit(self, i: int, data: bytes, *, r: int = 1, num_samples: int | None = None) -> str:
-        """Member i publishes `data` (into its own store only) and commits its digest."""
+    def commit(
+        self,
+        i: int,
+        data: bytes,
+        *,
+        r: int = 1,
+        num_samples: int | None = None,
+        privacy: PrivacyPolicy = SHARED.privacy,
+    ) -> str:
+        """Member i publishes `data` (into its own store only) and commits its digest, recording
+        what `privacy` (the swarm's policy: SHARED's unless a test deploys another) spends."""
         member = self.members[i]
         digest = member.store.put(data)
         num_samples = num_samples or samples_of(i)
         counts = [c.num_samples for c in member.ledger.commit_history(member.address)] + [num_samples]
-        eps, record = expected_micro(SHARED.privacy, genesis_vector().numel(), counts)  # what the policy spends
-        member.ledger.commit(r, bytes.fromhex(digest), num_samples, eps, wire.canonical(MECHANISM).encode(), record)
+        eps, record = expected_micro(privacy, genesis_vector().numel(), counts)  # what the policy spends
+        mechanism = wire.canonical(dict(privacy.mechanism)).encode()
+        member.ledger.commit(r, bytes.fromhex(digest), num_samples, eps, mechanism, record)
         return digest
 
     def peer(self, i: int, *, on_status: PhaseLog | None = None, **overrides: Any) -> Peer:

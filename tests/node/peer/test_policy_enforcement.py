@@ -115,3 +115,33 @@ def test_a_restarted_peer_continues_its_record_level_accountant(tmp_path, caplog
         assert "the chain's commits are what was released" in caplog.text
 
     run_virtual(main)
+
+
+def test_a_commit_whose_policy_check_raises_is_left_out_not_a_crash(monkeypatch):
+    """The policy check is a pure function of chain data (the committer's history), so whatever
+    a hostile history makes it raise, it raises alike on every peer: each leaves the commit out
+    (named) instead of ending its round."""
+    from node.protocol import policy
+
+    original = policy.commit_violation
+
+    def fragile(privacy, num_params, mechanism, eps_micro, record_eps_micro, counts, **kwargs):
+        if counts[-1] == samples_of(2):
+            raise ArithmeticError("accountant overflow")
+        return original(privacy, num_params, mechanism, eps_micro, record_eps_micro, counts, **kwargs)
+
+    monkeypatch.setattr(policy, "commit_violation", fragile)
+
+    async def main():
+        swarm = FakeSwarm(3)
+        swarm.register(0, 1, 2)
+        for i in range(3):
+            swarm.commit(i, update_blob(i))
+        swarm.members[0].ledger.close_round(1)
+        agreement = await swarm.peer(0)._agreement(1)
+        assert await agreement.run() == [T, T, F]
+        why = agreement.blobs.left_out[2]
+        assert "round 1:" in why and swarm.members[2].address in why and "refused unfetched" in why, why
+        assert "could not be checked against the policy: ArithmeticError: accountant overflow" in why, why
+
+    run_virtual(main)
