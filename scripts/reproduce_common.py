@@ -82,6 +82,8 @@ def eps_text(summary: dict) -> str:
     p = summary.get("privacy")
     if p is None or "eps_whole_update_max" not in p:  # no local mechanism (DP-SGD alone is reported apart)
         return "none (no local mechanism)" if p else "none (no privacy)"
-    what = " (sign only)" if p["protects"] == "sign" else ""
-    delta = f", delta {p['eps_whole_update_delta']:.0e}" if p.get("eps_whole_update_delta") else ""
+    # summaries written before the record-level headline had "protects" and "delta" for the mechanism
+    what = " (sign only)" if p.get("mechanism_protects", p.get("protects")) == "sign" else ""
+    mechanism_delta = p.get("eps_whole_update_delta", p.get("delta"))
+    delta = f", delta {mechanism_delta:.0e}" if mechanism_delta else ""
     return f"{p['eps_whole_update_max']:.4g}{delta}{what}"

@@ -445,8 +445,7 @@ class Simulation:
                 "delta": float(getattr(whole, "delta", 0.0) or 0.0),
             }
         if dp is not None:  # the record-level figure is the headline: it is what DP-SGD promises each record
-            summary.update(epsilon=dp["epsilon"], delta=dp["delta"], scope="record", record_protects=dp["protects"])
-            summary.setdefault("protects", dp["protects"])
+            summary.update(epsilon=dp["epsilon"], delta=dp["delta"], scope="record", protects=dp["protects"])
         return summary
 
     def _dp_sgd_summary(self) -> dict | None:
@@ -482,7 +481,7 @@ def summary_line(summary: dict) -> str:
         return ("no local DP on the shared vector" + records) if dp else "no privacy: non-private baseline"
     note = (
         " (sign only: PNPM never randomizes |w|, so the value itself has no finite eps)"
-        if p["protects"] == "sign"
+        if p["mechanism_protects"] == "sign"
         else ""
     )
     noise = f" [{summary['noise']}]" if summary.get("noise") else ""

@@ -140,3 +140,32 @@ def test_noise_is_labelled_and_secret_noise_does_not_repeat(tmp_path):
     dp_only = run(tmp_path, "dp", SMALL + ["privacy.mechanism=none", "train.dp_sgd=true", "swarm.rounds=1"])
     assert "non-private" not in dp_only.records[0]["protects"] and "DP-SGD" in dp_only.records[0]["protects"]
     assert dp_only.summary["dp_sgd"]["epsilon"] > 0
+
+
+@pytest.mark.parametrize("mechanism", ["none", "pnpm"])
+def test_json_headline_is_the_record_level_pair_under_dp_sgd(tmp_path, capsys, mechanism):
+    """`swarm simulate --json` with DP-SGD: `final_accuracy`, and under the privacy summary the
+    record-level `epsilon` and `delta` (what the ledger would record for each peer), with DP-SGD
+    alone and with a local mechanism on top (whose sign-only figure keeps its own keys)."""
+    from mechanisms.record_level import DPSGDPolicy, record_level_spend
+    from node.learning.data import load_dataset
+    from node.learning.partition import partition
+
+    sets = [*SMALL, "train.dp_sgd=true", "train.dp_noise_multiplier=2.0", f"privacy.mechanism={mechanism}"]
+    args = ["simulate", "--json", "--out", str(tmp_path / mechanism)] + [a for s in sets for a in ("--set", s)]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    assert 0 <= summary["final_accuracy"] <= 1
+    privacy = summary["privacy"]
+    policy = DPSGDPolicy(noise_multiplier=2.0, max_grad_norm=1.0, batch_size=16, epochs=1)
+    train = load_dataset("digits", split="train")
+    shards = partition(train.y.numpy(), 6, scheme="iid", alpha=0.5, shards_per_peer=2, seed=7)
+    # the largest over peers: the smallest shard spends the most per record
+    expected = max(record_level_spend(policy, [len(s), len(s)]).epsilon for s in shards)
+    assert privacy["scope"] == "record" and privacy["delta"] == 1e-5
+    assert privacy["epsilon"] == pytest.approx(expected, rel=1e-12) == summary["dp_sgd"]["epsilon"]
+    assert privacy["protects"].startswith("each training record")
+    if mechanism == "pnpm":
+        assert privacy["mechanism_protects"] == "sign" and privacy["eps_whole_update_max"] > 0
+    else:
+        assert "eps_whole_update_max" not in privacy
