@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SUITES = ("mechanisms", "ledger", "p2p", "round", "simulate")
+SUITES = ("mechanisms", "ledger", "p2p", "round", "simulate", "dpsgd")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

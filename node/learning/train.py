@@ -16,8 +16,10 @@ backward pass of the loss weighted by each sample's clipping factor) plus Gaussi
 `noise_multiplier * max_grad_norm`, `UniformWithReplacementSampler` for Poisson sampling with
 rate batch_size / N. The same clipped sum as materialized per-sample gradients, without them: a
 linear layer's per-sample gradient norm is ||activation|| x ||output gradient||, so the
-ScatterNet + linear model trains 4.5x faster than with opacus' hooks (docs/BENCHMARKS.md); layers
-without a norm sampler (conv, group norm) get per-sample gradients as before. The rate and the
+ScatterNet + linear model trains 4x faster than with opacus' hooks (docs/BENCHMARKS.md). A model with
+convolutions trains with opacus' hooks (`GradSampleModule`, `DPOptimizer`) instead: conv layers have no
+norm sampler, and ghost clipping's second backward pass then costs more than it saves. DP-SGD takes the
+channels-last layout like plain SGD (opacus' conv grad sampler works on it). The rate and the
 number of steps come from `mechanisms.record_level.round_steps`, the function the record-level
 accountant uses, so what is trained and what is accounted cannot differ. Accounting is not done
 here: a round's privacy loss counts once it is released, from the sample count committed on chain
@@ -133,7 +135,8 @@ def train_local(
         if dp is None:
             return _train_sgd(model, x, y, epochs, batch_size, lr, momentum, torch.Generator().manual_seed(seed))
         assert privacy_generator is not None  # checked above
-        return _train_dpsgd(model, x, y, lr, momentum, privacy_generator, dp, augmentations)
+        with channels_last(model, x) as x:  # opacus' conv grad sampler takes the layout too
+            return _train_dpsgd(model, x, y, lr, momentum, privacy_generator, dp, augmentations)
 
 
 @contextmanager
@@ -221,12 +224,16 @@ def _train_dpsgd(
     on_cpu = x.device.type == "cpu"  # elsewhere the noise is drawn on the CPU generator and moved
     grad_module: GradSampleModule | GradSampleModuleFastGradientClipping
     optimizer_class: type[DPOptimizer]
-    if augmentations == 1:
+    # Ghost clipping pays where opacus has a norm sampler (linear layers); a convolution still
+    # needs its per-sample gradients, and ghost clipping's second backward pass then costs more
+    # than it saves (pnpm-fmnist: 3.4x plain SGD against 2.7x with the hooks; docs/BENCHMARKS.md).
+    ghost = augmentations == 1 and not any(isinstance(m, nn.Conv2d) for m in model.modules())
+    if ghost:
         grad_module = GradSampleModuleFastGradientClipping(
             model, max_grad_norm=dp.max_grad_norm, use_ghost_clipping=True
         )
         optimizer_class = DPOptimizerFastGradientClipping if on_cpu else _CPUNoiseGhostOptimizer
-    else:  # the mean over a record's copies comes before the clip: per-sample gradients needed
+    else:  # per-sample gradients: convolutions, and augmentation (the mean over copies comes before the clip)
         grad_module = GradSampleModule(model)
         optimizer_class = DPOptimizer if on_cpu else _CPUNoiseDPOptimizer
     optimizer = optimizer_class(
@@ -251,16 +258,20 @@ def _train_dpsgd(
                     continue
                 index = torch.as_tensor(batch, dtype=torch.long, device=x.device)
                 optimizer.zero_grad(set_to_none=True)
-                if augmentations == 1:
+                if ghost:
                     per_sample = F.cross_entropy(grad_module(x[index]), y[index], reduction="none")
                     loss = DPTensorFastGradientClipping(grad_module, optimizer, per_sample, "mean")
                     loss.backward()  # two passes: per-sample norms, then the clipped sum
                     losses.append(loss.item())
-                else:
+                elif augmentations > 1:
                     copies = augment(x[index], augmentations, generator)
                     plain_loss = F.cross_entropy(grad_module(copies), y[index].repeat_interleave(augmentations))
                     plain_loss.backward()
                     _average_copies(grad_module, len(batch), augmentations)
+                    losses.append(plain_loss.item())
+                else:
+                    plain_loss = F.cross_entropy(grad_module(x[index]), y[index])
+                    plain_loss.backward()
                     losses.append(plain_loss.item())
                 optimizer.step()
     finally:
