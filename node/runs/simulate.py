@@ -489,5 +489,5 @@ def summary_line(summary: dict) -> str:
         f"eps per peer, whole shared vector of {summary['num_params']} coordinates, after "
         f"{p['max_contributions']} contributions: {p['eps_whole_update_max']:.6g} "
         f"(per contribution {p['per_contribution_eps']:.6g}; per coordinate {p['per_coordinate_eps']}); "
-        f"protects {p['protects']}{note}{records}{noise}"
+        f"protects {p['mechanism_protects']}{note}{records}{noise}"
     )

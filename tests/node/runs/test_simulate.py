@@ -165,7 +165,10 @@ def test_json_headline_is_the_record_level_pair_under_dp_sgd(tmp_path, capsys, m
     assert privacy["scope"] == "record" and privacy["delta"] == 1e-5
     assert privacy["epsilon"] == pytest.approx(expected, rel=1e-12) == summary["dp_sgd"]["epsilon"]
     assert privacy["protects"].startswith("each training record")
+    line = summary_line(summary)
+    assert f"DP-SGD: ({privacy['epsilon']:.4g}, 1e-05)-DP for each training record" in line
     if mechanism == "pnpm":
         assert privacy["mechanism_protects"] == "sign" and privacy["eps_whole_update_max"] > 0
+        assert "protects sign (sign only" in line  # the mechanism's figure keeps its own scope
     else:
-        assert "eps_whole_update_max" not in privacy
+        assert "eps_whole_update_max" not in privacy and line.startswith("no local DP on the shared vector")
