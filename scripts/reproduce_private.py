@@ -253,6 +253,7 @@ def plot_frontier(results: dict) -> None:
         ax.axhline(flat, color=color, alpha=0.35, linewidth=1)
     ax.set_xscale("log")
     ax.set_xticks([1, 3, 8], ["1", "3", "8"])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("record-level eps over the whole run (delta 1e-5, replace-one)")
     ax.set_ylabel(f"test accuracy after {ROUNDS} rounds (%)")
     ax.set_title("Fashion-MNIST, ScatterNet + linear, DP-SGD per peer; faint lines: non-private")

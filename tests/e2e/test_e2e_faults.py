@@ -1,19 +1,25 @@
 """The fault suite (issue 13, item 8): real Anvil, real `swarm node` processes, real SIGKILLs and a
 real RPC outage. Two swarm runs hold every scenario, to keep the suite cheap:
 
-1. six peers, four rounds: two peers killed at once (a third of the swarm) while one of them
-   trains; a peer killed once it committed and before the round closed; another killed while it
-   fetches (the first one served other bytes than it committed before it died, so its blob cannot
-   be had and fetching lasts `fetch_timeout`: an honest blob would already be here, since peers
-   fetch the blobs of an open round as their commits land); a peer killed
-   after it attested. Every killed peer is restarted from its workdir (same keys, store, accountant).
+1. six peers, six rounds: two peers killed at once (a third of the swarm) while one of them
+   trains; an honest peer killed once it committed and before the round closed; in the same round
+   a peer that served other bytes than it committed is killed too (so its blob cannot be had),
+   and then another honest peer is killed while it fetches (fetching lasts `fetch_timeout` only
+   for a blob nobody can have: honest blobs are already here, since peers fetch the blobs of an
+   open round as their commits land); in a later round a peer killed after it attested. Every
+   killed peer is restarted from its workdir (same keys, store, accountant; the byzantine one
+   honest) and follows the swarm to its last finalized model.
 2. three peers behind a TCP proxy in front of Anvil, which the test cuts for 30 s mid-round.
 
 What must hold in both: every round ends (finalized or aborted, none stuck), the swarm reaches its
 last round, every peer exits 0, no committed eps is lost (each peer's on-chain eps never decreases
-while the test watches, and its accountant file matches the chain after restarts), and no
-archived blob is lost (every finalized round's included blobs and aggregate are in the peers'
-stores, and `swarm verify` holds).
+while the test watches; its accountant file holds exactly its commits on chain, sample count by
+sample count, and the chain's cumulative eps is its last commit's), and no blob is lost: every blob
+a peer committed (included or not, in finalized or aborted rounds) is in its own store at the end
+and in the run's archive, whatever it held when it was killed is still there after its restart,
+every finalized round's included blobs and aggregate are in the peers' stores, and `swarm verify`
+holds. The one committed blob a crash may take is the one whose commit landed while the peer died
+before writing it (phase "committing": the commit goes first, and its noise is never kept).
 
 Phases are read from each peer's `<workdir>/status.json` (written by the peer on every phase
 change) and from the chain."""
@@ -25,12 +31,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 from urllib.parse import urlparse
 
 import pytest
 
+from mechanisms.record_level import DPSGDPolicy, RecordAccountant
 from node.config import load_config
 from node.protocol.wire import decode_bitmap
 from node.runs.local import LocalSwarm, PeerProcess
@@ -106,8 +113,12 @@ def logs(swarm: LocalSwarm) -> str:
     return "\n".join(parts)
 
 
-def kill(swarm: LocalSwarm, *indexes: int) -> None:
-    """SIGKILL, all at once, then reap."""
+Death = tuple[int, int, str, frozenset[str]]  # peer index, its round and phase then, the blobs its store held
+
+
+def kill(swarm: LocalSwarm, *indexes: int) -> list[Death]:
+    """SIGKILL, all at once, then reap. Returns what each victim had when it died: its round and
+    phase (from its status file) and the blobs in its store (a dead process writes nothing more)."""
     processes = [swarm.peers[i].process for i in indexes]
     for process in processes:
         assert process is not None and process.poll() is None, "the victim must be running when it is killed"
@@ -115,29 +126,64 @@ def kill(swarm: LocalSwarm, *indexes: int) -> None:
     for process in processes:
         assert process is not None
         process.wait()
+    deaths = []
+    for i in indexes:
+        p = swarm.peers[i]
+        r, ph = phase(p)
+        deaths.append((i, r, ph, frozenset(DiskBlobStore(p.workdir / "blobs").digests())))
+    return deaths
 
 
 def swarm_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=300)
 
 
-def assert_the_swarm_survived(swarm: LocalSwarm, watch: Watch, rounds: int, killed: tuple[int, ...] = ()) -> list[str]:
-    """The common checks after a run: rounds ended, exit codes (`killed`: peers killed and not
-    restarted), eps, accountants, archive, verify. Returns the rounds' end states."""
+def assert_the_swarm_survived(swarm: LocalSwarm, watch: Watch, rounds: int, deaths: Sequence[Death] = ()) -> list[str]:
+    """The common checks after a run (every peer running at the end exited 0; `deaths`: what
+    `kill` returned for each SIGKILL): rounds ended, eps, accountants, blobs, archive, verify.
+    Returns the rounds' end states."""
     ledger = swarm.ledger
+    params = ledger.params()
     codes = [p.process.returncode if p.process else None for p in swarm.peers]
-    assert codes == [-signal.SIGKILL if i in killed else 0 for i in range(len(codes))], logs(swarm)
+    assert codes == [0] * len(codes), logs(swarm)
     assert ledger.current_round() == rounds + 1  # the swarm went on to its last round and past it
     states = [ledger.round_info(r).state.name for r in range(1, rounds + 1)]
     assert set(states) <= {"FINALIZED", "ABORTED"}, states  # none stuck
     assert states[-1] == "FINALIZED", states  # and it still learns at the end
 
     watch.assert_eps_never_decreased()
+    committed: dict[int, list[str]] = {}  # each peer's committed blobs, oldest first
     for p in swarm.peers:  # no committed eps lost: the accountant file is the chain's history
         history = ledger.commit_history(p.address)
+        committed[p.index] = [bytes(c.digest).hex() for c in history]
         saved = json.loads((p.workdir / "privacy-accountant.json").read_text())
-        assert len(saved["history"]) == len(history), (p.index, saved, history)
+        expected = RecordAccountant()
+        for c in history:  # one (noise, sample rate, steps) row per commit, from its sample count
+            expected.step_round(DPSGDPolicy.from_dict(saved["policy"]), c.num_samples)
+        assert saved["history"] == expected.to_dict()["history"], (p.index, saved, history)
         assert saved["epsilon"] == pytest.approx(ledger.record_eps_spent(p.address) / 1e6, abs=2e-6), p.index
+        assert history, p.index  # every peer committed at least once
+        assert (ledger.eps_spent(p.address), ledger.record_eps_spent(p.address)) == (
+            history[-1].eps_micro,
+            history[-1].record_eps_micro,
+        ), p.index
+        if params.eps_step_micro:  # a fixed price per release: the chain's total counts every commit
+            assert ledger.eps_spent(p.address) == len(history) * params.eps_step_micro, p.index
+
+    # No committed blob lost: each peer's store holds every blob it committed, through its crashes
+    # and restarts; what it held when it was killed is still there. The exception: a crash between
+    # the commit's transaction and the blob's write (phase "committing"), which nobody can redo.
+    for p in swarm.peers:
+        held = set(DiskBlobStore(p.workdir / "blobs").digests())
+        mine = [d for d in deaths if d[0] == p.index]
+        died_committing = {r for _, r, ph, _ in mine if ph == "committing"}
+        for c in ledger.commit_history(p.address):
+            digest = bytes(c.digest).hex()
+            stored_before = any(digest in before for *_, before in mine)
+            assert digest in held or (c.round in died_committing and not stored_before), (
+                f"peer {p.index} lost its committed blob of round {c.round} ({digest[:16]}); its kills: "
+                f"{[(r, ph) for _, r, ph, _ in mine]}"
+            )
 
     stores = [DiskBlobStore(p.workdir / "blobs") for p in swarm.peers]
     for r, state in enumerate(states, start=1):  # no archived blob lost
@@ -151,7 +197,11 @@ def assert_the_swarm_survived(swarm: LocalSwarm, watch: Watch, rounds: int, kill
         missing = [d for d in wanted if not any(s.has(d) for s in stores)]
         assert not missing, (r, missing)
 
-    swarm.finish(interrupted=False)
+    swarm.finish(interrupted=False)  # collects the peers' stores into the run's archive
+    for p in swarm.peers:
+        held = set(stores[p.index].digests())
+        unarchived = [d for d in committed[p.index] if d in held and not swarm.archive.has(d)]
+        assert not unarchived, (p.index, unarchived)
     proc = swarm_cli("verify", "--run", str(swarm.out), "--json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert json.loads(proc.stdout)["ok"]
@@ -159,7 +209,7 @@ def assert_the_swarm_survived(swarm: LocalSwarm, watch: Watch, rounds: int, kill
 
 
 def test_sigkill_in_every_phase_a_third_at_once_and_restarts(tmp_path):
-    rounds = 4
+    rounds = 6  # the peer killed after attesting (round 3 or so) restarts with rounds to go
     cfg = config(
         "swarm.peers=6",
         f"swarm.rounds={rounds}",
@@ -169,46 +219,54 @@ def test_sigkill_in_every_phase_a_third_at_once_and_restarts(tmp_path):
         "chain.fetch_timeout=4",
     )
     # peer 2 serves other bytes than it commits until it is killed (restarted honest), so that
-    # nobody can have its blob: the others then fetch for fetch_timeout, and peer 3 dies there
+    # nobody can have its blob: the others then fetch for fetch_timeout, and peer 3 dies there.
+    # Peer 5, honest, is the one killed once it committed and before the round closed.
     with LocalSwarm(cfg, tmp_path / "run", faults={2: "wrong-bytes"}) as swarm:
         watch = Watch(swarm)
         swarm.start()
         peers = swarm.peers
         ledger = swarm.ledger
+        deaths: list[Death] = []
 
         # A third of the swarm at once, one of them while training. They stay down until the next
-        # two kills: with registered peers missing, no round can close before its commit window
-        # ends, which keeps "committed, not closed" a phase of seconds rather than a race.
+        # kills: with registered peers missing, no round can close before its commit window ends,
+        # which keeps "committed, not closed" a phase of seconds rather than a race.
         watch.until(lambda: phase(peers[0])[1] == "training", 180, "peer 0 training")
-        kill(swarm, 0, 1)
+        deaths += kill(swarm, 0, 1)
         window = ledger.params().commit_window
 
-        # Committed in an open round (with time left in its window); then, once the round closes,
-        # the others cannot fetch its blob and fetch for fetch_timeout: one of them is killed there.
+        # Committed in an open round (with time left in its window), blob stored and announced
+        # (waiting-close comes after both): the honest peer 5 and the byzantine peer 2 are killed
+        # there. Once the round closes, the others cannot fetch peer 2's blob (its bytes were
+        # wrong, now it is gone) and fetch for fetch_timeout: peer 3 is killed there.
         def committed_not_closed() -> bool:
-            r, ph = phase(peers[2])
-            if ph != "waiting-close":
+            r, ph = phase(peers[5])
+            if ph != "waiting-close" or phase(peers[2]) != (r, "waiting-close"):
                 return False
             info = ledger.round_info(r)
             committed = ledger.participants(r)
             return (
                 info.state.name == "OPEN"
                 and ledger.block_number() + 8 < info.opened_block + window  # 2 s left at least
-                and peers[2].address in committed
-                and peers[3].address in committed
+                and all(peers[i].address in committed for i in (2, 3, 5))
             )
 
-        watch.until(committed_not_closed, 180, "peers 2 and 3 committed in an open round")
-        committed_in = phase(peers[2])[0]
-        kill(swarm, 2)
+        watch.until(committed_not_closed, 180, "peers 2, 3 and 5 committed in an open round")
+        committed_in = phase(peers[5])[0]
+        killed = kill(swarm, 5, 2)
+        deaths += killed
+        assert ledger.round_info(committed_in).state.name == "OPEN"  # killed before the close
+        honest_blob = bytes(ledger.commitment_of(committed_in, peers[5].address).digest).hex()
+        assert honest_blob in killed[0][3]  # peer 5 had stored the blob it committed
         watch.until(lambda: phase(peers[3]) == (committed_in, "fetching"), 120, "peer 3 fetching")
-        kill(swarm, 3)
+        deaths += kill(swarm, 3)
         swarm.faults.pop(2)
-        for i in (0, 1, 2, 3):  # from their workdirs: same keys, blob store and accountant
+        for i in (0, 1, 2, 3, 5):  # from their workdirs: same keys, blob store and accountant
             swarm.start_peer(i)
 
         # After attesting, in a later round: killed as soon as its attestation is seen on chain
-        # (a round finalizes within a block of its majority, so the peer may be evaluating by then).
+        # (a round finalizes within a block of its majority, so the peer may be evaluating by
+        # then), and restarted at once, with rounds left to rejoin in.
         def attested() -> int | None:
             for r in range(min(ledger.current_round(), rounds), committed_in, -1):
                 if any(a.peer == peers[4].address for a in ledger.attestations(r)):
@@ -216,18 +274,28 @@ def test_sigkill_in_every_phase_a_third_at_once_and_restarts(tmp_path):
             return None
 
         attested_in = watch.until(attested, 180, "peer 4 attests in a later round")
-        kill(swarm, 4)  # not restarted: under load its start-up can outlast the swarm's last round
+        deaths += kill(swarm, 4)
+        swarm.start_peer(4)
+        assert attested_in <= rounds - 2, "peer 4 must restart with at least two rounds to go"
 
-        watch.finish(300)
-        assert_the_swarm_survived(swarm, watch, rounds, killed=(4,))
-        # the peer killed after committing kept its commit: its eps stayed spent
-        assert peers[2].address in ledger.participants(committed_in)
+        watch.finish(420)
+        assert_the_swarm_survived(swarm, watch, rounds, deaths)
+        # the honest peer killed after committing kept its commit (its eps stayed spent) and its
+        # blob, whether or not the round it committed in finalized without it
+        assert peers[5].address in ledger.participants(committed_in)
+        assert DiskBlobStore(peers[5].workdir / "blobs").has(honest_blob)
+        assert swarm.archive.has(honest_blob)
         assert any(a.peer == peers[4].address for a in ledger.attestations(attested_in))
-        # the restarted peers rejoined: each followed the swarm to its last finalized model
+        # the restarted peers rejoined: each followed the swarm to its last finalized model, and
+        # every model it took after its restart is the one the chain finalized
         final = bytes(ledger.finalized_digest(rounds)).hex()
-        for i in range(4):
-            last = peers[i].metrics()[-1]
-            assert (last["round"], last["global_digest"]) == (rounds, final), (i, last)
+        for p in peers:
+            rows = p.metrics()
+            assert (rows[-1]["round"], rows[-1]["global_digest"]) == (rounds, final), (p.index, rows[-1])
+            assert DiskBlobStore(p.workdir / "blobs").has(final), p.index
+            for row in rows:
+                if row["state"] == "finalized":
+                    assert row["global_digest"] == bytes(ledger.finalized_digest(row["round"])).hex(), (p.index, row)
 
 
 def test_rpc_unreachable_for_30_s_mid_round(tmp_path):
