@@ -16,7 +16,7 @@ from hexbytes import HexBytes
 from web3 import Web3
 from web3.contract.contract import ContractConstructor, ContractFunction
 from web3.exceptions import TimeExhausted
-from web3.types import Nonce, TxParams, TxReceipt
+from web3.types import Nonce, TxParams, TxReceipt, Wei
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, LedgerTimeout, TransactionFailed
@@ -24,16 +24,22 @@ from node.chain.retries import BACKOFF_S, RETRIES, is_transient, with_retries
 
 GAS_MARGIN = 1.25  # multiply estimates: Anvil's deployment estimate came out 2% short
 GAS_PAD = 20_000  # plus a constant, for small transactions whose estimate is tight
+# Gas assumed when a node refuses even to estimate for want of funds (and again at gas price 0):
+# above what a deployment (about 2.8 M) and the costliest peer call (registration, about 140 k) use.
+FALLBACK_GAS = {"deploy": 4_000_000, "call": 300_000}
 
 # What `send` sends: a bound contract function call, or a deployment.
 ContractCall: TypeAlias = ContractFunction | ContractConstructor
 
 WEI_PER_ETH = 10**18
+TRANSFER_GAS = 21_000  # a plain ETH transfer to an account (not a contract)
 
 
 class InsufficientFunds(LedgerError):
-    """The account cannot pay for a transaction. `fields`: address, held_wei, needed_wei (None
-    when the node refused before the gas was known)."""
+    """The account cannot pay for a transaction. `fields`: address, held_wei, needed_wei (what the
+    transaction may cost: its gas limit times its fee per gas; when the node refused already at
+    the estimate, the gas comes from an estimate at gas price 0 or FALLBACK_GAS; None only when
+    the chain could not say)."""
 
 
 def _eth(wei: int) -> str:
@@ -85,7 +91,7 @@ class TransactionSender:
                 if refusal:
                     raise refusal from None
                 if _is_insufficient_funds(exc):
-                    raise self._insufficient_funds(label, None) from exc
+                    raise self._insufficient_funds(label, self._bound(fn, label)) from exc
                 raise LedgerError(f"{label}: the node refused the call: {exc}") from exc
             if self._nonce is None:
                 self._nonce = with_retries(lambda: self.w3.eth.get_transaction_count(sender, "pending"), what="nonce")
@@ -104,6 +110,25 @@ class TransactionSender:
         if receipt["status"] != 1:
             raise self._explain_failure(fn, receipt, label)
         return receipt
+
+    def _bound(self, fn: ContractCall, label: str) -> int | None:
+        """What the transaction may cost when the node refused its estimate for want of funds: the
+        gas the transaction would be sent with (the estimate at gas price 0, which nodes make
+        without a balance check, else a fixed bound per kind, FALLBACK_GAS) times the fee per gas
+        it would be sent with. None only when the chain answers nothing."""
+        sender = self.account.address
+        try:
+            gas = int(fn.estimate_gas({"from": sender, "gasPrice": Wei(0)}))
+        except Exception:
+            gas = FALLBACK_GAS["deploy" if label == "deploy" else "call"]
+        try:
+            tx = fn.build_transaction({"from": sender, "nonce": Nonce(0), "gas": int(gas * GAS_MARGIN) + GAS_PAD})
+            return _max_cost(tx)
+        except Exception:
+            try:
+                return (int(gas * GAS_MARGIN) + GAS_PAD) * int(self.w3.eth.gas_price)
+            except Exception:
+                return None
 
     def _send_raw(self, signed: SignedTransaction, label: str, tx: TxParams) -> HexBytes:
         for attempt in range(RETRIES + 1):
@@ -183,3 +208,42 @@ def _max_cost(tx: TxParams) -> int | None:
         return int(tx["gas"]) * int(price) + int(tx.get("value", 0)) if price is not None else None
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def send_eth(w3: Web3, account: LocalAccount, to: str, value_wei: int, *, tx_timeout: float) -> TxReceipt:
+    """Send `value_wei` from `account` to `to` (a plain transfer: 21,000 gas at the chain's gas
+    price) and await the receipt. InsufficientFunds names the sender, what it holds and what the
+    transfer needs; LedgerTimeout when no receipt comes within `tx_timeout` s."""
+    sender = account.address
+    price = with_retries(lambda: int(w3.eth.gas_price), what="gas price")
+    tx: TxParams = {
+        "to": Web3.to_checksum_address(to),
+        "value": Wei(value_wei),
+        "gas": TRANSFER_GAS,
+        "gasPrice": Wei(price),
+        "nonce": with_retries(lambda: w3.eth.get_transaction_count(sender, "pending"), what="nonce"),
+        "chainId": with_retries(lambda: int(w3.eth.chain_id), what="chain id"),
+    }
+    signed = account.sign_transaction(tx)  # type: ignore[arg-type]  # web3's and eth_account's dicts disagree
+    needed = value_wei + TRANSFER_GAS * price
+    try:
+        tx_hash = with_retries(lambda: w3.eth.send_raw_transaction(signed.raw_transaction), what="send")
+    except Exception as exc:
+        if not _is_insufficient_funds(exc):
+            raise
+        try:
+            held: int | None = int(w3.eth.get_balance(sender))
+        except Exception:
+            held = None
+        holds = "an unknown amount" if held is None else _eth(held)
+        raise InsufficientFunds(
+            f"insufficient funds: account {sender} holds {holds}, sending {_eth(value_wei)} needs up to "
+            f"{_eth(needed)} with the gas: send ETH to {sender} or send less",
+            address=sender,
+            held_wei=held,
+            needed_wei=needed,
+        ) from exc
+    try:
+        return w3.eth.wait_for_transaction_receipt(tx_hash, timeout=tx_timeout, poll_latency=0.1)
+    except TimeExhausted:
+        raise LedgerTimeout(f"no receipt for 0x{bytes(tx_hash).hex()} within {tx_timeout:.0f} s") from None

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 
 # Order is the order shown in `swarm --help`.
-COMMANDS = ("up", "chain", "deploy", "node", "verify", "simulate", "ledger", "dashboard", "audit", "bench")
+COMMANDS = ("up", "chain", "deploy", "fund", "node", "verify", "simulate", "ledger", "dashboard", "audit", "bench")
 
 
 class CLIError(Exception):
-    """A user-facing error: printed without a traceback, exit status 2."""
+    """A user-facing error: one line, exit status 2. With -v (commands that take it), the error it
+    was raised from (its cause or context) is printed with its full traceback first."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CLIError as exc:
+        origin = exc.__cause__ or exc.__context__  # the error it explains (kept by `raise ... from None`)
+        if getattr(args, "verbose", False) and origin is not None:
+            traceback.print_exception(origin)  # -v: the full trace, then the one line
         print(f"swarm {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -175,6 +175,7 @@ def _summary(url: str, chain_id: int, block_time: float, addresses: list[str], s
         lines += [
             f"deploy:  swarm deploy --rpc-url {url} --keystore {stores[0]} ...",
             f"a node:  swarm node --rpc-url {url} --keystore {stores[1 % len(stores)]} ...",
+            f"fund a new key:  swarm fund --rpc-url {url} --keystore {stores[0]} --to ADDR",
             "(SWARM_KEYSTORE_PASSWORD unlocks them; one account per node)",
         ]
     else:

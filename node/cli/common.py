@@ -43,6 +43,21 @@ def load(args: argparse.Namespace, shortcuts: dict[str, str]) -> Config:
         raise CLIError(str(exc)) from exc
 
 
+def setup_logging(verbose: bool) -> None:
+    """Log records to stderr in one format: warnings and errors, everything from INFO up with -v.
+    `force`: opacus configures the root logger when imported (its own format, no level), which
+    would make this a no-op. py-libp2p detaches its loggers when imported (no handler, no
+    propagation: Python's last-resort handler printed their warnings raw); they go through ours,
+    whose level (not the loggers', which py-libp2p sets to INFO here and there) keeps them quiet."""
+    import logging
+
+    level = logging.INFO if verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(level)
+    logging.getLogger("libp2p").propagate = True
+
+
 def emit_json(obj: object) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")

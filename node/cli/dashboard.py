@@ -1,11 +1,13 @@
 """`swarm dashboard --run DIR`: the live page of `swarm up --dashboard` / `swarm node --dashboard`,
-served from a finished run folder or a `swarm node` workdir; and the `--dashboard` options those
-two commands share (`add_options`, `start`)."""
+served from a finished run folder or a `swarm node` workdir, until Ctrl-C (or SIGTERM: exit 0);
+and what those two commands share: the `--dashboard` options and page (`add_options`, `start`)
+and the log of the ledger's events they keep in the folder with or without a page (`log_events`)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,36 +58,32 @@ def run_folder(args: argparse.Namespace, config: Config) -> Path:
     return Path(config.output.dir) / default_out_dir().name if config.output.dir else default_out_dir()
 
 
-class Served:
-    """The page of a live run and, when the chain is known, the log of its events; `close()` stops both."""
-
-    def __init__(self, dashboard: Dashboard, events: ChainEventLog) -> None:
-        self.dashboard, self.events = dashboard, events
-
-    def close(self) -> None:
-        self.events.stop()
-        self.dashboard.stop()
-
-
-def start(
-    args: argparse.Namespace, folder: Path, *, rpc_url: str | None = None, ledger: str | None = None
-) -> Served | None:
-    """With --dashboard: serve `folder`'s page live, log the chain's events into it (from rpc_url
-    and ledger, or from the run.json a `swarm up` run writes after deploying), print the URL to
-    stderr (stdout may be --json). None without --dashboard."""
+def start(args: argparse.Namespace, folder: Path) -> Dashboard | None:
+    """With --dashboard: serve `folder`'s page live and print its URL to stderr (stdout may be
+    --json). None without --dashboard. The chain's events on the page come from `log_events`."""
     if not getattr(args, "dashboard", False):
         return None
-    from node.dashboard.chainlog import ChainEventLog
-    from node.dashboard.snapshot import chain_source
-
     dashboard = _serve(folder, args.dashboard_port, live=True)
-    events = ChainEventLog(folder, lambda: (rpc_url, ledger) if rpc_url and ledger else chain_source(folder))
-    events.start()
     print(f"dashboard: {dashboard.url}", file=sys.stderr, flush=True)
-    return Served(dashboard, events)
+    return dashboard
+
+
+def log_events(args: argparse.Namespace, folder: Path, source: Callable[[], tuple[str, str] | None]) -> ChainEventLog:
+    """Keep the ledger's events in `folder`/chain-events.jsonl (started; `stop()` reads once more
+    and ends it), whether or not a page is served, so `swarm dashboard --run` shows them later.
+    `source` gives (rpc_url, ledger) once known. Read every second for a live page, else every
+    few seconds: one eth_blockNumber (and eth_getLogs when blocks came) per read."""
+    from node.dashboard.chainlog import POLL_SECONDS, QUIET_POLL_SECONDS, ChainEventLog
+
+    events = ChainEventLog(
+        folder, source, poll=POLL_SECONDS if getattr(args, "dashboard", False) else QUIET_POLL_SECONDS
+    )
+    events.start()
+    return events
 
 
 def handle(args: argparse.Namespace) -> int:
+    import signal
     import time
 
     from node.cli import CLIError
@@ -97,8 +95,16 @@ def handle(args: argparse.Namespace) -> int:
         raise CLIError(f"--run {folder} is neither a run folder (run.json, peers/) nor a swarm node workdir")
     dashboard = _serve(folder, args.port, live=False)
     print(f"dashboard: {dashboard.url} (Ctrl-C to stop)", flush=True)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
         while True:
             time.sleep(3600)
+    except KeyboardInterrupt:
+        print("swarm dashboard: stopped", file=sys.stderr, flush=True)
+        return 0
     finally:
         dashboard.stop()

@@ -97,6 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--tx-timeout", type=float, default=120.0, help="seconds to wait for the receipt")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="log more, full tracebacks on errors")
     p.set_defaults(func=handler)
 
 
@@ -131,6 +132,7 @@ def handler(args: argparse.Namespace) -> int:
     from node.protocol.blob import sha256
     from node.protocol.wire import eps_from_micro, eps_to_micro
 
+    common.setup_logging(args.verbose)
     config = common.load(args, {"max_samples": "chain.max_samples"})
     try:
         genesis = _digest(args.genesis_digest) if args.genesis_digest else sha256(genesis_blob(config))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +25,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from node.config import Config
 
 KEYSTORE_NAME = "eth-keystore.json"  # in --workdir unless --keystore says otherwise
+BOOTSTRAP_TIMEOUT_S = 60.0  # node.peer.runner.BOOTSTRAP_TIMEOUT_S (not imported: `swarm --help` stays fast)
 
 ENVIRONMENT_HELP = """\
 keys (never on the command line):
@@ -39,6 +39,7 @@ keys (never on the command line):
 output: the listen addresses (give the /p2p/ one to other peers as --bootstrap), one line per
 round (state, included peers, accuracy, cumulative eps with its delta and scope) and a summary;
 -q prints only warnings and errors. Peers sharing dataset files must each take --partition i/N.
+The ledger's events are kept in <workdir>/chain-events.jsonl for `swarm dashboard --run <workdir>`.
 """
 
 # Errors a peer raises on purpose: a message for the user, not a bug. Anything else keeps its traceback.
@@ -96,8 +97,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--keystore",
         type=Path,
-        help=f"the Ethereum keystore (default <workdir>/{KEYSTORE_NAME}; created on first use, "
-        "password from SWARM_KEYSTORE_PASSWORD); SWARM_PRIVATE_KEY, when set, is used instead",
+        help=f"this node's Ethereum keystore (default <workdir>/{KEYSTORE_NAME}, one key per node; created on "
+        "first use, password from SWARM_KEYSTORE_PASSWORD); SWARM_PRIVATE_KEY, when set, is used instead. "
+        "`swarm deploy` and `swarm fund` default to ~/.swarm/keystore.json, the operator's key",
     )
     p.add_argument(
         "--partition",
@@ -106,6 +108,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "peers that share dataset files must each take a distinct i with the same N",
     )
     p.add_argument("--data-dir", help="folder holding this peer's dataset files")
+    p.add_argument(
+        "--bootstrap-timeout",
+        type=float,
+        default=BOOTSTRAP_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"with --bootstrap: stop (exit status 2) when no peer is connected this long after listening "
+        f"(default {BOOTSTRAP_TIMEOUT_S:g}; 0 = wait for ever)",
+    )
+    p.add_argument(
+        "--no-chain-events",
+        dest="chain_events",
+        action="store_false",
+        help="do not keep the ledger's events in <workdir>/chain-events.jsonl (read once every few seconds; "
+        "with --dashboard every second)",
+    )
     p.add_argument("--fault", help=argparse.SUPPRESS)  # testing hook (node/peer/faults.py): never for real runs
     verbosity = p.add_mutually_exclusive_group()
     verbosity.add_argument("-v", "--verbose", action="store_true", help="log everything, full tracebacks on errors")
@@ -127,9 +144,7 @@ def handle(args: argparse.Namespace) -> int:
     from node.peer.runner import NodeOptions, run_node
     from p2p.errors import P2PError
 
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    common.setup_logging(args.verbose)  # after the imports above: opacus and py-libp2p configure logging then
     if not args.verbose:
         from node.cli.node_output import Libp2pOneLine
 
@@ -152,6 +167,8 @@ def handle(args: argparse.Namespace) -> int:
     for addr in bootstrap:
         if "/p2p/" not in addr:
             raise CLIError(f"bootstrap address {addr!r} must end with /p2p/<peer id> (as the other peer printed it)")
+    if args.bootstrap_timeout < 0:
+        raise CLIError(f"--bootstrap-timeout must be >= 0 seconds, got {args.bootstrap_timeout:g}")
 
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
 
@@ -181,6 +198,7 @@ def handle(args: argparse.Namespace) -> int:
         fault=fault,
         account=account,
         p2p_password=p2p_password,
+        bootstrap_timeout=args.bootstrap_timeout,
     )
     args.workdir.mkdir(parents=True, exist_ok=True)
     reporter = NodeReporter(
@@ -191,8 +209,10 @@ def handle(args: argparse.Namespace) -> int:
         commitments=commitments,
         partitioned=partition is not None or bool(config.data.data_dir),
         bootstrap=bootstrap,
+        bootstrap_timeout=args.bootstrap_timeout,
     )
-    served = dashboard.start(args, args.workdir, rpc_url=rpc_url, ledger=ledger_address)
+    served = dashboard.start(args, args.workdir)
+    events = dashboard.log_events(args, args.workdir, lambda: (rpc_url, ledger_address)) if args.chain_events else None
     reporter.start()
     try:
         status = trio.run(run_node, config, options)
@@ -204,12 +224,12 @@ def handle(args: argparse.Namespace) -> int:
         known = common.expected_failure(exc, expected + (trio.TooSlowError,))
         if known is None:
             raise
-        if args.verbose:
-            traceback.print_exception(exc)
-        raise CLIError(common.one_line(known, HINTS)) from None
+        raise CLIError(common.one_line(known, HINTS)) from None  # with -v, main prints `exc`'s traceback first
     finally:
+        if events:
+            events.stop()  # after a last read: the run's final events are in the file
         if served:
-            served.close()
+            served.stop()
     reporter.stop()
     say(reporter.summary())
     return int(status)

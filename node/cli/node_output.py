@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from node.peer.addresses import tcp_endpoint as tcp_endpoint  # re-exported: the tests and callers use it here
+from node.peer.addresses import tcp_problem
 
 log = logging.getLogger("swarm.node.output")
 
@@ -106,11 +108,13 @@ class NodeReporter:
         partitioned: bool = True,
         bootstrap: Sequence[str] = (),
         bootstrap_grace: float = 20.0,
+        bootstrap_timeout: float = 0.0,
         poll: float = 0.5,
     ) -> None:
         self.workdir, self.rounds, self.say, self.warn = workdir, rounds, say, warn
         self.commitments, self.partitioned, self.poll_interval = commitments, partitioned, poll
         self.bootstrap, self.bootstrap_grace = list(bootstrap), bootstrap_grace
+        self.bootstrap_timeout = bootstrap_timeout  # when the peer gives up (node.peer.runner): for the warning
         self.records: list[dict[str, Any]] = []
         self.address: str | None = None
         self._warned: set[str] = set()
@@ -212,46 +216,30 @@ class NodeReporter:
             self._stop.wait(1.0)
         if self._stop.is_set():
             return
+        keeps = "this peer keeps trying"
+        if self.bootstrap_timeout > 0:
+            keeps += f"; with no peer at all it stops after {self.bootstrap_timeout:g} s (--bootstrap-timeout)"
         for addr, problem in pending.items():
             self.warn(
                 f"warning: bootstrap peer {addr} is unreachable ({problem}) after {self.bootstrap_grace:.0f} s: "
-                "check its address, that it runs and that its port is open to this host (this peer keeps trying)"
+                f"check its address, that it runs and that its port is open to this host ({keeps})"
             )
-
-
-def tcp_endpoint(multiaddr: str) -> tuple[str, int] | None:
-    """(host, port) of /ip4|ip6|dns|dns4|dns6/HOST/tcp/PORT/..., or None for anything else."""
-    parts = multiaddr.split("/")
-    if len(parts) < 5 or parts[1] not in ("ip4", "ip6", "dns", "dns4", "dns6") or parts[3] != "tcp":
-        return None
-    try:
-        return parts[2], int(parts[4])
-    except ValueError:
-        return None
-
-
-def tcp_problem(multiaddr: str, timeout: float = 2.0) -> str | None:
-    """Why a TCP connection to the multiaddr's host and port fails, or None when it opens."""
-    endpoint = tcp_endpoint(multiaddr)
-    if endpoint is None:
-        return None  # not a TCP address this check understands: libp2p decides
-    try:
-        with socket.create_connection(endpoint, timeout=timeout):
-            return None
-    except OSError as exc:
-        return exc.strerror or type(exc).__name__
 
 
 class Libp2pOneLine(logging.Filter):
     """Without -v, py-libp2p's records are one line each, and its "Failed to open stream" blocks
-    (nine lines and a lock-registry dump whenever a peer went away) are dropped: the blob fetch
-    retries another holder and the peer reports what it could not fetch in its own terms."""
+    (nine lines and a lock-registry dump whenever a peer went away) and "Failed to open TCP stream"
+    lines (one per dial of a peer that does not answer) are dropped: the blob fetch retries another
+    holder, the host re-dials bootstrap peers, and the peer reports in its own terms what it could
+    not fetch and which bootstrap peer it cannot reach (a warning, then one error line)."""
+
+    DROPPED = ("Failed to open stream", "Failed to open TCP stream")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("libp2p"):
             return True
         message = record.getMessage()
-        if message.startswith("Failed to open stream"):
+        if message.startswith(self.DROPPED):
             return False
         record.msg, record.args = message.splitlines()[0] if message else message, None
         record.exc_info = record.exc_text = None

@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from node.cli import common, dashboard
+
+if TYPE_CHECKING:
+    from node.dashboard.chainlog import ChainEventLog
 
 SHORTCUTS = {
     "peers": "swarm.peers",
@@ -26,7 +30,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mechanism", help="pnpm (default), duchi, pm, hm, ldp-fl, laplace, gaussian, sampled, none")
     p.add_argument("--epsilon", type=float, help="the mechanism's epsilon (per coordinate for local mechanisms)")
     p.add_argument("--seed", type=int, help="the one seed of the run")
-    p.add_argument("--out", type=Path, help="run folder (default runs/<timestamp>)")
+    p.add_argument(
+        "--out", type=Path, help="run folder (default runs/<timestamp>; the ledger's events go to chain-events.jsonl)"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log more, full tracebacks on errors")
     dashboard.add_options(p)
     common.add_config_options(p)
     p.set_defaults(func=handle)
@@ -35,19 +42,30 @@ def register(sub: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     from node.chain.anvil import AnvilError
     from node.cli import CLIError
+    from node.dashboard.snapshot import chain_source
     from node.runs.local import run_up
 
+    common.setup_logging(args.verbose)
     config = common.load(args, SHORTCUTS)
-    if args.dashboard:  # the page needs the run folder before the run creates it
-        args.out = dashboard.run_folder(args, config)
-    served = dashboard.start(args, args.out)
+    out = args.out = dashboard.run_folder(args, config)  # the page needs it before the run makes it
+    served = dashboard.start(args, out)
+    events: list[ChainEventLog] = []
+
+    def log_events() -> None:  # once the folder is checked and run.json names the chain and ledger
+        events.append(dashboard.log_events(args, out, lambda: chain_source(out)))
+
+    def stop_events() -> None:  # a last read while the chain still runs: the last round's events are kept
+        for log in events:
+            log.stop()
+
     try:
-        report = run_up(config, out=args.out, json_output=args.json)
+        report = run_up(config, out=out, json_output=args.json, on_started=log_events, on_finished=stop_events)
     except (FileExistsError, ValueError, AnvilError) as exc:
         raise CLIError(str(exc)) from exc
     finally:
+        stop_events()
         if served:
-            served.close()
+            served.stop()
     if args.json:
         common.emit_json(report)
     else:

@@ -1,5 +1,7 @@
-"""The ledger's events, read while a page is served live and kept in `<folder>/chain-events.jsonl`,
-so the page can show them and `swarm dashboard --run DIR` still can after the chain has stopped.
+"""The ledger's events, read while `swarm up` or `swarm node` runs (with or without a live page)
+and kept in `<folder>/chain-events.jsonl`, so the page can show them and `swarm dashboard --run
+DIR` still can after the chain has stopped. `stop()` reads once more first: the run's last events
+(its final round's) are in the file although they came after the previous read.
 
 A thread of its own: web3 is synchronous and the peer's trio loop must not wait for it. The file
 is rewritten from the ledger's deploy block whenever the log starts, so a workdir reused for
@@ -24,7 +26,8 @@ from node.runfiles import MetricsWriter
 log = logging.getLogger(__name__)
 
 MAX_TEXT = 120  # characters of a byte string kept for the page (a mechanism's JSON, a signature)
-POLL_SECONDS = 1.0
+POLL_SECONDS = 1.0  # with a live page
+QUIET_POLL_SECONDS = 5.0  # without one: the file is read after the run (and `stop()` reads once more)
 CHUNK_BLOCKS = 5_000  # blocks per eth_getLogs request (public RPCs cap the range)
 
 
@@ -46,25 +49,32 @@ def _plain(value: Any) -> Any:
 
 
 class ChainEventLog:
-    """Poll the ledger's logs every second and append them, decoded, to the folder's events file.
+    """Poll the ledger's logs every `poll` seconds and append them, decoded, to the folder's events file.
     `source()` gives (rpc_url, ledger address) once they are known (a `swarm up` run writes
     run.json only after deploying), or None meanwhile."""
 
-    def __init__(self, folder: Path, source: Callable[[], tuple[str, str] | None]) -> None:
+    def __init__(
+        self, folder: Path, source: Callable[[], tuple[str, str] | None], *, poll: float = POLL_SECONDS
+    ) -> None:
         self.folder = Path(folder)
         self.source = source
+        self.poll = poll
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dashboard-chain-events", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="chain-events", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Read the chain once more, then end (waiting at most `timeout` s: a chain that stopped
+        answering must not hold up the command's exit)."""
         self._stop.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
+        while True:
+            last = self._stop.is_set()  # set before this pass: it is the last one
             where = self.source()
             if where is not None:
                 try:
@@ -72,7 +82,9 @@ class ChainEventLog:
                     return
                 except Exception as exc:  # the chain went away or answered nonsense: try again
                     log.info("chain events: %s", exc)
-            self._stop.wait(POLL_SECONDS)
+            if last:
+                return
+            self._stop.wait(self.poll)
 
     def _follow(self, rpc_url: str, address: str) -> None:
         w3 = connect(rpc_url, timeout=5.0, check_evm=False)  # read only: any EVM serves logs
@@ -83,17 +95,20 @@ class ChainEventLog:
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / EVENTS_FILE).unlink(missing_ok=True)
         with MetricsWriter(self.folder / EVENTS_FILE) as out:
-            while not self._stop.is_set():
+            while True:
+                last = self._stop.is_set()
                 try:
                     latest = int(w3.eth.block_number)
-                    while next_block <= latest and not self._stop.is_set():
+                    while next_block <= latest:
                         end = min(latest, next_block + CHUNK_BLOCKS - 1)
                         for record in self._read(w3, address, events, next_block, end):
                             out.write(record)
                         next_block = end + 1
                 except Exception as exc:  # transient (or the chain stopped after the run): keep polling
                     log.debug("chain events: %s", exc)
-                self._stop.wait(POLL_SECONDS)
+                if last:
+                    return
+                self._stop.wait(self.poll)
 
     @staticmethod
     def _read(w3: Web3, address: str, events: dict[bytes, Any], start: int, end: int) -> list[dict[str, Any]]:

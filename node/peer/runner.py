@@ -22,19 +22,20 @@ from node.chain.liveness import watch_chain
 from node.chain.registration import Registration, resolve
 from node.config import Config
 from node.derive import load_shard, peer_settings
-from node.peer.addresses import advertised_addrs
+from node.peer.addresses import advertised_addrs, tcp_problem
 from node.peer.faults import WrongBytesStore
 from node.peer.peer import Peer, RoundOutcome
 from node.protocol import wire
 from node.runfiles import MetricsWriter, write_json_atomic
 from p2p import peer_id_from_bytes
-from p2p.host import HostConfig, open_host
+from p2p.host import HostConfig, SwarmHost, open_host
 from p2p.identity import load_or_create_identity
 from p2p.store import DiskBlobStore
 
 log = logging.getLogger("swarm.node")
 
 P2P_PASSWORD_ENV = "SWARM_P2P_PASSWORD"
+BOOTSTRAP_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -50,6 +51,10 @@ class NodeOptions:
     # or a new key's address shows at once); None: the workdir's keystore and SWARM_P2P_PASSWORD.
     account: LocalAccount | None = None
     p2p_password: bytes | None = None
+    # Seconds the peer waits, once it listens, for a first connection when it has --bootstrap peers:
+    # with none of them reached and no other peer connected by then it stops (BootstrapUnreachable).
+    # 0: wait for ever (`swarm up`'s peers, started together, bootstrap to each other).
+    bootstrap_timeout: float = BOOTSTRAP_TIMEOUT_S
 
 
 def p2p_password() -> bytes:
@@ -59,6 +64,37 @@ def p2p_password() -> bytes:
     if sys.stdin.isatty():
         return getpass.getpass("password for this peer's libp2p key file: ").encode()
     raise RuntimeError(f"set {P2P_PASSWORD_ENV} to the password of this peer's libp2p key file")
+
+
+class BootstrapUnreachable(RuntimeError):
+    """None of the bootstrap peers could be reached in time, and no other peer connected."""
+
+
+async def require_bootstrap(host: SwarmHost, bootstrap: list[str], timeout: float, poll: float = 0.5) -> None:
+    """Return once the host has a peer; raise BootstrapUnreachable when it still has none
+    `timeout` seconds after it started listening (0: never). A peer with no bootstrap address
+    (the swarm's first one) waits for others to dial it and is never stopped. The host keeps
+    re-dialing meanwhile (p2p.host); this only decides when waiting is pointless: a peer alone
+    cannot fetch the others' blobs, and would wait out every round's windows for nothing."""
+    if not bootstrap or timeout <= 0:
+        return
+    deadline = trio.current_time() + timeout
+    while not host.connected_peers():
+        if trio.current_time() >= deadline:
+            problems = await trio.to_thread.run_sync(lambda: [(a, tcp_problem(a)) for a in bootstrap])
+            if host.connected_peers():  # connected while we were probing
+                return
+            reasons = "; ".join(
+                f"{addr}: {problem or 'its port opens, but no libp2p connection (another peer id or program?)'}"
+                for addr, problem in problems
+            )
+            raise BootstrapUnreachable(
+                f"no peer reached in {timeout:g} s: none of the --bootstrap peers answered ({reasons}) and no "
+                "other peer connected to this one: check that they run, their addresses (as they printed them) "
+                "and that their ports are open to this host, then start this node again "
+                "(--bootstrap-timeout waits longer)"
+            )
+        await trio.sleep(poll)
 
 
 class RegistryCache:
@@ -185,6 +221,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
             )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(registry.keep_fresh)
+                nursery.start_soon(require_bootstrap, host, options.bootstrap, options.bootstrap_timeout)
                 nursery.start_soon(watch_chain, w3, options.rpc_url, lambda: peer.phase.value)  # nudge/warn if stalled
                 await peer.run(on_round=on_round)
                 nursery.cancel_scope.cancel()

@@ -185,6 +185,10 @@ class LocalSwarm:
             p.multiaddr.rsplit("/p2p/", 1)[0],
             "--partition",
             f"{i}/{len(self.peers)}",
+            # started together, the peers may come up minutes apart on a loaded machine: no deadline
+            "--bootstrap-timeout",
+            "0",
+            "--no-chain-events",  # the run folder keeps the ledger's events once (`swarm up`)
         ]
         for q in self.peers:
             if q is not p:
@@ -243,19 +247,33 @@ class LocalSwarm:
         return write_report(self.out, self.peers, self.ledger, self.run_info, interrupted)
 
 
-def run_up(config: Config, *, out: Path | None, json_output: bool) -> dict:
-    """Run a local swarm to the end (or Ctrl-C) and return the report as a dict."""
+def run_up(
+    config: Config,
+    *,
+    out: Path | None,
+    json_output: bool,
+    on_started: Callable[[], None] | None = None,
+    on_finished: Callable[[], None] | None = None,
+) -> dict:
+    """Run a local swarm to the end (or Ctrl-C) and return the report as a dict. `on_started` is
+    called once the ledger is deployed and run.json written, `on_finished` once the peers have
+    stopped, while the chain still runs (`swarm up` keeps the ledger's events in the folder)."""
     say = (lambda *a: None) if json_output else (lambda msg: print(msg, flush=True))
     out = out or (Path(config.output.dir) / default_out_dir().name if config.output.dir else default_out_dir())
     with LocalSwarm(config, out, say=say) as swarm:
-        swarm.start()
+        if on_started:
+            on_started()
         interrupted = False
         try:
+            swarm.start()  # a Ctrl-C while the peers start stops the ones started, as later
             _watch(swarm, json_output)
         except KeyboardInterrupt:
             interrupted = True
             say("interrupted: stopping the peers, saving the chain and the archive")
-        return swarm.finish(interrupted)
+        report = swarm.finish(interrupted)
+        if on_finished:
+            on_finished()
+        return report
 
 
 def live_title(ledger: str, live_round: int, rounds: int, ended: dict[int, str]) -> str:

@@ -1,12 +1,15 @@
 """The README's across-hosts block, run as written on one machine: `swarm chain` writing dev
-keystores, `swarm deploy --config --keystore`, three `swarm node` processes started from the CLI
-alone (keystores and SWARM_P2P_PASSWORD from the environment, bootstrap multiaddrs), `swarm ledger`,
-then `swarm verify --archive` over the nodes' workdirs.
+keystores, `swarm deploy --config --keystore`, two `swarm node` processes started from the CLI
+alone (keystores and SWARM_P2P_PASSWORD from the environment, bootstrap multiaddrs; the first with
+--dashboard), a newcomer whose own new keystore `swarm fund` funds before its node joins as the
+third, `swarm ledger`, `swarm verify --archive` over the nodes' workdirs, then `swarm dashboard
+--run` serving the first node's workdir after the run, chain events included.
 
 The same swarm run also checks what `swarm node` prints (its addresses, one line per round, a
 summary) and its expected failures, each one line on stderr with exit status 2 and no traceback:
-a peer with a new, unfunded keystore (insufficient funds, naming the address), and after the run
-a late joiner and a peer whose settings do not match the ledger's genesis."""
+the newcomer's first start with its new, unfunded keystore (insufficient funds, naming the
+address), and after the run a late joiner and a peer whose settings do not match the ledger's
+genesis."""
 
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ README_URL = "http://127.0.0.1:8545"
 README_LEDGER = "0xLEDGER"
 README_BOOTSTRAP = "/ip4/HOST/tcp/4001/p2p/ID"
 README_LISTEN = "/ip4/0.0.0.0/tcp/4001"
+README_NEWCOMER = "0xNEWCOMER"
 
 
 def cli(*args, env=None, timeout=120, cwd=None):
@@ -71,15 +75,29 @@ def readme_steps() -> list[list[str]]:
 
 
 def test_readme_block_is_what_this_test_runs():
-    """The parser sees every command of the block: a chain, a deploy, three nodes, ledger, verify."""
+    """The parser sees every command of the block: a chain, a deploy, two nodes, a newcomer funded
+    then started, ledger, verify, dashboard."""
     kinds = [s[1] if s[0] == "swarm" else s[0] for s in readme_steps()]
-    assert kinds == ["export", "chain", "deploy", "export", "node", "node", "node", "ledger", "verify"], kinds
+    assert kinds == [
+        "export",
+        "chain",
+        "deploy",
+        "export",
+        "node",
+        "node",
+        "fund",
+        "node",
+        "ledger",
+        "verify",
+        "dashboard",
+    ], kinds
 
 
 def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
-    """The README's block, run as written from tmp_path with four substitutions: the chain on a free
+    """The README's block, run as written from tmp_path with five substitutions: the chain on a free
     port (and --json to read its URL), the deployed address for 0xLEDGER, a free loopback port for
-    each node's 0.0.0.0:4001, and node 0's address for the bootstrap placeholder."""
+    each node's 0.0.0.0:4001, node 0's address for the bootstrap placeholder, and the address the
+    newcomer's first start printed for 0xNEWCOMER."""
     (tmp_path / "swarm.toml").write_text(load_config(None, SETS).to_toml())
     config = load_config(tmp_path / "swarm.toml")
     env = {k: v for k, v in os.environ.items() if k not in ("SWARM_PRIVATE_KEY", "SWARM_KEYSTORE_PASSWORD")}
@@ -88,12 +106,14 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
     ports: list[int] = []
     nodes: list[subprocess.Popen] = []
     unfunded = None
+    newcomer = ""
+    finished = False  # the nodes' run checked
     ran: list[str] = []
 
     def substitute(argv: list[str]) -> list[str]:
         out = []
         for arg in argv[1:]:
-            arg = arg.replace(README_URL, url).replace(README_LEDGER, ledger_address)
+            arg = arg.replace(README_URL, url).replace(README_LEDGER, ledger_address).replace(README_NEWCOMER, newcomer)
             if arg == README_LISTEN:
                 ports.append(free_port())
                 arg = f"/ip4/127.0.0.1/tcp/{ports[-1]}"
@@ -110,14 +130,13 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
                 continue
             command = step[1]
             ran.append(command)
-            if command != "node" and nodes and unfunded is not None:
+            if command not in ("node", "fund") and nodes and not finished:
                 _check_node_dashboard(tmp_path / "node0.log", nodes[0])
                 codes = [n.wait(timeout=400) for n in nodes]
                 logs = [(tmp_path / f"node{i}.log").read_text() for i in range(len(nodes))]
                 assert codes == [0] * 3, "\n".join(log[-2000:] for log in logs)
                 _check_node_output(tmp_path, logs, ports)
-                _check_unfunded(tmp_path, unfunded)
-                unfunded = None
+                finished = True
             if command == "chain":
                 chain = subprocess.Popen(
                     [*substitute(step), "--port", str(free_port()), "--json"],
@@ -148,7 +167,7 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
                 log = open(tmp_path / f"node{i}.log", "wb")
                 nodes.append(
                     subprocess.Popen(
-                        substitute(step) + (["--dashboard"] if i == 0 else []),  # node 0 also serves its page
+                        substitute(step),
                         cwd=tmp_path,
                         env=env,
                         stdout=log,
@@ -158,7 +177,15 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
                 )
                 if i == 0:  # the others bootstrap to it: its address exists once it listens
                     _wait_for_file(tmp_path / "node0" / "peer.json", nodes[0])
-                    unfunded = _start_unfunded(url, ledger_address, tmp_path)
+                    unfunded = _start_unfunded(url, ledger_address, tmp_path, env)
+            elif command == "fund":
+                assert unfunded is not None
+                newcomer = _check_unfunded(tmp_path, unfunded)  # its first start: created, then refused
+                proc = subprocess.run(
+                    substitute(step), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+                )
+                assert proc.returncode == 0, proc.stderr
+                assert proc.stdout.strip().endswith(f"{newcomer} now holds 1 ETH"), proc.stdout
             elif command == "ledger":
                 proc = subprocess.run(
                     substitute(step), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
@@ -176,7 +203,9 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
                 assert proc.returncode == 0, proc.stdout + proc.stderr
                 report = json.loads(proc.stdout)
                 assert report["ok"] and [r["round"] for r in report["rounds"]] == [1, 2] and report["not_started"] == 3
-        assert ran == ["chain", "deploy", "node", "node", "node", "ledger", "verify"], ran
+            elif command == "dashboard":
+                _check_dashboard_command(substitute(step), tmp_path, env)
+        assert ran == ["chain", "deploy", "node", "node", "fund", "node", "ledger", "verify", "dashboard"], ran
 
         # after the run: a late joiner and a node with other settings are refused at once, in one line
         late = _run_node(url, ledger_address, tmp_path, "late", env)
@@ -220,14 +249,13 @@ def _bootstrap_of(workdir: Path) -> str:
     return next(a for a in info["addrs"] if a.startswith("/ip4/127.0.0.1/")) + f"/p2p/{info['peer_id']}"
 
 
-def _start_unfunded(url: str, ledger: str, tmp_path: Path) -> subprocess.Popen:
-    """A newcomer with a fresh keystore and no ETH, no --partition: it fails at registration."""
-    env = {k: v for k, v in os.environ.items() if k != "SWARM_PRIVATE_KEY"}
-    env |= {"SWARM_KEYSTORE_PASSWORD": "ks", "SWARM_P2P_PASSWORD": "pw"}
+def _start_unfunded(url: str, ledger: str, tmp_path: Path, env: dict) -> subprocess.Popen:
+    """The newcomer's first start, in the README's node2 workdir with the README's passwords and no
+    --keystore: it creates node2/eth-keystore.json, has no ETH and no --partition, and fails at
+    registration."""
     return subprocess.Popen(
-        [*_node_cmd(url, ledger, tmp_path / "swarm.toml", tmp_path / "unfunded")]
-        + ["--bootstrap", _bootstrap_of(tmp_path / "node0")]
-        + ["--keystore", str(tmp_path / "newcomer-key.json")],
+        [*_node_cmd(url, ledger, Path("swarm.toml"), Path("node2")), "--bootstrap", _bootstrap_of(tmp_path / "node0")],
+        cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -250,16 +278,45 @@ def _check_node_output(tmp_path: Path, logs: list[str], ports: list[int]) -> Non
         assert "warning: no --partition" not in log
 
 
-def _check_unfunded(tmp_path: Path, unfunded: subprocess.Popen) -> None:
-    """The unfunded newcomer: its address printed at creation, then one line naming it and what it holds."""
-    _, err = unfunded.communicate(timeout=120)
+def _check_unfunded(tmp_path: Path, unfunded: subprocess.Popen) -> str:
+    """The newcomer's first start: the address of its new keystore (in its workdir, by default)
+    printed at creation, then one line naming it, what it holds and what registering needs. Returns
+    the address."""
+    _, err = unfunded.communicate(timeout=180)
     assert unfunded.returncode == 2, err
-    created = re.search(r"created keystore \S+ for address (0x[0-9a-fA-F]{40})", err)
+    created = re.search(r"created keystore node2/eth-keystore.json for address (0x[0-9a-fA-F]{40})", err)
     assert created, err
-    assert (tmp_path / "newcomer-key.json").exists() and not (tmp_path / "unfunded" / "eth-keystore.json").exists()
-    assert f"insufficient funds: account {created[1]} holds 0 ETH" in err, err
+    assert (tmp_path / "node2" / "eth-keystore.json").exists()
+    assert f"insufficient funds: account {created[1]} holds 0 ETH, register needs up to " in err, err
     assert "warning: no --partition" in err and "Traceback" not in err, err
     assert err.strip().splitlines()[-1].startswith("swarm node: error: "), err
+    return created[1]
+
+
+def _check_dashboard_command(argv: list[str], tmp_path: Path, env: dict) -> None:
+    """`swarm dashboard --run node0` after the run: node 0's rounds and the ledger's events it kept
+    (the last round finalized included), until Ctrl-C ends it with exit status 0."""
+    page = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True
+    )
+    try:
+        line = page.stdout.readline() if page.stdout else ""
+        found = re.fullmatch(r"dashboard: (http://127\.0\.0\.1:\d+/) \(Ctrl-C to stop\)\n", line)
+        assert found, line
+        with urllib.request.urlopen(found[1] + "api/state", timeout=10) as response:
+            state = json.loads(response.read())
+        assert state["kind"] == "node" and state["live"] is False, state
+        assert [(r["round"], r["state"]) for r in state["rounds"]] == [(1, "finalized"), (2, "finalized")]
+        names = [e["event"] for e in state["events"]]
+        assert {"Registered", "Committed", "RoundClosed", "Attested", "RoundFinalized"} <= set(names), names
+        assert any(e["event"] == "RoundFinalized" and e["args"]["round"] == 2 for e in state["events"])
+        page.send_signal(signal.SIGINT)
+        _, err = page.communicate(timeout=30)
+        assert page.returncode == 0 and err.strip() == "swarm dashboard: stopped", err
+    finally:
+        if page.poll() is None:
+            page.kill()
+            page.wait()
 
 
 def _node_cmd(rpc_url: str, ledger: str, config_file: Path, workdir: Path) -> list[str]:

@@ -104,6 +104,7 @@ def test_unreachable_bootstrap_is_warned_after_the_grace(tmp_path):
             warn=warnings.append,
             bootstrap=[closed, open_addr],
             bootstrap_grace=0.3,
+            bootstrap_timeout=60,
         )
         reporter.start()
         deadline = time.monotonic() + 10
@@ -111,6 +112,7 @@ def test_unreachable_bootstrap_is_warned_after_the_grace(tmp_path):
             time.sleep(0.05)
         reporter.stop()
     assert len(warnings) == 1 and closed in warnings[0] and "Connection refused" in warnings[0], warnings
+    assert warnings[0].endswith("with no peer at all it stops after 60 s (--bootstrap-timeout))"), warnings
     assert tcp_endpoint("/dns4/example.org/tcp/4001/p2p/x") == ("example.org", 4001)
     assert tcp_endpoint("/ip4/1.2.3.4/udp/4001/quic") is None
 
@@ -165,6 +167,7 @@ def test_libp2p_records_are_one_line_and_stream_failures_are_dropped():
     logger.propagate = False
     try:
         logger.error("Failed to open stream to peer %s:\n  Error: reset\n  Registry Stats: {}", "QmX")
+        logger.error("Failed to open TCP stream: %s", "all attempts to connect to 127.0.0.1:1 failed")
         try:
             raise RuntimeError("inner")
         except RuntimeError:

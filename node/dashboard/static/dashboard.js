@@ -92,7 +92,7 @@ function renderEvents(state) {
     ? `(newest first, ${state.events.length} shown)`
     : state.live
       ? "(none yet)"
-      : "(none recorded: chain-events.jsonl is written while a page is served live)";
+      : "(none recorded: swarm up and swarm node write chain-events.jsonl unless --no-chain-events; older runs did only with --dashboard)";
   fillRows(
     "events",
     [...state.events].reverse().map((e) => {

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +94,13 @@ def test_only_loopback_binds_go_unwarned():
     for host in ("0.0.0.0", "192.168.1.5", "example.org"):
         warning = non_loopback_warning(host)
         assert warning is not None and host in warning and "public" in warning
+
+
+def test_the_summary_says_how_to_deploy_start_nodes_and_fund_new_keys():
+    from node.cli.chain import _summary
+
+    url = "http://127.0.0.1:8545"
+    text = _summary(url, 31337, 1.0, ["0x" + "aa" * 20, "0x" + "bb" * 20], [Path("k/dev-0.json"), Path("k/dev-1.json")])
+    assert f"swarm deploy --rpc-url {url} --keystore k/dev-0.json" in text
+    assert f"swarm node --rpc-url {url} --keystore k/dev-1.json" in text
+    assert f"swarm fund --rpc-url {url} --keystore k/dev-0.json --to ADDR" in text

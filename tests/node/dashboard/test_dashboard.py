@@ -1,11 +1,16 @@
-"""The dashboard without a browser: the snapshot read from a run folder (malformed files included),
-the HTTP routes, the event stream and the bounds on chain values. The browser test is
-tests/e2e/test_e2e_dashboard.py."""
+"""The dashboard without a browser: the snapshot read from a run folder (malformed files included;
+gas and bytes per round), the HTTP routes, the event stream, the bounds on chain values, and
+`swarm dashboard --run DIR` run as a command. The browser test is tests/e2e/test_e2e_dashboard.py."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import re
+import signal
+import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -51,6 +56,20 @@ def test_snapshot_reads_rounds_peers_and_events_and_survives_bad_files(run_folde
         ("0xB", "starting", 0),  # unreadable files: shown as nothing yet, never an error
     ]
     assert state["events"][0]["event"] == "RoundOpened" and state["mechanism"] == "pnpm" and not state["finished"]
+
+
+def test_gas_and_bytes_fetched_per_round_are_summed_over_the_peers(tmp_path):
+    """The page's gas and bytes chart: per round, the gas every peer paid and the blob bytes every
+    peer fetched from others (metrics' gas_used and bytes_received), added up."""
+    for i, address in enumerate(("0xA", "0xB")):
+        workdir = tmp_path / "peers" / str(i)
+        workdir.mkdir(parents=True)
+        lines = [
+            metric(address, r, gas_used=1000 * r + 10 * i, bytes_received=100_000 * r + i, bytes_sent=7) for r in (1, 2)
+        ]
+        (workdir / "metrics.jsonl").write_text("".join(lines))
+    rounds = snapshot(tmp_path, live=False)["rounds"]
+    assert [(r["round"], r["gas"], r["bytes_fetched"]) for r in rounds] == [(1, 2010, 200_001), (2, 4010, 400_001)]
 
 
 def test_a_peer_past_the_last_round_adds_no_round(run_folder):
@@ -125,3 +144,43 @@ def test_chain_values_are_bounded():
     assert _plain(b"\x01" * 500).startswith("0x0101") and len(_plain(b"\x01" * 500)) == MAX_TEXT
     assert _plain(b'{"name":"pnpm"}') == '{"name":"pnpm"}'
     assert _plain(2**64) == str(2**64) and _plain(5) == 5 and _plain(True) is True
+
+
+def test_swarm_dashboard_serves_a_finished_run_until_stopped(run_folder):
+    """`swarm dashboard --run DIR` as a command: it prints its URL on 127.0.0.1, serves the folder's
+    state (not live: the run is over) with its chain events, and stops on SIGTERM (as on Ctrl-C)
+    with exit status 0, its port closed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "dashboard", "--run", str(run_folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        found = re.fullmatch(r"dashboard: (http://127\.0\.0\.1:(\d+)/) \(Ctrl-C to stop\)\n", line)
+        assert found, line + (proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        with urllib.request.urlopen(found[1] + "api/state", timeout=10) as response:
+            state = json.loads(response.read())
+        assert state["title"] == "run" and state["kind"] == "run" and state["live"] is False
+        assert [r["round"] for r in state["rounds"]] == [1, 2, 3] and state["ledger"] == "0xL"
+        assert [e["event"] for e in state["events"]] == ["RoundOpened"]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and err.strip() == "swarm dashboard: stopped", err
+    with pytest.raises(OSError):  # nothing listens there any more
+        socket.create_connection(("127.0.0.1", int(found[2])), timeout=2).close()
+
+
+def test_swarm_dashboard_refuses_what_is_no_run(tmp_path, capsys):
+    from node.cli import main
+
+    assert main(["dashboard", "--run", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err.strip() == f"swarm dashboard: error: --run {tmp_path / 'nowhere'} is not a folder"
+    assert main(["dashboard", "--run", str(tmp_path)]) == 2
+    assert "is neither a run folder (run.json, peers/) nor a swarm node workdir" in capsys.readouterr().err
