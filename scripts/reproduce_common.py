@@ -59,6 +59,17 @@ def run_one(job: tuple) -> dict:
     return {"name": name, "summary": result.summary, "records": result.records, "reused": False, "wall": wall}
 
 
+def write_sweep(path: Path, runs: int, wall: float) -> None:
+    """Record a sweep's wall time (only meaningful when no run was reused)."""
+    record = {
+        "runs": runs,
+        "wall_seconds": round(wall, 1),
+        "workers": int(os.environ.get("REPRODUCE_WORKERS", "2")),
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    path.write_text(json.dumps(record, indent=1) + "\n")
+
+
 def run_all(jobs: list[tuple], workers: int | None = None) -> dict[str, dict]:
     workers = workers or int(os.environ.get("REPRODUCE_WORKERS", "2"))
     results = {}

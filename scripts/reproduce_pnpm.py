@@ -21,15 +21,13 @@ Finished runs are reused (runs/reproduce/<name>/summary.json); delete the folder
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reproduce_common import FIGURES, RUNS, command, eps_text, pct, run_all  # noqa: E402
+from reproduce_common import FIGURES, RUNS, command, eps_text, pct, run_all, write_sweep  # noqa: E402
 
 USERS = (10, 70, 100, 200, 500)
 EPSILONS = (0.5, 1.0, 2.0)
@@ -97,18 +95,7 @@ def main() -> None:
     wall = time.perf_counter() - started
     sweep = RUNS / "pnpm-sweep.json"
     if fresh:  # the sweep's own wall time is only meaningful when nothing was reused
-        sweep.write_text(
-            json.dumps(
-                {
-                    "runs": len(todo),
-                    "wall_seconds": round(wall, 1),
-                    "workers": int(os.environ.get("REPRODUCE_WORKERS", "2")),
-                    "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                },
-                indent=1,
-            )
-            + "\n"
-        )
+        write_sweep(sweep, len(todo), wall)
     print(
         "| users | lr | mechanism | eps per coordinate | paper % | final acc % | best acc % | "
         "whole-update eps per peer (10 rounds) | seconds | note |"

@@ -30,15 +30,13 @@ part's wall time is written to runs/reproduce/private-<part>.json when nothing w
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from reproduce_common import FIGURES, RUNS, command, pct, run_all  # noqa: E402
+from reproduce_common import FIGURES, RUNS, command, pct, run_all, write_sweep  # noqa: E402
 
 DELTA = 1e-5
 EPSILONS = (1.0, 3.0, 8.0)
@@ -190,18 +188,7 @@ def main(argv: list[str]) -> None:
         results = run_all(jobs)
         wall = time.perf_counter() - started
         if fresh:
-            (RUNS / f"private-{part}.json").write_text(
-                json.dumps(
-                    {
-                        "runs": len(jobs),
-                        "wall_seconds": round(wall, 1),
-                        "workers": int(os.environ.get("REPRODUCE_WORKERS", "2")),
-                        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-                    },
-                    indent=1,
-                )
-                + "\n"
-            )
+            write_sweep(RUNS / f"private-{part}.json", len(jobs), wall)
         print(f"\n## {part}: {len(jobs)} runs, wall time {wall:.0f} s{'' if fresh else ' (some reused)'}\n")
         table(part, jobs, results)
         if part == "frontier":
