@@ -29,7 +29,19 @@ from torch import nn
 
 from node.learning.features import scatter_features, scatter_shape
 
-_CONV_BASES = ("pnpm-mnist", "pnpm-fmnist", "pnpm-cifar10", "seed002-cnn", "digits-cnn")
+# (channels, kernel, padding, hidden) of each CNN: pnpm-* from the PNPM paper (module docstring),
+# seed002-cnn from seed 002 section 4.2 (its printed MNIST model), digits-cnn for 8x8 digits
+# (learns to ~95% in a few seconds on one core).
+_CONV_ARCHITECTURES: dict[str, tuple[tuple[int, ...], int, int, int]] = {
+    "pnpm-mnist": ((10, 20), 5, 0, 50),
+    "pnpm-fmnist": ((16, 32, 64), 3, 1, 32),
+    "pnpm-cifar10": ((16, 32, 64), 3, 1, 32),
+    "seed002-cnn": ((32, 64), 3, 1, 128),
+    "digits-cnn": ((16,), 3, 1, 32),
+}
+
+
+_CONV_BASES = tuple(_CONV_ARCHITECTURES)
 # Variants of every CNN for DP-SGD (docs/RESULTS.md, ablations): "-tanh" swaps ReLU for tanh
 # (tempered sigmoids: Papernot, Thakurta, Song, Chien, Erlingsson, AAAI 2021), "-gn" adds a group
 # normalization after each convolution (per-sample, so DP-SGD's per-sample gradients stay valid,
@@ -178,18 +190,6 @@ def build_model(name: str, *, input_shape: tuple[int, ...], num_classes: int) ->
     if name == "logreg":
         return LogisticRegression(input_shape, num_classes)
     raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
-
-
-# (channels, kernel, padding, hidden) of each CNN: pnpm-* from the PNPM paper (module docstring),
-# seed002-cnn from seed 002 section 4.2 (its printed MNIST model), digits-cnn for 8x8 digits
-# (learns to ~95% in a few seconds on one core).
-_CONV_ARCHITECTURES: dict[str, tuple[tuple[int, ...], int, int, int]] = {
-    "pnpm-mnist": ((10, 20), 5, 0, 50),
-    "pnpm-fmnist": ((16, 32, 64), 3, 1, 32),
-    "pnpm-cifar10": ((16, 32, 64), 3, 1, 32),
-    "seed002-cnn": ((32, 64), 3, 1, 128),
-    "digits-cnn": ((16,), 3, 1, 32),
-}
 
 
 def _split_variant(name: str) -> tuple[str, str]:

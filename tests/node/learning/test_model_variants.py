@@ -24,6 +24,16 @@ from node.learning.train import channels_last, train_local
 FMNIST = (1, 28, 28)
 
 
+def per_sample_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each row's own cross-entropy gradient, by torch.func (independent of opacus)."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def loss_of(p, xi, yi):
+        return F.cross_entropy(torch.func.functional_call(model, p, (xi[None],)), yi[None])
+
+    return torch.func.vmap(torch.func.grad(loss_of), in_dims=(None, 0, 0))(params, x, y)
+
+
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SWARM_CACHE", str(tmp_path / "cache"))
@@ -145,12 +155,7 @@ def test_ghost_clipping_sums_exactly_the_clipped_per_sample_gradients(name):
     x = model_inputs(name, torch.rand(16, *FMNIST))
     y = torch.randint(0, 10, (16,))
     clip = 0.05  # small enough that every sample is clipped, large enough that some are not
-    params = {k: v.detach() for k, v in model.named_parameters()}
-
-    def loss_of(p, xi, yi):
-        return F.cross_entropy(torch.func.functional_call(model, p, (xi[None],)), yi[None])
-
-    per_sample = torch.func.vmap(torch.func.grad(loss_of), in_dims=(None, 0, 0))(params, x, y)
+    per_sample = per_sample_gradients(model, x, y)
     norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in per_sample.values()))
     factors = (clip / (norms + 1e-6)).clamp(max=1.0)
     assert (factors < 1).any()
@@ -255,12 +260,7 @@ def test_augmented_dp_sgd_clips_each_records_mean_over_its_copies():
     y = torch.tensor([0, 3, 5, 9])
     copies = augment(x, 3, torch.Generator().manual_seed(9))
     labels = y.repeat_interleave(3)
-    params = {k: v.detach() for k, v in model.named_parameters()}
-
-    def loss_of(p, xi, yi):
-        return F.cross_entropy(torch.func.functional_call(model, p, (xi[None],)), yi[None])
-
-    per_copy = torch.func.vmap(torch.func.grad(loss_of), in_dims=(None, 0, 0))(params, copies, labels)
+    per_copy = per_sample_gradients(model, copies, labels)
     expected = {k: g.view(4, 3, *g.shape[1:]).mean(1) for k, g in per_copy.items()}
     module = GradSampleModule(model)
     F.cross_entropy(module(copies), labels).backward()
