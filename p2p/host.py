@@ -15,7 +15,6 @@ import collections
 import hashlib
 import logging
 import math
-import os
 import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -37,7 +36,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
-from . import pubsub_records, wire
+from . import pubsub_records, wire, yamux_window
 from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
 from .errors import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
 from .gossip import MESH_DEGREE, swarm_gossipsub
@@ -45,17 +44,20 @@ from .store import BlobStore, check_digest
 
 log = logging.getLogger(__name__)
 
-# py-libp2p 0.8.1's yamux sends a WINDOW_UPDATE frame after every read, however small, unless this knob
-# is "0"; GossipSub reads each message's length prefix one byte at a time, so every gossip message
-# received cost about 15 extra Noise-encrypted frames (docs/P2P.md, "Where the cost grew with N").
-# "0" is go-yamux's rule: credit goes back once half the window is consumed. py-libp2p reads the
-# variable at each call; setdefault keeps an operator's explicit choice.
-os.environ.setdefault("PY_YAMUX_RELEASE_ON_READ", "0")
 # Each sender's signed peer record is verified once per host, not on every pubsub RPC (p2p/pubsub_records.py).
 pubsub_records.install()
+# Window credit goes back once half the window is read, not after every small read (p2p/yamux_window.py).
+yamux_window.install()
 
 MiB = 1 << 20
 _ADDR_TTL = 3600  # seconds an announced address stays in the peerstore
+# Parsing multiaddrs costs about a millisecond per gossip message in py-multiaddr, and every envelope
+# carries the sender's addresses: each is parsed once per sender and text, re-added to the peerstore
+# after _RELEARN_AFTER s (well inside _ADDR_TTL); our own advertised list is rebuilt at most once per
+# _OWN_ADDRS_TTL s (a listener added later reaches peers within that time).
+_RELEARN_AFTER = 600.0
+_OWN_ADDRS_TTL = 1.0
+_MAX_LEARNED = 4096
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,11 @@ class SwarmHost:
         # This machine's interface addresses, read once at start when a listen address is a wildcard
         # (None otherwise): what a wildcard is replaced by in the addresses we gossip.
         self._local_ips: dict[str, list[str]] | None = None
+        self._own_addrs: tuple[float, list[str]] | None = None  # (trio time, advertised_addrs)
+        # sender -> (its address texts, trio time learned, the dialable multiaddrs among them)
+        self._learned: collections.OrderedDict[ID, tuple[tuple[str, ...], float, list[multiaddr.Multiaddr]]] = (
+            collections.OrderedDict()
+        )
         self.bytes_served = 0  # blob bytes sent to other peers (chunk payloads)
         self.bytes_fetched = 0  # blob bytes received from other peers (chunk payloads)
 
@@ -203,8 +210,11 @@ class SwarmHost:
     def advertised_addrs(self) -> list[str]:
         """What the host tells other peers (in hellos and announcements): `addrs` with every wildcard
         (`/ip4/0.0.0.0`, `/ip6/::`), which nobody can dial, replaced by this machine's interface
-        addresses, loopback last (p2p/addresses.py)."""
-        return advertised_addrs(self.addrs, self._local_ips or {"ip4": [], "ip6": []})
+        addresses, loopback last (p2p/addresses.py). Rebuilt at most every _OWN_ADDRS_TTL s."""
+        now = trio.current_time()
+        if self._own_addrs is None or now - self._own_addrs[0] >= _OWN_ADDRS_TTL:
+            self._own_addrs = (now, advertised_addrs(self.addrs, self._local_ips or {"ip4": [], "ip6": []}))
+        return list(self._own_addrs[1])
 
     @property
     def announcements(self) -> trio.MemoryReceiveChannel[Announcement]:
@@ -451,8 +461,28 @@ class SwarmHost:
                     self._add_provider(digest, source.to_base58())
 
     def _learn_addrs(self, source: ID, addrs: list[str]) -> None:
+        known = self._dialable_addrs(source, addrs)
+        if not known:
+            return
+        key = source.to_base58()
+        if (
+            self.config.dial_discovered
+            and key not in self._dialing
+            and source not in self.libp2p_host.get_connected_peers()
+        ):
+            self._dialing.add(key)
+            self._nursery.start_soon(self._dial_discovered, PeerInfo(source, known))
+
+    def _dialable_addrs(self, source: ID, addrs: list[str]) -> list[multiaddr.Multiaddr]:
+        """The addresses `source` gives for itself, minus wildcards; put in the peerstore. Parsed once per
+        sender and address list (see _RELEARN_AFTER)."""
+        texts, now = tuple(addrs), trio.current_time()
+        cached = self._learned.get(source)
+        if cached is not None and cached[0] == texts and now - cached[1] < _RELEARN_AFTER:
+            self._learned.move_to_end(source)
+            return cached[2]
         known: list[multiaddr.Multiaddr] = []
-        for text in addrs:
+        for text in texts:
             try:
                 info = info_from_p2p_addr(multiaddr.Multiaddr(text))
             except Exception:
@@ -460,17 +490,13 @@ class SwarmHost:
             if info.peer_id == source:  # only trust addresses a peer gives for itself
                 # ... and never a wildcard (older peers gossiped 0.0.0.0): nobody can dial it
                 known.extend(a for a in info.addrs if not _is_wildcard(a))
-        if not known:
-            return
-        self.libp2p_host.get_peerstore().add_addrs(source, known, _ADDR_TTL)
-        key = source.to_base58()
-        if (
-            self.config.dial_discovered
-            and source not in self.libp2p_host.get_connected_peers()
-            and key not in self._dialing
-        ):
-            self._dialing.add(key)
-            self._nursery.start_soon(self._dial_discovered, PeerInfo(source, known))
+        if known:
+            self.libp2p_host.get_peerstore().add_addrs(source, known, _ADDR_TTL)
+        self._learned[source] = (texts, now, known)
+        self._learned.move_to_end(source)
+        while len(self._learned) > _MAX_LEARNED:  # bounded memory: senders are admitted peers
+            self._learned.popitem(last=False)
+        return known
 
     async def _dial_discovered(self, info: PeerInfo) -> None:
         try:

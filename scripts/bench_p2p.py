@@ -191,9 +191,11 @@ async def main(args) -> str:
             "",
             "Each peer moves 2(N-1) MB and the whole swarm N(N-1)*2 MB, all through one event loop on one core "
             "here, so a flat aggregate MB/s means a flat cost per byte; across machines each peer's own work "
-            "grows with N. Why it used to fall with N (32.0 MB/s at N=4, 3.9 at N=16: gossip messages, each costing "
-            'N x D receptions) and what was changed: docs/P2P.md, "Where the cost grew with N". Fetches stripe '
-            "chunks over up to 3 holders (here mostly the blob's owner: few others announce it in time).",
+            "grows with N. Why it used to fall with N (32.0 MB/s at N=4 and 3.9 at N=16, later 0.37 of N=4's at "
+            "N=16: gossip messages, each costing N x D receptions of over a millisecond of CPU, a yamux "
+            "WINDOW_UPDATE after every read, multiaddrs parsed for every message) and what was changed: "
+            'docs/P2P.md, "Where the cost grew with N". Fetches stripe chunks over up to 3 holders (here mostly '
+            "the blob's owner: few others announce it in time).",
         ]
     )
 

@@ -66,3 +66,22 @@ async def test_host_gossips_its_listen_addresses_and_ignores_wildcards(config, h
             assert (await b.announcements.receive()).payload == b"old"
         known = [str(m) for m in b.libp2p_host.get_peerstore().addrs(ID.from_base58(a.peer_id))]
         assert known and not any("/0.0.0.0/" in m for m in known), known
+
+
+async def test_gossiped_addresses_parsed_once_per_list_and_changes_learned(config, hosts):
+    """Every envelope carries its sender's addresses; a host parses a sender's list once (py-multiaddr
+    costs about a millisecond per message) and learns a changed list at once."""
+    async with hosts([(config(dial_discovered=False), MemoryBlobStore(), None) for _ in range(3)]) as (a, b, c):
+        source = ID.from_base58(a.peer_id)
+        first = b._dialable_addrs(source, a.addrs)
+        assert [str(m) for m in first] == [s.rsplit("/p2p/", 1)[0] for s in a.addrs]
+        assert b._dialable_addrs(source, list(a.addrs)) is first, "the same list is not parsed again"
+        moved = f"/ip4/127.0.0.1/tcp/4999/p2p/{a.peer_id}"
+        after = b._dialable_addrs(source, [moved])
+        assert [str(m) for m in after] == ["/ip4/127.0.0.1/tcp/4999"]
+        known = {str(m) for m in b.libp2p_host.get_peerstore().addrs(source)}
+        assert "/ip4/127.0.0.1/tcp/4999" in known
+        # Addresses given for another peer are still dropped, cached or not.
+        for _ in range(2):
+            assert b._dialable_addrs(source, [f"/ip4/127.0.0.1/tcp/4998/p2p/{c.peer_id}"]) == []
+        assert "/ip4/127.0.0.1/tcp/4998" not in {str(m) for m in b.libp2p_host.get_peerstore().addrs(source)}
