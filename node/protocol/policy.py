@@ -13,6 +13,7 @@ Two figures per commit (docs/PRIVACY-MODEL.md):
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from functools import lru_cache
 
@@ -22,6 +23,8 @@ from mechanisms.gaussian import Gaussian
 from mechanisms.record_level import record_level_spend
 from node.protocol.settings import PrivacyPolicy
 from node.protocol.wire import canonical, eps_from_micro, eps_to_micro
+
+_expected_lock = threading.Lock()  # see expected_micro
 
 
 def eps_step_micro(mechanism_params: dict[str, object], num_params: int) -> int:
@@ -35,8 +38,15 @@ def eps_step_micro(mechanism_params: dict[str, object], num_params: int) -> int:
 
 def expected_micro(policy: PrivacyPolicy, num_params: int, sample_counts: Sequence[int]) -> tuple[int, int]:
     """(whole-update eps, record-level eps), in micro-eps, that a peer records after releasing
-    one round per entry of `sample_counts` (its committed numSamples, oldest first)."""
-    return _expected_micro(canonical(policy.to_dict()), num_params, tuple(int(n) for n in sample_counts))
+    one round per entry of `sample_counts` (its committed numSamples, oldest first).
+
+    One computation at a time: a peer vets a round's commits in parallel threads, and without the
+    lock each of them missed the cache at once and composed the same PLD again (counted in a swarm
+    of 16 on 2 cores: 15 compositions of 0.1 CPU-s per peer per round, more CPU than the training;
+    docs/P2P.md has the round profile). With it, the first computes and the others read its answer."""
+    key = (canonical(policy.to_dict()), num_params, tuple(int(n) for n in sample_counts))
+    with _expected_lock:
+        return _expected_micro(*key)
 
 
 @lru_cache(maxsize=1024)

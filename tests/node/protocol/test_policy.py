@@ -45,3 +45,31 @@ def test_commit_violation_names_the_check():
     assert commit_violation(policy, D, mech, eps, record + slack + 1, [600])[0] == "record-eps"  # peers: two-sided
     assert commit_violation(policy, D, mech, eps, record + 10**6, [600], one_sided=True) is None  # verify: one-sided
     assert commit_violation(PrivacyPolicy(PNPM), D, mech, eps, 1, [600])[0] == "record-eps"  # no DP-SGD: 0
+
+
+def test_concurrent_checks_of_the_same_history_compose_once(monkeypatch):
+    """A peer vets a round's commits in parallel threads; with equal shards they all ask for the same
+    history, and only the first may pay for the PLD composition (0.1 CPU-s each)."""
+    import threading
+    import time
+
+    from node.protocol import policy as policy_module
+
+    composed: list[tuple[int, ...]] = []
+
+    def slow_spend(dp, counts):
+        composed.append(tuple(counts))
+        time.sleep(0.05)  # widen the window in which the other threads would miss the cache
+        return record_level_spend(dp, counts)
+
+    monkeypatch.setattr(policy_module, "record_level_spend", slow_spend)
+    policy = PrivacyPolicy(PNPM, DP)
+    counts = [613, 613, 613]  # a history no other test asked for: not cached yet
+    answers: list[tuple[int, int]] = []
+    threads = [threading.Thread(target=lambda: answers.append(expected_micro(policy, D, counts))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert composed == [(613, 613, 613)], f"{len(composed)} compositions for one history"
+    assert len(answers) == 8 and len(set(answers)) == 1
