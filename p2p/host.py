@@ -333,13 +333,20 @@ class SwarmHost:
             )
         await self._publish(wire.KIND_APP, payload)
 
-    async def announce_blob(self, digest: str) -> None:
-        """Tell the topic now that we hold `digest` (we must: announcing what we cannot serve is refused).
+    async def announce_blob(self, digest: str, *, later: bool = False) -> None:
+        """Tell the topic that we hold `digest` (we must: announcing what we cannot serve is refused).
 
-        Fetched digests still waiting for their batched announcement go out in the same message."""
+        Now (default): fetched digests still waiting for their batched announcement go out in the
+        same message. `later=True`: in the next batched HAVE with the fetched ones (see
+        `_announce_batches`), for a blob whose fetchers know a holder already (a committed update's
+        committer, a round's participants for its aggregate): each gossip message costs the swarm
+        about N x D receptions, so a peer's round announces everything in one or two messages."""
         check_digest(digest)
         if not self.store.has(digest):
             raise ValueError(f"cannot announce {digest}: it is not in this host's store")
+        if later:
+            self._announce_later(digest)
+            return
         self._pending_have.pop(digest, None)
         batch = [digest, *list(self._pending_have)[: wire.MAX_HAVE_DIGESTS - 1]]
         for sent in batch:

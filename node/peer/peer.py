@@ -420,7 +420,7 @@ class Peer:
                     ) from exc
                 await trio.sleep(0.5)
         vector, _ = wire.read_vector(data, self.num_params, kind="model")
-        await self.host.announce_blob(digest)
+        await self.host.announce_blob(digest, later=True)  # fetchers ask the participants first anyway
         return vector
 
     async def _finalized_hex(self, r: int) -> str:
@@ -496,7 +496,6 @@ class Peer:
             if self.address in participants:
                 out.included, gas = await self._aggregate_and_attest(r, global_vector)
                 out.gas_used += gas
-                self._speculate(r + 1)
         self._set(Phase.WAITING_FINAL)
         info = await self._wait_for(
             lambda: self._state_after(r, "OPEN", "CLOSED"),
@@ -658,7 +657,9 @@ class Peer:
         self.store.put(data)
         if self.s.fault == "wrong-bytes":
             cast(PoisonableStore, self.store).poison(digest)  # testing: commit this digest, serve other bytes
-        await self.host.announce_blob(digest)
+        # Batched with the round's other HAVEs: fetchers know the committer from the chain (one gossip
+        # message per peer and round instead of three or four: docs/P2P.md, "Where the cost grew with N").
+        await self.host.announce_blob(digest, later=True)
         out.gas_used += _gas(receipt)
         return spend, record
 
@@ -696,6 +697,7 @@ class Peer:
         digest = await self._aggregate(r, previous, agreement.commitments, agreement.blobs.vectors, included)
         if digest is None:  # aggregation failed (logged): no vote this round, the peer goes on
             return [], 0
+        self._speculate(r + 1)  # train on our aggregate while the attestation is mined and the majority forms
         self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
         try:
             receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), encode_bitmap(included))
@@ -811,7 +813,7 @@ class Peer:
             return None
         data = wire.model_blob(new_vector, r)
         digest = self.store.put(data)
-        await self.host.announce_blob(digest)
+        await self.host.announce_blob(digest, later=True)  # its fetchers ask the participants first
         self._own_aggregate = (r, digest, new_vector)
         return digest
 

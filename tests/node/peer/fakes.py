@@ -396,7 +396,7 @@ class FakeHost:
         self.bytes_served = 0
         self.bytes_fetched = 0
 
-    async def announce_blob(self, digest: str) -> None:
+    async def announce_blob(self, digest: str, *, later: bool = False) -> None:
         if not self.store.has(digest):
             raise ValueError(f"cannot announce {digest}: it is not in this host's store")
         holders = self.network.announced.setdefault(digest, [])

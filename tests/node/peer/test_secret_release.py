@@ -69,9 +69,9 @@ def test_a_commit_comes_before_the_blob_is_announced():
             order.append(f"commit {digest.hex()}")
             return commit(round, digest, *rest)
 
-        async def logged_announce(digest: str) -> None:
+        async def logged_announce(digest: str, *, later: bool = False) -> None:
             order.append(f"announce {digest}")
-            await announce(digest)
+            await announce(digest, later=later)
 
         member.ledger.commit = logged_commit  # type: ignore[method-assign]
         member.host.announce_blob = logged_announce  # type: ignore[method-assign]
