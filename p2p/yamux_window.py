@@ -14,8 +14,9 @@ the cost grew with N".
 rule: no update until the consumed bytes reach `target_recv_window // 2` (py-libp2p's own
 threshold, `PY_YAMUX_BATCH_THRESHOLD_DIV`), then one update for all of them, with py-libp2p's
 window auto-tuning applied at that moment as before. A sender never waits for credit that is not
-coming: it is blocked only when the receiver holds no credit for it, i.e. when at least a whole
-window is sent and unread, and the reader's next read past half of it returns the credit.
+coming: it is blocked only after sending a whole window without credit back; less than half of
+those bytes were consumed (else the credit went out), so more than half are still buffered, and
+reading them carries the reader past the threshold, which sends the credit.
 """
 
 from __future__ import annotations

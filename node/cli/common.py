@@ -26,6 +26,13 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document for scripts")
 
 
+def add_transaction_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a subcommand that sends one transaction and waits for its receipt."""
+    parser.add_argument("--tx-timeout", type=float, default=120.0, help="seconds to wait for the receipt")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more, full tracebacks on errors")
+
+
 def load(args: argparse.Namespace, shortcuts: dict[str, str]) -> Config:
     """Config file, then --set overrides, then the command's own shortcut flags
     (`shortcuts` maps an argparse dest to a config key) which win over both."""

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from node.cli.common import add_transaction_options
+
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from eth_account.signers.local import LocalAccount
 
@@ -95,9 +97,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the deployer's keystore file (default ~/.swarm/keystore.json: the deployer's key serves every "
         "swarm it deploys and manages their allowlists; `swarm node` keeps its own in its --workdir)",
     )
-    p.add_argument("--tx-timeout", type=float, default=120.0, help="seconds to wait for the receipt")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("-v", "--verbose", action="store_true", help="log more, full tracebacks on errors")
+    add_transaction_options(p)
     p.set_defaults(func=handler)
 
 

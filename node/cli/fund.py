@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from node.cli.common import add_transaction_options
+
 DEFAULT_ETH = 1.0
 
 
@@ -32,9 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the sender's keystore (default ~/.swarm/keystore.json, as `swarm deploy`; on a local chain a dev "
         "keystore of `swarm chain --keystore-dir`)",
     )
-    p.add_argument("--tx-timeout", type=float, default=120.0, help="seconds to wait for the receipt")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("-v", "--verbose", action="store_true", help="log more, full tracebacks on errors")
+    add_transaction_options(p)
     p.set_defaults(func=handler)
 
 

@@ -658,7 +658,7 @@ class Peer:
         if self.s.fault == "wrong-bytes":
             cast(PoisonableStore, self.store).poison(digest)  # testing: commit this digest, serve other bytes
         # Batched with the round's other HAVEs: fetchers know the committer from the chain (one gossip
-        # message per peer and round instead of three or four: docs/P2P.md, "Where the cost grew with N").
+        # message per peer and round instead of three or four: docs/NODE.md, "Announcements").
         await self.host.announce_blob(digest, later=True)
         out.gas_used += _gas(receipt)
         return spend, record

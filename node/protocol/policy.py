@@ -43,7 +43,7 @@ def expected_micro(policy: PrivacyPolicy, num_params: int, sample_counts: Sequen
     One computation at a time: a peer vets a round's commits in parallel threads, and without the
     lock each of them missed the cache at once and composed the same PLD again (counted in a swarm
     of 16 on 2 cores: 15 compositions of 0.1 CPU-s per peer per round, more CPU than the training;
-    docs/P2P.md has the round profile). With it, the first computes and the others read its answer."""
+    docs/SCALING.md has the round profile). With it, the first computes and the others read its answer."""
     key = (canonical(policy.to_dict()), num_params, tuple(int(n) for n in sample_counts))
     with _expected_lock:
         return _expected_micro(*key)
