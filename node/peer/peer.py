@@ -423,6 +423,33 @@ class Peer:
         await self.host.announce_blob(digest, later=True)  # fetchers ask the participants first anyway
         return vector
 
+    async def _rebuild_model(self, r: int, previous: torch.Tensor, included: list[bool]) -> None:
+        """Round r finalized before this peer saw it close, so it computed no aggregate: compute
+        it now from the winning set if every included blob is already here (prefetched while the
+        round was open), and store it if it is the finalized model. The faster peers that hold the
+        model may be gone by now (after the last round they linger only `linger` seconds); the
+        blobs are not. Anything short of the exact finalized digest leaves the fetch to do it."""
+        digest = await self._finalized_hex(r)
+        commitments = await self.chain(self.ledger.commitments, r)
+        if self.store.has(digest) or not any(included) or len(included) != len(commitments):
+            return
+        chosen = [c for c, inc in zip(commitments, included) if inc]
+        blobs = [self.store.get(bytes(c.digest).hex()) for c in chosen]
+        if any(b is None for b in blobs):
+            return
+        try:
+            vectors = [wire.read_update(b, self.num_params, self.release_mechanism) for b in blobs if b is not None]
+            weights = [int(c.num_samples) for c in chosen]
+            vector = await self._off_loop(wire.next_global, self.s.shared, previous, vectors, weights)
+        except Exception as exc:  # a blob the majority took but we would not: the fetch decides
+            log.warning("round %d: the finalized model could not be rebuilt here: %s", r, exc)
+            return
+        data = wire.model_blob(vector, r)
+        if sha256(data).hex() == digest:
+            self.store.put(data)
+        else:  # e.g. our previous model is not the round's base: fetch it instead
+            log.info("round %d: a local rebuild is not the finalized model: fetching it", r)
+
     async def _finalized_hex(self, r: int) -> str:
         digest = await self.chain(self.ledger.finalized_digest, r)
         if digest is None:
@@ -504,10 +531,11 @@ class Peer:
         )
         out.state = info.state.name.lower()
         if info.state.name == "FINALIZED":
-            global_vector = await self._fetch_model(r)
-            out.global_digest = self._model_digest = await self._finalized_hex(r)
             if out.committed and not out.included:  # finalized before we saw it close: say what won
                 out.included = await self._finalized_set(r, info)
+                await self._rebuild_model(r, global_vector, out.included)
+            global_vector = await self._fetch_model(r)
+            out.global_digest = self._model_digest = await self._finalized_hex(r)
             self._set(Phase.EVALUATING)
             out.accuracy, out.loss = await self._off_loop(self._evaluate, global_vector)
         self._set(Phase.WAITING_FINAL)  # closes the last phase's timer
