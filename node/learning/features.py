@@ -14,11 +14,14 @@ SciPy 1.15); the 2-D frontend is imported directly and needs nothing of that.
 
 Features of a data set are cached on disk (`cache_dir()`, keyed by the sha256 of the input bytes
 and the transform's parameters) and written atomically, so peers of one machine share them and a
-crash never leaves a half-written cache file behind.
+crash never leaves a half-written cache file behind. The cache is bounded (`cache_limit_bytes()`,
+$SWARM_CACHE_MAX_MB, 4096 by default): after each write the least recently used files go first,
+never the one just written (a hit refreshes a file's time).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
@@ -32,6 +35,7 @@ SCATTER_J = 2  # scales: features on a grid 2^J coarser
 SCATTER_L = 8  # angles per scale
 SCATTER_CHANNELS = 1 + SCATTER_J * SCATTER_L + SCATTER_L**2 * SCATTER_J * (SCATTER_J - 1) // 2  # 81 per input channel
 FEATURE_BATCH = 1024
+DEFAULT_CACHE_MAX_MB = 4096  # four of the full training set's 950 MB files
 
 
 def scatter_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -53,6 +57,18 @@ def cache_dir() -> Path:
     return base / "swarm-ledger"
 
 
+def cache_limit_bytes() -> int:
+    """$SWARM_CACHE_MAX_MB (megabytes, >= 0) as bytes, else DEFAULT_CACHE_MAX_MB's."""
+    raw = os.environ.get("SWARM_CACHE_MAX_MB", "").strip()
+    try:
+        megabytes = float(raw) if raw else DEFAULT_CACHE_MAX_MB
+    except ValueError:
+        raise ValueError(f"SWARM_CACHE_MAX_MB must be a number of megabytes, got {raw!r}") from None
+    if not megabytes >= 0:  # also refuses nan
+        raise ValueError(f"SWARM_CACHE_MAX_MB must be >= 0, got {raw!r}")
+    return int(megabytes * 1024 * 1024)
+
+
 def scatter_features(
     x: torch.Tensor, *, cache: bool = True, progress: Callable[[int, int], None] | None = None
 ) -> torch.Tensor:
@@ -70,13 +86,47 @@ def scatter_features(
             try:
                 cached = load_file(path)["features"]
                 if tuple(cached.shape) == (x.shape[0], *out_shape):
+                    _touch(path)
                     return cached
             except Exception:  # a damaged cache file is recomputed and replaced
                 pass
     features = _compute(x, out_shape, progress)
     if path is not None:
         _save_atomic(path, features)
+        evict_least_recent(path.parent, limit=cache_limit_bytes(), keep=path)
     return features
+
+
+def evict_least_recent(directory: Path, *, limit: int, keep: Path) -> list[Path]:
+    """Remove the least recently used cache files of `directory` (by modification time, which a
+    hit refreshes) until the rest fit in `limit` bytes; `keep` stays whatever its size. Returns
+    what was removed. Files that vanish meanwhile (another peer evicting) are skipped."""
+    entries = []
+    for f in directory.glob("scatter-*.safetensors"):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        entries.append((st.st_mtime_ns, st.st_size, f))
+    total = sum(size for _, size, _ in entries)
+    removed = []
+    for _, size, f in sorted(entries):
+        if total <= limit:
+            break
+        if f == keep:
+            continue
+        try:
+            f.unlink()
+        except OSError:
+            continue
+        total -= size
+        removed.append(f)
+    return removed
+
+
+def _touch(path: Path) -> None:
+    with contextlib.suppress(OSError):  # a read-only cache still serves
+        os.utime(path)
 
 
 def _compute(

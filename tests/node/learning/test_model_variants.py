@@ -4,6 +4,8 @@ a linear or small-CNN head, and ghost clipping, checked against what each must c
 from __future__ import annotations
 
 import math
+import os
+import time
 
 import pytest
 import torch
@@ -119,6 +121,35 @@ def test_features_are_cached_atomically_and_a_damaged_cache_is_recomputed(tmp_pa
     other = scatter_features(x + 0.01)  # other inputs, another key
     assert not torch.equal(other, first)
     assert len(list((features.cache_dir() / "features").glob("scatter-*.safetensors"))) == 2
+
+
+def test_the_feature_cache_stays_within_its_limit_least_recently_used_first(monkeypatch):
+    """Each file here is 5 x 81 x 7 x 7 float32 (~79 kB): a 0.2 MB limit holds two. The file a hit
+    just read survives; the one unused longest goes; the file just written stays even at limit 0."""
+    images = [torch.rand(5, 1, 28, 28, generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3)]
+    directory = features.cache_dir() / "features"
+    monkeypatch.setenv("SWARM_CACHE_MAX_MB", "0.2")
+    scatter_features(images[0])
+    scatter_features(images[1])
+    first, second = sorted(directory.glob("scatter-*.safetensors"), key=lambda f: f.stat().st_mtime_ns)
+    now = time.time()
+    os.utime(first, (now - 100, now - 100))
+    os.utime(second, (now - 50, now - 50))
+    scatter_features(images[0])  # a hit: `first` is now the most recently used
+
+    scatter_features(images[2])
+
+    left = set(directory.glob("scatter-*.safetensors"))
+    assert first in left and second not in left and len(left) == 2
+    assert sum(f.stat().st_size for f in left) <= features.cache_limit_bytes()
+
+    monkeypatch.setenv("SWARM_CACHE_MAX_MB", "0")
+    scatter_features(images[1])
+    assert len(list(directory.glob("scatter-*.safetensors"))) == 1  # only the file just written
+    for bad in ("lots", "-1", "nan"):
+        monkeypatch.setenv("SWARM_CACHE_MAX_MB", bad)
+        with pytest.raises(ValueError, match="SWARM_CACHE_MAX_MB"):
+            features.cache_limit_bytes()
 
 
 def test_model_inputs_follow_the_model():
