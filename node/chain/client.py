@@ -15,6 +15,7 @@ thread-safe: call it from `trio.to_thread.run_sync`.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import lru_cache, partial
@@ -46,6 +47,12 @@ from node.protocol.wire import eps_from_micro
 ARTIFACT_NAME = "SwarmLedger.json"  # package data: node/chain/artifacts/, written by scripts/compile_contracts.py
 DEFAULT_TX_TIMEOUT_S = 120.0
 LOG_CHUNK_BLOCKS = 10_000
+# An RPC may report a block whose logs it has not indexed yet (geth, Anvil under load: eth_getLogs
+# briefly misses the newest block's events): a commitments read that finds fewer events than the
+# stored count is read again, at a newer block, this many times with pauses doubling from
+# LOG_LAG_PAUSE (about 1.5 s in all) before it is an error.
+LOG_LAG_RETRIES = 5
+LOG_LAG_PAUSE = 0.05
 
 T = TypeVar("T")
 
@@ -327,20 +334,29 @@ class LedgerClient:
     def commitments(self, round: int) -> list[Commitment]:
         """All commitments of `round` in participant order, from the Committed events, checked
         against storage at one pinned block: as many as the stored participant count, indexes
-        0..n-1, and (as the contract refuses otherwise) one per peer and no digest twice."""
-        at = self.block_number()  # storage and logs read at one block: commits land meanwhile
-        info = self.round_info(round, block=at)
-        to_block = info.closed_block or at
-        logs = self._logs("Committed", info.opened_block, to_block, {"round": round})
-        found = sorted((_commitment(e) for e in logs), key=lambda c: c.index)
-        if [c.index for c in found] != list(range(info.participant_count)):
-            raise LedgerError(
-                f"round {round}: {len(found)} Committed events for {info.participant_count} stored participants"
-                " (the RPC's logs are incomplete)"
-            )
+        0..n-1, and (as the contract refuses otherwise) one per peer and no digest twice. Logs
+        that lag the state (LOG_LAG_RETRIES) are read again before that is an error."""
+        for attempt in range(LOG_LAG_RETRIES + 1):
+            found, count = self._commitments_at_head(round)
+            if [c.index for c in found] == list(range(count)):
+                break
+            if attempt == LOG_LAG_RETRIES:
+                raise LedgerError(
+                    f"round {round}: {len(found)} Committed events for {count} stored participants"
+                    f" (the RPC's logs are incomplete; read {LOG_LAG_RETRIES + 1} times)"
+                )
+            time.sleep(LOG_LAG_PAUSE * 2**attempt)
         if len({c.peer for c in found}) != len(found) or len({c.digest for c in found}) != len(found):
             raise LedgerError(f"round {round}: Committed events repeat a peer or a digest (not the ledger's logs)")
         return found
+
+    def _commitments_at_head(self, round: int) -> tuple[list[Commitment], int]:
+        """The Committed events of `round` and its stored participant count, both at one block:
+        commits land meanwhile."""
+        at = self.block_number()
+        info = self.round_info(round, block=at)
+        logs = self._logs("Committed", info.opened_block, info.closed_block or at, {"round": round})
+        return sorted((_commitment(e) for e in logs), key=lambda c: c.index), info.participant_count
 
     def commit_history(self, address: str, from_block: int | None = None) -> list[Commitment]:
         """Every commitment `address` made, oldest first (from the Committed events): the sample

@@ -3,8 +3,12 @@ middleware, and whether the ledger emitted anything in a range of blocks; on a r
 
 from __future__ import annotations
 
+import pytest
+
+from node.chain import client as client_module
 from node.chain.anvil import start_anvil
 from node.chain.client import head_block
+from node.chain.errors import LedgerError
 
 
 def test_activity_says_when_and_only_when_the_ledger_emitted_an_event(kit):
@@ -25,3 +29,33 @@ def test_activity_says_when_and_only_when_the_ledger_emitted_an_event(kit):
         busy = ledger.block_number()
         assert busy == quiet + 1
         assert ledger.activity(busy, busy) and ledger.activity(start + 1, busy)
+
+
+def test_commitments_read_again_while_the_logs_lag_the_state_and_fail_if_they_stay_behind(
+    automine_chain, kit, monkeypatch
+):
+    """An RPC may report a block whose events eth_getLogs does not return yet (seen on Anvil under
+    load: a peer died of "2 Committed events for 3 stored participants"). The lag cannot be caused
+    on demand, so the reader's log query drops the newest event while `lagging` says so; the
+    storage reads and the other events are the real chain's."""
+    monkeypatch.setattr(client_module, "LOG_LAG_PAUSE", 0.0)
+    swarm = kit.Swarm(automine_chain, 3, min_peers=1, commit_window=50, attest_window=50)
+    swarm.register(3)
+    swarm.commit_all(1, 3)
+    reader = swarm.reader
+    real_logs = reader._logs
+    calls = {"n": 0, "lagging": 2}
+
+    def lagging_logs(*args, **kwargs):
+        calls["n"] += 1
+        found = real_logs(*args, **kwargs)
+        return found[:-1] if calls["n"] <= calls["lagging"] else found
+
+    monkeypatch.setattr(reader, "_logs", lagging_logs)
+    assert [c.index for c in reader.commitments(1)] == [0, 1, 2]  # the third read is complete
+    assert calls["n"] == 3
+
+    calls.update(n=0, lagging=10**6)  # logs that never catch up: an error, after every retry
+    with pytest.raises(LedgerError, match="2 Committed events for 3 stored participants"):
+        reader.commitments(1)
+    assert calls["n"] == client_module.LOG_LAG_RETRIES + 1

@@ -13,7 +13,7 @@ import trio
 
 from node.chain.errors import LedgerError
 from node.chain.records import RoundState
-from node.peer.peer import Peer, RoundOutcome
+from node.peer.peer import REREAD_AFTER, Peer, RoundOutcome
 from node.protocol import wire
 from node.protocol.settings import SharedSettings
 from tests.node.peer.harness import (
@@ -155,6 +155,26 @@ def test_the_chain_watcher_outlives_bad_answers():
         outcomes = await run_all(peers)
 
         assert [o.state for o in outcomes[0]] == ["finalized"] and calls["n"] >= 3
+
+    run_virtual(main)
+
+
+def test_a_peer_whose_rpc_logs_lag_its_blocks_still_sees_the_rounds_move():
+    """eth_getLogs may miss the newest block's events (an RPC under load): here it never finds
+    any. A waiter then re-reads the ledger every REREAD_AFTER seconds of new blocks without an
+    event, so the round still ends in seconds, not at chain_timeout (600 s here)."""
+
+    async def main():
+        swarm = FakeSwarm(3)
+        peers = [swarm.peer(i) for i in range(3)]
+        for member in swarm.members:
+            member.ledger.activity = lambda first, last: False  # type: ignore[method-assign]
+        started = trio.current_time()
+
+        outcomes = await run_all(peers)
+
+        assert all([o.state for o in out] == ["finalized"] for out in outcomes)
+        assert trio.current_time() - started < 4 * REREAD_AFTER
 
     run_virtual(main)
 
