@@ -532,10 +532,6 @@ class Peer:
             if self.address in participants:
                 out.included, gas = await self._aggregate_and_attest(r, global_vector)
                 out.gas_used += gas
-                # After our vote, not before: a training started while the attestation is sent and
-                # mined competes with it for the CPU, and on a loaded machine the majority then
-                # formed without that vote round after round (CI's fault suite, a 6-peer swarm).
-                self._speculate(r + 1)
         self._set(Phase.WAITING_FINAL)
         info = await self._wait_for(
             lambda: self._state_after(r, "OPEN", "CLOSED"),
@@ -738,6 +734,7 @@ class Peer:
         digest = await self._aggregate(r, previous, agreement.commitments, agreement.blobs.vectors, included)
         if digest is None:  # aggregation failed (logged): no vote this round, the peer goes on
             return [], 0
+        self._speculate(r + 1)  # train on our aggregate while the attestation is mined and the majority forms
         self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
         try:
             receipt = await self.chain(self.ledger.attest, r, bytes.fromhex(digest), encode_bitmap(included))
