@@ -286,7 +286,8 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
         [
             "## Round overhead (`scripts/bench_round.py`)",
             "",
-            f"{machine_line()}. Real swarms: Anvil (mixed mining, 0.25 s blocks), the ledger, N `swarm node` "
+            f"{machine_line()}. Real swarms: Anvil (transactions mined at once, an empty block every 0.25 s "
+            "from `swarm up`'s clock once the peers are up), the ledger, N `swarm node` "
             f"processes on 127.0.0.1, the demo's configuration (examples/demo.toml) with the same 40,000 training "
             f"images split over N peers; {rounds} rounds, round 1 left out. Per peer and round, averaged. "
             "'round s' is the period from one round's end to the next's at each peer; 'training s' the part of it "

@@ -42,6 +42,7 @@ from node.peer.runner import P2P_PASSWORD_ENV
 from node.runfiles import read_metrics
 from node.runs.chainrun import LedgerTerms, RunChain
 from node.runs.report import write_report
+from node.runs.ticker import BlockTicker
 from p2p import peer_id_to_bytes
 from p2p.identity import load_or_create_identity
 from p2p.store import DiskBlobStore
@@ -126,10 +127,12 @@ class LocalSwarm:
             record_eps_cap_micro=record_eps_cap_micro(config),
             record_delta=config.train.dp_delta if config.train.dp_sgd else 0.0,
         )
-        # Mixed mining: transactions land at once, and blocks still tick so windows pass.
-        self.chain = RunChain(
-            out, genesis(config), terms, peers=n, block_time=config.chain.block_time, mixed_mining=True
-        )
+        # Transactions are mined at once; the empty blocks that make windows pass come from the
+        # ticker, held at a slow pace while the peers start (node/runs/ticker.py: round 1's window
+        # opened at deployment, and 16 peers take over a minute to import and load).
+        self.chain = RunChain(out, genesis(config), terms, peers=n)
+        self.ticker = BlockTicker(self.chain.anvil.url, config.chain.block_time, self._peers_ready)
+        self.ticker.start()
         self.anvil, self.w3, self.ledger, self.archive = (
             self.chain.anvil,
             self.chain.w3,
@@ -157,15 +160,29 @@ class LocalSwarm:
                 protects=_protects(config),
             )
         except BaseException:
+            self.ticker.stop()
             self.chain.close()
             raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        self.ticker.stop()
         self.chain.close()
 
+    def _peers_ready(self) -> bool:
+        """Every started peer is through start-up (imports, data) and its first training, or has
+        exited: the chain's clock may then run at its pace (node/runs/ticker.py)."""
+        started = [p for p in self.peers if p.process is not None]
+        return bool(started) and all(
+            p.process is None
+            or p.process.poll() is not None
+            or p.status().get("phase", "starting") not in ("starting", "training")
+            for p in started
+        )
+
     def start_peer(self, i: int) -> None:
+        self.ticker.peers_starting()
         p = self.peers[i]
         env = dict(os.environ, SWARM_PRIVATE_KEY=self.chain.peer_key(i), **{P2P_PASSWORD_ENV: self._password})
         cmd = [
@@ -204,6 +221,10 @@ class LocalSwarm:
             )
 
     def start(self) -> None:
+        self.say(
+            f"starting {len(self.peers)} peers; until all are up and trained once, the chain mines a block "
+            f"every {self.ticker.hold_pace:g} s (round windows count blocks), then every {self.ticker.block_time:g} s"
+        )
         for i in range(len(self.peers)):
             self.start_peer(i)
 

@@ -30,6 +30,7 @@ from p2p.store import DiskBlobStore
 # record-level eps <= 8 under PNPM eps 1; measured 80 to 81%).
 DEMO_MIN_ACCURACY = 0.75
 DEMO_MAX_RECORD_EPS = 8.0
+TINY_SETS = ["data.dataset=digits", "data.limit=600", "data.test_limit=200", "model.name=logreg", "train.epochs=1"]
 
 pytestmark = pytest.mark.slow
 
@@ -227,3 +228,19 @@ def test_the_published_archive_does_not_give_the_noise_back(pnpm_only_run):
     assert len(sums) == committed >= 5, (len(sums), committed)  # every committed update is archived
     # The old scheme gave <= 6e-7 for every blob; independent noise leaves sums of order 1e-2 to 1.
     assert sum(s < 1e-5 for s in sums) <= 1, sorted(sums)[:3]
+
+
+def test_round_one_waits_for_every_peer_to_start(tmp_path):
+    """Round 1's commit window opens when the ledger is deployed, and peers take seconds to start
+    (imports, data). The run's chain clock is held until every peer is through start-up and its
+    first training (node/runs/ticker.py), so a window far shorter than start-up at the run's pace
+    (30 blocks, 7.5 s), with a quorum of one, still sees every peer commit in round 1."""
+    sets = TINY_SETS + ["swarm.peers=3", "swarm.rounds=1", "chain.min_peers=1", "chain.commit_window=30"]
+    config = load_config(None, sets)
+    with LocalSwarm(config, tmp_path / "run") as swarm:
+        swarm.start()
+        swarm.wait(300)
+        assert [p.process.returncode for p in swarm.peers] == [0, 0, 0], failed_logs(swarm)
+        assert sorted(swarm.ledger.participants(1)) == sorted(p.address for p in swarm.peers)
+        assert swarm.ledger.round_info(1).state.name == "FINALIZED"
+        assert not swarm.ticker.holding and swarm.ticker.blocks > 0
