@@ -438,19 +438,19 @@ class Peer:
         round was open), and store it if it is the finalized model. The faster peers that hold the
         model may be gone by now (after the last round they linger only `linger` seconds); the
         blobs are not. Anything short of the exact finalized digest leaves the fetch to do it."""
-        digest = await self._finalized_hex(r)
-        commitments = await self.chain(self.ledger.commitments, r)
-        if self.store.has(digest) or not any(included) or len(included) != len(commitments):
-            return
-        chosen = [c for c, inc in zip(commitments, included) if inc]
-        blobs = [self.store.get(bytes(c.digest).hex()) for c in chosen]
-        if any(b is None for b in blobs):
-            return
         try:
+            digest = await self._finalized_hex(r)
+            commitments = await self.chain(self.ledger.commitments, r)
+            if self.store.has(digest) or not any(included) or len(included) != len(commitments):
+                return
+            chosen = [c for c, inc in zip(commitments, included) if inc]
+            blobs = [self.store.get(bytes(c.digest).hex()) for c in chosen]
+            if any(b is None for b in blobs):
+                return
             vectors = [wire.read_update(b, self.num_params, self.release_mechanism) for b in blobs if b is not None]
             weights = [int(c.num_samples) for c in chosen]
             vector = await self._off_loop(wire.next_global, self.s.shared, previous, vectors, weights)
-        except Exception as exc:  # a blob the majority took but we would not: the fetch decides
+        except Exception as exc:  # a chain read that failed, a blob we would not take: the fetch decides
             log.warning("round %d: the finalized model could not be rebuilt here: %s", r, exc)
             return
         data = wire.model_blob(vector, r)

@@ -131,7 +131,11 @@ class LocalSwarm:
         # ticker, held at a slow pace while the peers start (node/runs/ticker.py: round 1's window
         # opened at deployment, and 16 peers take over a minute to import and load).
         self.chain = RunChain(out, genesis(config), terms, peers=n)
-        self.ticker = BlockTicker(self.chain.anvil.url, config.chain.block_time, self._peers_ready)
+        try:
+            self.ticker = BlockTicker(self.chain.anvil.url, config.chain.block_time, self._peers_ready)
+        except BaseException:
+            self.chain.close()
+            raise
         self.ticker.start()
         self.anvil, self.w3, self.ledger, self.archive = (
             self.chain.anvil,
