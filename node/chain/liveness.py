@@ -9,7 +9,9 @@ WAITING_PHASES) and no block has come for a while, it acts:
 - on a local dev chain (chain id 31337 or 1337: Anvil, Hardhat, Ganache) it mines an empty block
   with `evm_mine` after 3 s without one (STALL_AFTER_DEV_S), then whenever a second passes without
   one (NUDGE_EVERY_S) for as long as the peer waits: any block restarts the count, so several
-  waiting peers make the chain tick about once a second, not once a second each.
+  waiting peers make the chain tick about once a second, not once a second each. Once the chain
+  moves without this watcher (a transaction, another peer's nudge, a clock of its own), the next
+  stall takes the 3 s again: a chain that ticks on its own, if slowly, is not sped up.
   `evm_mine` rather than a zero-value self-transaction: it needs no gas and, above all, no nonce,
   so it cannot race the peer's own transactions (the sender tracks nonces locally);
 - anywhere else (a testnet, a private chain) nothing is mined for it: it warns after 30 s
@@ -65,7 +67,7 @@ class ChainLiveness:
         self.nudge_every = nudge_every
         self.last_block = int(w3.eth.block_number)
         self.last_change = clock()  # when the block number last moved (or this watcher mined)
-        self.nudges = 0  # empty blocks mined by this watcher
+        self.nudges = 0  # empty blocks this watcher mined since the chain last moved without it
         self.warned = False  # one warning per stall: re-armed when the chain moves on its own
 
     def check(self, waiting: bool) -> str:
@@ -77,6 +79,10 @@ class ChainLiveness:
             self.last_block, self.last_change = block, now
             if self.nudges == 0:
                 self.warned = False
+            # Moved without us (a transaction, another peer's nudge, a clock such as `swarm up`'s
+            # held ticker): the next stall has to prove itself again (stall_after), so a chain that
+            # ticks slower than nudge_every on its own is not sped up by every waiting peer.
+            self.nudges = 0
             return "moving"
         # the first stall takes stall_after to be sure; once the chain is known to need it, a block
         # is mined whenever nudge_every passes without one (from any peer: several waiting peers

@@ -87,6 +87,11 @@ class RawRPC:
             raise LedgerError(f"the RPC's answer is larger than {MAX_ANSWER_BYTES} bytes")
         return raw
 
+    def close(self) -> None:
+        """Drop the kept-alive connection (a later call opens a new one)."""
+        with self._lock:
+            self._close()
+
     def _close(self) -> None:
         if self._conn is not None:
             self._conn.close()

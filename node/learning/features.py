@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,6 +38,7 @@ SCATTER_L = 8  # angles per scale
 SCATTER_CHANNELS = 1 + SCATTER_J * SCATTER_L + SCATTER_L**2 * SCATTER_J * (SCATTER_J - 1) // 2  # 81 per input channel
 FEATURE_BATCH = 1024
 DEFAULT_CACHE_MAX_MB = 4096  # four of the full training set's 950 MB files
+STALE_TMP_SECONDS = 3600.0  # a half-written cache file this old belongs to no running writer
 
 
 def scatter_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -64,8 +67,8 @@ def cache_limit_bytes() -> int:
         megabytes = float(raw) if raw else DEFAULT_CACHE_MAX_MB
     except ValueError:
         raise ValueError(f"SWARM_CACHE_MAX_MB must be a number of megabytes, got {raw!r}") from None
-    if not megabytes >= 0:  # also refuses nan
-        raise ValueError(f"SWARM_CACHE_MAX_MB must be >= 0, got {raw!r}")
+    if not (megabytes >= 0 and math.isfinite(megabytes)):  # also refuses nan and inf
+        raise ValueError(f"SWARM_CACHE_MAX_MB must be a finite number >= 0, got {raw!r}")
     return int(megabytes * 1024 * 1024)
 
 
@@ -79,6 +82,7 @@ def scatter_features(
     x = x.to(torch.float32).contiguous()
     path = None
     if cache:
+        limit = cache_limit_bytes()  # a bad setting fails now, not after a minute of computing
         digest = hashlib.sha256(f"scatter:J={SCATTER_J}:L={SCATTER_L}:{tuple(x.shape)}:".encode())
         digest.update(x.numpy().tobytes())
         path = cache_dir() / "features" / f"scatter-{digest.hexdigest()[:32]}.safetensors"
@@ -93,7 +97,7 @@ def scatter_features(
     features = _compute(x, out_shape, progress)
     if path is not None:
         _save_atomic(path, features)
-        evict_least_recent(path.parent, limit=cache_limit_bytes(), keep=path)
+        evict_least_recent(path.parent, limit=limit, keep=path)
     return features
 
 
@@ -101,6 +105,11 @@ def evict_least_recent(directory: Path, *, limit: int, keep: Path) -> list[Path]
     """Remove the least recently used cache files of `directory` (by modification time, which a
     hit refreshes) until the rest fit in `limit` bytes; `keep` stays whatever its size. Returns
     what was removed. Files that vanish meanwhile (another peer evicting) are skipped."""
+    stale_before = time.time() - STALE_TMP_SECONDS
+    for tmp in directory.glob(".tmp-*.safetensors"):  # a writer killed mid-write (SIGKILL) left it
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < stale_before:
+                tmp.unlink()
     entries = []
     for f in directory.glob("scatter-*.safetensors"):
         try:

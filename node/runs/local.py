@@ -103,6 +103,7 @@ class LocalSwarm:
         self.peer_overrides = peer_overrides or {}  # per-peer --set: local choices (its data)
         self.say = say or (lambda msg: None)
         self.peers: list[PeerProcess] = []
+        self._through: set[int] = set()  # peers seen past start-up and their first training (the ticker's)
         self._password = secrets.token_hex(16)
 
     def __enter__(self) -> LocalSwarm:
@@ -170,20 +171,32 @@ class LocalSwarm:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
-        self.ticker.stop()
-        self.chain.close()
+        try:
+            self.stop()
+        finally:
+            try:
+                self.ticker.stop()
+            finally:
+                self.chain.close()
 
     def _peers_ready(self) -> bool:
-        """Every started peer is through start-up (imports, data) and its first training, or has
-        exited: the chain's clock may then run at its pace (node/runs/ticker.py)."""
+        """Every started peer has been seen through start-up (imports, data) and its first training,
+        or has exited: the chain's clock may then run at its pace (node/runs/ticker.py). Called
+        by the ticker every tick; a peer seen through stays so (peers train again every round)."""
         started = [p for p in self.peers if p.process is not None]
-        return bool(started) and all(
-            p.process is None
-            or p.process.poll() is not None
-            or p.status().get("phase", "starting") not in ("starting", "training")
-            for p in started
-        )
+        for p in started:
+            if p.index in self._through:
+                continue
+            status = p.status()
+            first_round_done = int(status.get("round", 0) or 0) > 1
+            if (
+                p.process is None
+                or p.process.poll() is not None
+                or first_round_done
+                or status.get("phase", "starting") not in ("starting", "training")
+            ):
+                self._through.add(p.index)
+        return bool(started) and all(p.index in self._through for p in started)
 
     def start_peer(self, i: int) -> None:
         self.ticker.peers_starting()

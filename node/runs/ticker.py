@@ -68,6 +68,7 @@ class BlockTicker:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)
+        self._rpc.close()
 
     def _pace(self) -> float:
         if self.released_at is None and self._started is not None:

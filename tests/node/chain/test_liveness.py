@@ -87,6 +87,26 @@ def test_waiting_peers_share_the_nudging_rather_than_multiply_it():
         assert anvil.block_number() == start + 5
 
 
+def test_a_chain_that_ticks_on_its_own_is_not_sped_up_after_one_stall():
+    """`swarm up` holds its chain at a block every 1.5 s while the peers start (node/runs/ticker.py):
+    slower than nudge_every, inside stall_after. One stall (a starved ticker) must not turn every
+    waiting peer into a 1-s clock for the rest of the run: once the chain moves without the
+    watcher, the next stall has to last stall_after again."""
+    now = [0.0]
+    with start_anvil(accounts=1) as anvil:
+        watcher = ChainLiveness(connect(anvil.url), anvil.url, stall_after=3.0, nudge_every=1.0, clock=lambda: now[0])
+        now[0] = 3.0
+        assert watcher.check(waiting=True) == "nudged"  # the one stall
+        for _ in range(3):  # the clock ticks every 1.5 s on its own
+            anvil.mine(1)
+            now[0] += 0.1
+            assert watcher.check(waiting=True) == "moving"
+            now[0] += 1.4
+            assert watcher.check(waiting=True) == "idle"  # 1.5 s without a block: not a stall
+        now[0] += 1.6
+        assert watcher.check(waiting=True) == "nudged"  # 3 s without one is
+
+
 def test_off_a_dev_chain_it_warns_once_and_mines_nothing(caplog):
     with start_anvil(accounts=1, chain_id=11155111) as anvil:  # a testnet's id: not ours to mine
         watcher = ChainLiveness(connect(anvil.url), anvil.url, stall_after=0.0)

@@ -146,10 +146,19 @@ def test_the_feature_cache_stays_within_its_limit_least_recently_used_first(monk
     monkeypatch.setenv("SWARM_CACHE_MAX_MB", "0")
     scatter_features(images[1])
     assert len(list(directory.glob("scatter-*.safetensors"))) == 1  # only the file just written
-    for bad in ("lots", "-1", "nan"):
+    stale = directory / ".tmp-killed-writer.safetensors"  # what a SIGKILL mid-write leaves
+    stale.write_bytes(b"half")
+    os.utime(stale, (now - 7200, now - 7200))
+    fresh = directory / ".tmp-running-writer.safetensors"
+    fresh.write_bytes(b"half")
+    scatter_features(images[2])
+    assert not stale.exists() and fresh.exists()  # another peer may be writing that one now
+    for bad in ("lots", "-1", "nan", "inf"):
         monkeypatch.setenv("SWARM_CACHE_MAX_MB", bad)
         with pytest.raises(ValueError, match="SWARM_CACHE_MAX_MB"):
             features.cache_limit_bytes()
+        with pytest.raises(ValueError, match="SWARM_CACHE_MAX_MB"):  # before any work, hit or miss
+            scatter_features(images[0])
 
 
 def test_model_inputs_follow_the_model():
