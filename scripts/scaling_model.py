@@ -579,12 +579,13 @@ def rpc_round(n: int, chain: Chain, polls: Polls, cr: ChainRound, peer: int, fet
     rpc.add("close/abort nudges (estimates)", close_wait / polls.nudge)
     transaction("close")
     # after close: participants(), then the agreement: commitments(), peer_id_of per committer and
-    # commit_history per other committer (every Committed log of that peer since deployment)
+    # commit_history per other committer (every Committed log of that peer since deployment, checked
+    # against its two eps records on chain)
     for _ in range(2):
         commitments_read(rpc, n, cr.final_block, chain, "participants()/commitments() reads")
     rpc.add("peer_id_of per committer", n)
     chunks = math.ceil(history_blocks / chain.log_chunk_blocks)
-    rpc.add("commit_history per committer", (n - 1) * (2 + chunks), 0)
+    rpc.add("commit_history per committer", (n - 1) * (4 + chunks), 0)  # params, head, 2 eps views, logs
     rpc.bytes["commit_history per committer"] += (n - 1) * rounds * COMMITTED_LOG
     # while fetching: attestations() every 0.5 s (round_info, block_number, eth_getLogs Attested)
     rpc.add("attestation reads while fetching", 3 * max(1.0, fetch_s / polls.attestations))

@@ -363,9 +363,25 @@ class LedgerClient:
         counts its record-level eps is composed over. `from_block`: only those from that block on
         (a reader that keeps the history reads only what is new)."""
         peer = Web3.to_checksum_address(address)
-        start = self.params().deploy_block if from_block is None else from_block
-        logs = self._logs("Committed", start, self.block_number(), {"peer": peer})
-        return [_commitment(e) for e in logs]
+        if from_block is not None:
+            return [_commitment(e) for e in self._logs("Committed", from_block, self.block_number(), {"peer": peer})]
+        start = self.params().deploy_block
+        for attempt in range(LOG_LAG_RETRIES + 1):
+            history = [_commitment(e) for e in self._logs("Committed", start, self.block_number(), {"peer": peer})]
+            # The whole history ends in the cumulative eps records the contract stores; logs that lag
+            # the state (LOG_LAG_RETRIES) end earlier, which shows whenever the missing commit raised
+            # a record (every private release does).
+            last = (history[-1].eps_micro, history[-1].record_eps_micro) if history else (0, 0)
+            stored = (self.eps_spent(peer), self.record_eps_spent(peer))
+            if last == stored:
+                break
+            if attempt == LOG_LAG_RETRIES:
+                raise LedgerError(
+                    f"{peer}: its Committed events end at eps records {last}, the ledger stores {stored}"
+                    f" (the RPC's logs are incomplete; read {LOG_LAG_RETRIES + 1} times)"
+                )
+            time.sleep(LOG_LAG_PAUSE * 2**attempt)
+        return history
 
     def attestations(self, round: int) -> list[Attestation]:
         info = self.round_info(round)

@@ -59,3 +59,36 @@ def test_commitments_read_again_while_the_logs_lag_the_state_and_fail_if_they_st
     with pytest.raises(LedgerError, match="2 Committed events for 3 stored participants"):
         reader.commitments(1)
     assert calls["n"] == client_module.LOG_LAG_RETRIES + 1
+
+
+def test_a_commit_history_read_again_while_the_logs_lag_the_stored_eps(automine_chain, kit, monkeypatch):
+    """A restarted peer rebuilds its accountant from its commit history: a history that misses its
+    newest commit (logs lagging the state) would count too little spent. The history must end in
+    the eps records the ledger stores; it is read again until it does, or it is an error."""
+    monkeypatch.setattr(client_module, "LOG_LAG_PAUSE", 0.0)
+    swarm = kit.Swarm(automine_chain, 2, min_peers=1, commit_window=50, attest_window=50)
+    swarm.register(2)
+    peer = swarm.peers[1]
+    peer.commit(1, kit.digest("first"), 100, 1_000_000, kit.MECHANISM)
+    swarm.peers[0].commit(1, kit.digest("other"), 100, 1_000_000, kit.MECHANISM)
+    peer.close_round(1)
+    reader = swarm.reader
+    real_logs = reader._logs
+    calls = {"n": 0, "lagging": 2}
+
+    def lagging_logs(*args, **kwargs):
+        calls["n"] += 1
+        found = real_logs(*args, **kwargs)
+        return found[:-1] if calls["n"] <= calls["lagging"] else found
+
+    monkeypatch.setattr(reader, "_logs", lagging_logs)
+    account = swarm.accounts[1].address
+    history = reader.commit_history(account)
+    assert [c.eps_micro for c in history] == [1_000_000] and calls["n"] == 3
+
+    calls.update(n=0, lagging=10**6)
+    with pytest.raises(LedgerError, match="the ledger stores"):
+        reader.commit_history(account)
+    assert calls["n"] == client_module.LOG_LAG_RETRIES + 1
+    calls.update(n=0)  # a read from a block on (an incremental reader) is not checked against the total
+    assert reader.commit_history(account, from_block=0) == [] and calls["n"] == 1
