@@ -48,9 +48,9 @@ ARTIFACT_NAME = "SwarmLedger.json"  # package data: node/chain/artifacts/, writt
 DEFAULT_TX_TIMEOUT_S = 120.0
 LOG_CHUNK_BLOCKS = 10_000
 # An RPC may report a block whose logs it has not indexed yet (geth, Anvil under load: eth_getLogs
-# briefly misses the newest block's events): a commitments read that finds fewer events than the
-# stored count is read again, at a newer block, this many times with pauses doubling from
-# LOG_LAG_PAUSE (about 1.5 s in all) before it is an error.
+# briefly misses the newest block's events): a read of logs that storage shows incomplete (a
+# round's commitments, a committer's whole history) is read again this many times, pauses
+# doubling from LOG_LAG_PAUSE (about 1.5 s in all), before it is an error.
 LOG_LAG_RETRIES = 5
 LOG_LAG_PAUSE = 0.05
 
@@ -335,53 +335,58 @@ class LedgerClient:
         """All commitments of `round` in participant order, from the Committed events, checked
         against storage at one pinned block: as many as the stored participant count, indexes
         0..n-1, and (as the contract refuses otherwise) one per peer and no digest twice. Logs
-        that lag the state (LOG_LAG_RETRIES) are read again before that is an error."""
-        for attempt in range(LOG_LAG_RETRIES + 1):
-            found, count = self._commitments_at_head(round)
-            if [c.index for c in found] == list(range(count)):
-                break
-            if attempt == LOG_LAG_RETRIES:
-                raise LedgerError(
-                    f"round {round}: {len(found)} Committed events for {count} stored participants"
-                    f" (the RPC's logs are incomplete; read {LOG_LAG_RETRIES + 1} times)"
-                )
-            time.sleep(LOG_LAG_PAUSE * 2**attempt)
+        that lag the state are read again before that is an error (`_read_until_complete`)."""
+
+        def read() -> tuple[list[Commitment], str | None]:
+            at = self.block_number()  # storage and logs at one block: commits land meanwhile
+            info = self.round_info(round, block=at)
+            logs = self._logs("Committed", info.opened_block, info.closed_block or at, {"round": round})
+            found = sorted((_commitment(e) for e in logs), key=lambda c: c.index)
+            complete = [c.index for c in found] == list(range(info.participant_count))
+            return found, None if complete else (
+                f"round {round}: {len(found)} Committed events for {info.participant_count} stored participants"
+            )
+
+        found = self._read_until_complete(read)
         if len({c.peer for c in found}) != len(found) or len({c.digest for c in found}) != len(found):
             raise LedgerError(f"round {round}: Committed events repeat a peer or a digest (not the ledger's logs)")
         return found
 
-    def _commitments_at_head(self, round: int) -> tuple[list[Commitment], int]:
-        """The Committed events of `round` and its stored participant count, both at one block:
-        commits land meanwhile."""
-        at = self.block_number()
-        info = self.round_info(round, block=at)
-        logs = self._logs("Committed", info.opened_block, info.closed_block or at, {"round": round})
-        return sorted((_commitment(e) for e in logs), key=lambda c: c.index), info.participant_count
-
     def commit_history(self, address: str, from_block: int | None = None) -> list[Commitment]:
         """Every commitment `address` made, oldest first (from the Committed events): the sample
         counts its record-level eps is composed over. `from_block`: only those from that block on
-        (a reader that keeps the history reads only what is new)."""
+        (a reader that keeps the history reads only what is new). A whole history must end in the
+        cumulative eps records the ledger stores for `address` (logs that lag the state end
+        earlier, which shows whenever the missing commit raised a record: every private release
+        does), and is read again until it does (`_read_until_complete`)."""
         peer = Web3.to_checksum_address(address)
         if from_block is not None:
             return [_commitment(e) for e in self._logs("Committed", from_block, self.block_number(), {"peer": peer})]
         start = self.params().deploy_block
-        for attempt in range(LOG_LAG_RETRIES + 1):
+
+        def read() -> tuple[list[Commitment], str | None]:
             history = [_commitment(e) for e in self._logs("Committed", start, self.block_number(), {"peer": peer})]
-            # The whole history ends in the cumulative eps records the contract stores; logs that lag
-            # the state (LOG_LAG_RETRIES) end earlier, which shows whenever the missing commit raised
-            # a record (every private release does).
             last = (history[-1].eps_micro, history[-1].record_eps_micro) if history else (0, 0)
             stored = (self.eps_spent(peer), self.record_eps_spent(peer))
-            if last == stored:
-                break
-            if attempt == LOG_LAG_RETRIES:
-                raise LedgerError(
-                    f"{peer}: its Committed events end at eps records {last}, the ledger stores {stored}"
-                    f" (the RPC's logs are incomplete; read {LOG_LAG_RETRIES + 1} times)"
-                )
+            return history, None if last == stored else (
+                f"{peer}: its Committed events end at eps records {last}, the ledger stores {stored}"
+            )
+
+        return self._read_until_complete(read)
+
+    def _read_until_complete(self, read: Callable[[], tuple[T, str | None]]) -> T:
+        """read() -> (value, what is missing or None), again while something is missing: an RPC may
+        report a block whose logs it has not indexed yet. LOG_LAG_RETRIES more reads, pauses
+        doubling from LOG_LAG_PAUSE, then LedgerError naming what was missing."""
+        for attempt in range(LOG_LAG_RETRIES):
+            value, missing = read()
+            if missing is None:
+                return value
             time.sleep(LOG_LAG_PAUSE * 2**attempt)
-        return history
+        value, missing = read()
+        if missing is not None:
+            raise LedgerError(f"{missing} (the RPC's logs are incomplete; read {LOG_LAG_RETRIES + 1} times)")
+        return value
 
     def attestations(self, round: int) -> list[Attestation]:
         info = self.round_info(round)
