@@ -101,10 +101,10 @@ def scatter_features(
     return features
 
 
-def evict_least_recent(directory: Path, *, limit: int, keep: Path) -> list[Path]:
+def evict_least_recent(directory: Path, *, limit: int, keep: Path) -> None:
     """Remove the least recently used cache files of `directory` (by modification time, which a
-    hit refreshes) until the rest fit in `limit` bytes; `keep` stays whatever its size. Returns
-    what was removed. Files that vanish meanwhile (another peer evicting) are skipped."""
+    hit refreshes) until the rest fit in `limit` bytes; `keep` stays whatever its size. Files that
+    vanish meanwhile (another peer evicting) are skipped."""
     stale_before = time.time() - STALE_TMP_SECONDS
     for tmp in directory.glob(".tmp-*.safetensors"):  # a writer killed mid-write (SIGKILL) left it
         with contextlib.suppress(OSError):
@@ -118,7 +118,6 @@ def evict_least_recent(directory: Path, *, limit: int, keep: Path) -> list[Path]
             continue
         entries.append((st.st_mtime_ns, st.st_size, f))
     total = sum(size for _, size, _ in entries)
-    removed = []
     for _, size, f in sorted(entries):
         if total <= limit:
             break
@@ -129,8 +128,6 @@ def evict_least_recent(directory: Path, *, limit: int, keep: Path) -> list[Path]
         except OSError:
             continue
         total -= size
-        removed.append(f)
-    return removed
 
 
 def _touch(path: Path) -> None:

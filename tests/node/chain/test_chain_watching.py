@@ -31,20 +31,13 @@ def test_activity_says_when_and_only_when_the_ledger_emitted_an_event(kit):
         assert ledger.activity(busy, busy) and ledger.activity(start + 1, busy)
 
 
-def test_commitments_read_again_while_the_logs_lag_the_state_and_fail_if_they_stay_behind(
-    automine_chain, kit, monkeypatch
-):
-    """An RPC may report a block whose events eth_getLogs does not return yet (seen on Anvil under
-    load: a peer died of "2 Committed events for 3 stored participants"). The lag cannot be caused
-    on demand, so the reader's log query drops the newest event while `lagging` says so; the
-    storage reads and the other events are the real chain's."""
+def lag_logs(reader, monkeypatch, lagging: int) -> dict[str, int]:
+    """Make `reader`'s log queries drop their newest event for the first `lagging` calls (an RPC
+    whose logs lag its state: it cannot be caused on demand); storage reads and the other events
+    are the real chain's. Returns the call counter, which the test may reset and re-arm."""
     monkeypatch.setattr(client_module, "LOG_LAG_PAUSE", 0.0)
-    swarm = kit.Swarm(automine_chain, 3, min_peers=1, commit_window=50, attest_window=50)
-    swarm.register(3)
-    swarm.commit_all(1, 3)
-    reader = swarm.reader
     real_logs = reader._logs
-    calls = {"n": 0, "lagging": 2}
+    calls = {"n": 0, "lagging": lagging}
 
     def lagging_logs(*args, **kwargs):
         calls["n"] += 1
@@ -52,6 +45,19 @@ def test_commitments_read_again_while_the_logs_lag_the_state_and_fail_if_they_st
         return found[:-1] if calls["n"] <= calls["lagging"] else found
 
     monkeypatch.setattr(reader, "_logs", lagging_logs)
+    return calls
+
+
+def test_commitments_read_again_while_the_logs_lag_the_state_and_fail_if_they_stay_behind(
+    automine_chain, kit, monkeypatch
+):
+    """An RPC may report a block whose events eth_getLogs does not return yet (seen on Anvil under
+    load: a peer died of "2 Committed events for 3 stored participants")."""
+    swarm = kit.Swarm(automine_chain, 3, min_peers=1, commit_window=50, attest_window=50)
+    swarm.register(3)
+    swarm.commit_all(1, 3)
+    reader = swarm.reader
+    calls = lag_logs(reader, monkeypatch, lagging=2)
     assert [c.index for c in reader.commitments(1)] == [0, 1, 2]  # the third read is complete
     assert calls["n"] == 3
 
@@ -65,23 +71,12 @@ def test_a_commit_history_read_again_while_the_logs_lag_the_stored_eps(automine_
     """A restarted peer rebuilds its accountant from its commit history: a history that misses its
     newest commit (logs lagging the state) would count too little spent. The history must end in
     the eps records the ledger stores; it is read again until it does, or it is an error."""
-    monkeypatch.setattr(client_module, "LOG_LAG_PAUSE", 0.0)
     swarm = kit.Swarm(automine_chain, 2, min_peers=1, commit_window=50, attest_window=50)
     swarm.register(2)
-    peer = swarm.peers[1]
-    peer.commit(1, kit.digest("first"), 100, 1_000_000, kit.MECHANISM)
+    swarm.peers[1].commit(1, kit.digest("first"), 100, 1_000_000, kit.MECHANISM)
     swarm.peers[0].commit(1, kit.digest("other"), 100, 1_000_000, kit.MECHANISM)
-    peer.close_round(1)
     reader = swarm.reader
-    real_logs = reader._logs
-    calls = {"n": 0, "lagging": 2}
-
-    def lagging_logs(*args, **kwargs):
-        calls["n"] += 1
-        found = real_logs(*args, **kwargs)
-        return found[:-1] if calls["n"] <= calls["lagging"] else found
-
-    monkeypatch.setattr(reader, "_logs", lagging_logs)
+    calls = lag_logs(reader, monkeypatch, lagging=2)
     account = swarm.accounts[1].address
     history = reader.commit_history(account)
     assert [c.eps_micro for c in history] == [1_000_000] and calls["n"] == 3
