@@ -241,7 +241,7 @@ class Agreement:
                 blobs.vectors[i] = self._read_update(data)
             except BlobError as exc:  # right digest, unusable content: nobody can use it
                 # every decode failure is a BlobError (node.protocol.blob, wire.read_vector), and so
-                # is a release the swarm's mechanism cannot output (wire.check_release): left out
+                # is a release the swarm's mechanism cannot output (release.check_release): left out
                 # here as on every peer; what is logged and kept names the round, the participant,
                 # its committer and peer id, and the blob
                 why = f"round {self.round}: blob {digest_hex[:16]} of {self._who(i)} is malformed, left out: {exc}"

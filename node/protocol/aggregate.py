@@ -36,6 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from node.protocol.settings import SharedSettings
+
 RULES = ("fedavg", "median", "trimmed-mean", "krum")
 MAX_SCALE_BITS = 40  # finer than float32's resolution for any value above 2^-16
 SUM_BOUND_BITS = 61  # |sum of weight * quantized value| < 2^61, so 2 * sum + W fits in int64
@@ -165,3 +167,14 @@ def _krum(rows: list[torch.Tensor], f: int) -> torch.Tensor:
         if score < best_score:  # strict: ties keep the lowest canonical index
             best, best_score = i, score
     return rows[order[best]].clone()
+
+
+def next_global(
+    shared: SharedSettings, previous: torch.Tensor, vectors: list[torch.Tensor], weights: list[int]
+) -> torch.Tensor:
+    """The global model after a round, from the included blobs in ledger order. The single
+    place this is computed: the peer and `swarm verify` both call it."""
+    agg = aggregate(shared.aggregation, vectors, weights, trim_ratio=shared.trim_ratio, krum_f=shared.krum_f)
+    if shared.share == "update":
+        return (previous + agg).to(torch.float32)
+    return agg.to(torch.float32)

@@ -8,11 +8,9 @@ import math
 
 import torch
 
-import mechanisms
 from mechanisms import canonical_json
 from node.protocol import blob
-from node.protocol.aggregate import MAX_PARTICIPANTS, VALUE_BOUND, VALUE_BOUND_BITS, aggregate
-from node.protocol.settings import SharedSettings
+from node.protocol.aggregate import MAX_PARTICIPANTS, VALUE_BOUND, VALUE_BOUND_BITS
 
 VECTOR = "vector"  # the one tensor every blob holds: the flat float32 parameter vector
 EPS_SCALE = 1_000_000  # the ledger stores eps in micro-epsilon: the only place this scale is written
@@ -106,49 +104,5 @@ def check_update_values(vector: torch.Tensor) -> None:
         )
 
 
-class ReleaseError(blob.BlobError):
-    """An update blob that decodes, but whose values the swarm's mechanism cannot output."""
-
-
-def swarm_mechanism(shared: SharedSettings) -> mechanisms.Mechanism | None:
-    """The mechanism of the swarm's privacy policy (the genesis's), whose output set every update
-    must fall in; None for an empty policy (a `swarm simulate` baseline: nothing to check). Raises
-    ValueError when the policy builds no mechanism."""
-    params = dict(shared.privacy.mechanism)
-    return mechanisms.from_params(params) if params else None
-
-
-def check_release(vector: torch.Tensor, mechanism: mechanisms.Mechanism | None) -> None:
-    """ReleaseError (a BlobError) unless `vector` is a possible output of `mechanism`
-    (`Mechanism.release_violation`: Duchi's two points, PM's interval, sampling's k non-zeros...).
-    The one rule peers and `swarm verify` apply to every update: a blob that breaks it is left out
-    like a malformed one, and a finalized aggregate that includes it fails verification."""
-    if mechanism is None:
-        return
-    violation = mechanism.release_violation(vector)
-    if violation is not None:
-        raise ReleaseError(f"not a possible output of the swarm's mechanism {mechanism!r}: {violation}")
-
-
-def read_update(data: bytes, num_params: int, mechanism: mechanisms.Mechanism | None) -> torch.Tensor:
-    """An update blob's vector, if it decodes (`read_vector`, kind "update": the value bound
-    included) and is a possible output of the swarm's `mechanism` (`check_release`); else
-    BlobError. What a peer aggregates only."""
-    vector, _ = read_vector(data, num_params, kind="update")
-    check_release(vector, mechanism)
-    return vector
-
-
 def max_blob_size(num_params: int) -> int:
     return 4 * num_params + 64 * 1024  # the vector plus generous room for header and metadata
-
-
-def next_global(
-    shared: SharedSettings, previous: torch.Tensor, vectors: list[torch.Tensor], weights: list[int]
-) -> torch.Tensor:
-    """The global model after a round, from the included blobs in ledger order. The single
-    place this is computed: the peer and `swarm verify` both call it."""
-    agg = aggregate(shared.aggregation, vectors, weights, trim_ratio=shared.trim_ratio, krum_f=shared.krum_f)
-    if shared.share == "update":
-        return (previous + agg).to(torch.float32)
-    return agg.to(torch.float32)

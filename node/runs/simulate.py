@@ -2,7 +2,7 @@
 
 Each round, a seeded sample of the peers (a fraction of them) contributes through
 `node.learning.contribute.contribute` (train from the global model, take weights or update, perturb), exactly
-as a peer process does, and the global model comes from `node.protocol.wire.next_global` (the same
+as a peer process does, and the global model comes from `node.protocol.aggregate.next_global` (the same
 aggregation `swarm verify` recomputes). What is left out is the network: no libp2p, and the
 ledger only when asked for (`ledger=True`: a real Anvil, one account per simulated peer, the same
 blobs and transactions as `swarm up`, so `swarm verify --run DIR` checks a simulated run).
@@ -44,7 +44,7 @@ from node.learning.data import load_dataset
 from node.learning.models import init_model, model_inputs
 from node.learning.partition import partition
 from node.learning.train import evaluate
-from node.protocol import wire
+from node.protocol import aggregate
 from node.protocol.blob import flatten, unflatten
 from node.protocol.settings import PeerSettings, PrivacyPolicy
 from node.runfiles import MetricsWriter, write_json_atomic
@@ -290,7 +290,7 @@ class Simulation:
                             metrics.write(records[-1])
                         break
                     t0 = time.perf_counter()
-                    global_vector = wire.next_global(self.settings.shared, global_vector, vectors, weights)
+                    global_vector = aggregate.next_global(self.settings.shared, global_vector, vectors, weights)
                     timing.aggregate += time.perf_counter() - t0
                     t0 = time.perf_counter()
                     model_digest = recorder.round(self, r, chosen, vectors, weights, global_vector)

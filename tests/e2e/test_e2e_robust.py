@@ -1,5 +1,6 @@
 """Robust aggregation against one of five peers sending a scaled update, through the same
-round code the peers run (node.learning.contribute.contribute + node.protocol.wire.next_global), without the network."""
+round code the peers run (node.learning.contribute.contribute + node.protocol.aggregate.next_global),
+without the network."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from node.learning.data import load_dataset
 from node.learning.models import init_model
 from node.learning.partition import partition
 from node.learning.train import evaluate
-from node.protocol import wire
+from node.protocol import aggregate
 from node.protocol.blob import flatten
 from node.protocol.settings import PeerSettings, PrivacyPolicy, SharedSettings
 
@@ -59,7 +60,7 @@ def run(rule: str, attack: bool) -> float:
             )
             vectors.append(c.vector)
             weights.append(c.num_samples)
-        global_vector = wire.next_global(shared, global_vector, vectors, weights)
+        global_vector = aggregate.next_global(shared, global_vector, vectors, weights)
     from node.protocol.blob import unflatten
 
     model.load_state_dict(unflatten(global_vector, spec))

@@ -31,7 +31,7 @@ from node.chain.registration import (
     signature_verifies,
 )
 from node.peer.runner import RegistryCache
-from node.protocol import wire
+from node.protocol import aggregate, wire
 from node.protocol.blob import sha256
 from node.protocol.settings import PrivacyPolicy, SharedSettings
 from node.verify import verify
@@ -206,7 +206,7 @@ def test_verify_names_a_committer_whose_registration_does_not_verify(anvil, squa
     honest.close_round(1)  # every registered peer committed
     flags = [True, True, squatter_included]
     kept = [v for v, f in zip(vectors, flags) if f]
-    model = wire.model_blob(wire.next_global(SHARED, genesis_vector, kept, [10] * len(kept)), 1)
+    model = wire.model_blob(aggregate.next_global(SHARED, genesis_vector, kept, [10] * len(kept)), 1)
     archive.put(model)
     for client in clients[:2]:
         client.attest(1, sha256(model), wire.encode_bitmap(flags))

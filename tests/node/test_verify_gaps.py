@@ -16,7 +16,7 @@ from libp2p.peer.id import ID
 from node.chain.anvil import start_anvil
 from node.chain.client import LedgerClient, connect, load_artifact
 from node.chain.registration import sign_registration
-from node.protocol import wire
+from node.protocol import aggregate, release, wire
 from node.protocol.blob import sha256
 from node.protocol.settings import PrivacyPolicy, SharedSettings
 from node.verify import verify
@@ -96,7 +96,7 @@ def run_swarm(anvil, rounds: int = 2, *, malformed: tuple[int, int] | None = Non
             digests.append(archive.put(data))
             client.commit(r, bytes.fromhex(digests[-1]), 10, eps, mech_json.encode())
         deployer.close_round(r)
-        previous = wire.next_global(SHARED, previous, vectors, [10] * len(vectors))
+        previous = aggregate.next_global(SHARED, previous, vectors, [10] * len(vectors))
         model = wire.model_blob(previous, r)
         archive.put(model)
         for client in clients[:2]:
@@ -277,14 +277,14 @@ def test_a_release_check_that_raises_names_the_committer(anvil, monkeypatch):
     ledger, archive, _ = run_swarm(anvil, rounds=1)
     peers = [c.peer for c in ledger.commitments(1)]
     target = (torch.randn(D, generator=torch.Generator().manual_seed(100 + 2)) * 0.01).to(torch.float32)
-    original = wire.check_release
+    original = release.check_release
 
     def flaky(vector, mechanism):
         if torch.equal(vector, target):  # peer 2's update
             raise RuntimeError("out of memory")
         return original(vector, mechanism)
 
-    monkeypatch.setattr(wire, "check_release", flaky)
+    monkeypatch.setattr(release, "check_release", flaky)
     report = verify(ledger, archive)
     assert [(f.round, f.peer, f.check) for f in report.failures] == [
         (1, peers[2], "release"),

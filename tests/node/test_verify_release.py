@@ -18,7 +18,7 @@ import mechanisms as M
 from mechanisms.accounting import cumulative_spend
 from node.chain.client import LedgerClient
 from node.chain.registration import sign_registration
-from node.protocol import wire
+from node.protocol import aggregate, wire
 from node.protocol.blob import sha256
 from node.protocol.settings import PrivacyPolicy, SharedSettings
 from node.verify import verify
@@ -92,8 +92,8 @@ def _one_round(params: dict[str, object], forge=None, *, commit_as=None, eps_shi
         client.commit(1, bytes.fromhex(digest), 10, committed_eps, committed_json.encode())
     deployer.close_round(1)  # every registered peer committed
     kept = [v for v, inc in zip(vectors, include) if inc]
-    aggregate = wire.next_global(shared, genesis_vector, kept, [10] * len(kept))
-    model = wire.model_blob(aggregate, 1)
+    model_vector = aggregate.next_global(shared, genesis_vector, kept, [10] * len(kept))
+    model = wire.model_blob(model_vector, 1)
     archive.put(model)
     for client in clients[:2]:  # a strict majority of 3
         client.attest(1, sha256(model), wire.encode_bitmap(list(include)))
@@ -122,7 +122,7 @@ def test_honest_duchi_round_verifies():
     ids=["raw", "scaled", "one-moved"],
 )
 def test_release_outside_the_committed_output_set_fails_verify(forge, count):
-    """The honest majority left the forged release out, as every peer does (wire.check_release):
+    """The honest majority left the forged release out, as every peer does (release.check_release):
     the release is named, the aggregate is right."""
     report, addresses = _one_round(DUCHI, forge, include=(True, True, False))
     assert not report.ok
@@ -137,7 +137,7 @@ def test_release_outside_the_committed_output_set_fails_verify(forge, count):
 
 
 def test_an_aggregate_that_includes_an_impossible_release_fails_verify():
-    """Every honest peer leaves a release its mechanism cannot output out (wire.check_release), so a
+    """Every honest peer leaves a release its mechanism cannot output out (release.check_release), so a
     finalized aggregate that includes one was not made by honest peers: named, and not ok, although
     it is the digest the attesters' blobs give."""
     report, addresses = _one_round(DUCHI, lambda update, genuine: genuine * 1.01)

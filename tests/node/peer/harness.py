@@ -20,7 +20,7 @@ import trio.testing
 
 from node.learning.models import init_model
 from node.peer.peer import Peer
-from node.protocol import wire
+from node.protocol import aggregate, wire
 from node.protocol.blob import flatten, sha256
 from node.protocol.policy import expected_micro
 from node.protocol.settings import PeerSettings, PrivacyPolicy, SharedSettings
@@ -93,7 +93,7 @@ def update_blob(seed: int, r: int = 1) -> bytes:
 def model_digest(r: int, previous: torch.Tensor, blobs: list[bytes], samples: list[int]) -> bytes:
     """What an honest peer attests for these blobs (in ledger order): sha256 of the model blob."""
     vectors = [wire.read_vector(b, previous.numel(), kind="update")[0] for b in blobs]
-    return sha256(wire.model_blob(wire.next_global(SHARED, previous, vectors, samples), r))
+    return sha256(wire.model_blob(aggregate.next_global(SHARED, previous, vectors, samples), r))
 
 
 async def inline(fn: Callable[[], Any]) -> Any:

@@ -43,7 +43,7 @@ def huge_blob(seed: int) -> bytes:
 
 def next_model_digest(shared: SharedSettings, blobs: list[bytes], samples: list[int]) -> bytes:
     vectors = [wire.read_vector(b, genesis_vector().numel(), kind="update")[0] for b in blobs]
-    return sha256(wire.model_blob(wire.next_global(shared, genesis_vector(), vectors, samples), 1))
+    return sha256(wire.model_blob(aggregate.next_global(shared, genesis_vector(), vectors, samples), 1))
 
 
 @pytest.mark.parametrize("rule", RULES)
@@ -118,7 +118,7 @@ def test_an_aggregation_that_still_raises_ends_the_round_without_a_vote_not_the_
     def broken(*args, **kwargs):
         raise ValueError("values too large for exact fixed-point averaging (simulated)")
 
-    monkeypatch.setattr(wire, "next_global", broken)
+    monkeypatch.setattr(aggregate, "next_global", broken)
 
     async def main():
         swarm, blobs, digests = closed_round(3)

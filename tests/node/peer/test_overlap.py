@@ -14,7 +14,7 @@ import trio
 from node.chain.errors import LedgerError
 from node.chain.records import RoundState
 from node.peer.peer import REREAD_AFTER, Peer, RoundOutcome
-from node.protocol import wire
+from node.protocol import aggregate, wire
 from node.protocol.settings import SharedSettings
 from tests.node.peer.harness import (
     SHARED,
@@ -284,4 +284,4 @@ def test_a_rebuild_that_is_not_the_finalized_model_is_not_taken():
 
 def model_vector(blobs: list[bytes], shared: SharedSettings = SHARED) -> torch.Tensor:
     vectors = [wire.read_vector(b, genesis_vector().numel(), kind="update")[0] for b in blobs]
-    return wire.next_global(shared, genesis_vector(), vectors, [samples_of(i) for i in range(len(blobs))])
+    return aggregate.next_global(shared, genesis_vector(), vectors, [samples_of(i) for i in range(len(blobs))])

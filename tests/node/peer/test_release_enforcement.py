@@ -1,5 +1,5 @@
 """Peers leave out a fetched update that the swarm's mechanism cannot output, with the rule
-`swarm verify` applies (`wire.check_release`, i.e. `Mechanism.release_violation`), so peers and
+`swarm verify` applies (`release.check_release`, i.e. `Mechanism.release_violation`), so peers and
 verify agree; and they never leave out an honest release.
 
 The forged blobs below are well-formed update blobs whose every value is far inside the
@@ -23,7 +23,7 @@ from node.chain.records import RoundState
 from node.config import load_config
 from node.derive import mechanism_params
 from node.peer.peer import Peer, RoundOutcome
-from node.protocol import wire
+from node.protocol import aggregate, release, wire
 from node.protocol.aggregate import VALUE_BOUND
 from node.protocol.blob import BlobError, sha256
 from node.protocol.settings import PrivacyPolicy, SharedSettings
@@ -72,7 +72,7 @@ def forged_blob(privacy: PrivacyPolicy, forgery: str, seed: int) -> bytes:
 
 def model_digest(shared: SharedSettings, blobs: list[bytes], samples: list[int]) -> bytes:
     vectors = [wire.read_vector(b, D, kind="update")[0] for b in blobs]
-    return sha256(wire.model_blob(wire.next_global(shared, genesis_vector(), vectors, samples), 1))
+    return sha256(wire.model_blob(aggregate.next_global(shared, genesis_vector(), vectors, samples), 1))
 
 
 def deploy(swarm: FakeSwarm, shared: SharedSettings) -> None:
@@ -203,7 +203,7 @@ def test_honest_releases_of_every_mechanism_are_never_refused(name, epsilon, sha
                 forged = vector.clone()
                 forged[0] = 1000.0
                 with pytest.raises(BlobError, match="not a possible output"):
-                    wire.check_release(forged, mech)
+                    release.check_release(forged, mech)
         swarm.members[0].ledger.close_round(1)
         for p in peers:
             agreement = await p._agreement(1)
@@ -216,11 +216,11 @@ def test_honest_releases_of_every_mechanism_are_never_refused(name, epsilon, sha
 def test_read_update_is_read_vector_plus_the_release_check():
     vector = genuine(DUCHI, 0)
     mech = mechanisms.from_params(dict(DUCHI.mechanism))
-    assert torch.equal(wire.read_update(blob(DUCHI, vector), D, mech), vector)
+    assert torch.equal(release.read_update(blob(DUCHI, vector), D, mech), vector)
     forged = blob(DUCHI, vector * 1.01)
-    with pytest.raises(wire.ReleaseError) as caught:
-        wire.read_update(forged, D, mech)
+    with pytest.raises(release.ReleaseError) as caught:
+        release.read_update(forged, D, mech)
     assert isinstance(caught.value, BlobError)  # so every caller leaves it out like a malformed blob
-    assert torch.equal(wire.read_update(forged, D, None), vector * 1.01)  # no mechanism: nothing to check
-    assert wire.swarm_mechanism(swarm_settings(DUCHI)) == mech
-    assert wire.swarm_mechanism(swarm_settings(PrivacyPolicy())) is None
+    assert torch.equal(release.read_update(forged, D, None), vector * 1.01)  # no mechanism: nothing to check
+    assert release.swarm_mechanism(swarm_settings(DUCHI)) == mech
+    assert release.swarm_mechanism(swarm_settings(PrivacyPolicy())) is None
