@@ -93,7 +93,9 @@ class HostConfig:
     max_announcement_size: int = 64 * 1024
     announcement_buffer: int = 1024
     max_announcements_per_second: float = 100.0
-    max_tracked_digests: int = 4096
+    # digests remembered per announcing peer (LRU): one peer's flood of HAVEs evicts only its own
+    # entries, never an honest provider's (a member announces a few digests per round)
+    max_digests_per_provider: int = 1024
     gossip_heartbeat: float = 1.0
 
     def __post_init__(self) -> None:
@@ -172,7 +174,9 @@ class SwarmHost:
         self._pubsub = pubsub
         self._gossipsub = gossipsub
         self._nursery = nursery
-        self._providers: collections.OrderedDict[str, dict[str, None]] = collections.OrderedDict()
+        self._providers: dict[str, dict[str, None]] = {}  # digest -> its providers, oldest first
+        # provider -> the digests it announced, least recent first (the per-sender bound)
+        self._provided_by: collections.OrderedDict[str, collections.OrderedDict[str, None]] = collections.OrderedDict()
         self._dialing: set[str] = set()
         self._announce_send, self._announce_recv = trio.open_memory_channel[Announcement](config.announcement_buffer)
         self._pending_have: dict[str, None] = {}  # fetched digests not yet announced (insertion order)
@@ -280,7 +284,7 @@ class SwarmHost:
         `bootstrap_retry_initial` s, the delay doubling after each failure up to `bootstrap_retry_max`
         and starting over once it is connected; connected ones are checked every `reconnect_interval` s.
 
-        Why retry at all: peers started together dial their bootstrap node before it listens (issue 16),
+        Why retry at all: peers started together dial their bootstrap node before it listens,
         and py-libp2p then refuses every dial of that peer for 60 s ("recently failed all addresses
         (negative cache)"), so a swarm started at once split and stalled. The negative-cache entry of a
         bootstrap peer is lifted before each retry; the backoff keeps a dead bootstrap peer cheap.
@@ -514,11 +518,26 @@ class SwarmHost:
             self._dialing.discard(info.peer_id.to_base58())
 
     def _add_provider(self, digest: str, peer_id: str) -> None:
-        holders = self._providers.setdefault(digest, {})
-        holders[peer_id] = None
-        self._providers.move_to_end(digest)
-        while len(self._providers) > self.config.max_tracked_digests:  # bounded memory
-            self._providers.popitem(last=False)
+        """Remember that `peer_id` holds `digest`. Bounded per sender: a peer's oldest digests
+        go once it announced more than `max_digests_per_provider`, so a flood of HAVEs pushes out
+        only the flooder's own entries; senders are bounded like learned addresses."""
+        self._providers.setdefault(digest, {})[peer_id] = None
+        mine = self._provided_by.setdefault(peer_id, collections.OrderedDict())
+        mine[digest] = None
+        mine.move_to_end(digest)
+        self._provided_by.move_to_end(peer_id)
+        while len(mine) > self.config.max_digests_per_provider:
+            self._forget_provider(mine.popitem(last=False)[0], peer_id)
+        while len(self._provided_by) > _MAX_LEARNED:
+            gone, digests = self._provided_by.popitem(last=False)
+            for old in digests:
+                self._forget_provider(old, gone)
+
+    def _forget_provider(self, digest: str, peer_id: str) -> None:
+        holders = self._providers.get(digest, {})
+        holders.pop(peer_id, None)
+        if not holders:
+            self._providers.pop(digest, None)
 
     def providers(self, digest: str) -> list[str]:
         """Peers that announced `digest`, oldest announcement first."""
