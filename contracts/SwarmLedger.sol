@@ -26,7 +26,11 @@ pragma solidity 0.8.28;
  * no contract can run, so every peer and `swarm verify` recompute it from the Committed events.
  *
  * Rounds: round 1 opens at deployment. When round r is finalized or aborted, round r+1 opens in
- * that same block. Every window is counted in blocks.
+ * that same block. Every window has a length in blocks and one in seconds (block.timestamp), and
+ * ends only once both have passed: on a chain that mines a block per transaction (a local Anvil),
+ * anyone can mine hundreds of blocks a second with transactions that fail, so blocks alone would
+ * let an outsider close a round on an honest peer or cut the attestation window short; the
+ * timestamp does not move with them.
  *
  * Gas layout (why the storage looks the way it does; docs/LEDGER.md "Gas"): in steady state no
  * transaction a peer sends creates a slot (22,100 gas each), and each touches a constant number of
@@ -68,6 +72,8 @@ contract SwarmLedger {
         address deployer;
         uint64 deployBlock;
         uint32 maxSamples;
+        uint32 commitWindowSeconds;
+        uint32 attestWindowSeconds;
     }
 
     /// @notice The numeric parameters given at deployment.
@@ -81,6 +87,8 @@ contract SwarmLedger {
         uint64 recordEpsCapMicro; // cap on each peer's record-level (DP-SGD) epsilon; 0 = no DP-SGD
         uint64 recordDeltaE18; // the record-level delta, in units of 1e-18 (0 without DP-SGD)
         uint32 maxSamples; // cap on a commit's numSamples (the FedAvg weight); 0 = 2^32 - 1
+        uint32 commitWindowSeconds; // seconds the commit window also lasts, by block.timestamp (>= 1)
+        uint32 attestWindowSeconds; // seconds the attestation window also lasts, by block.timestamp (>= 1)
     }
 
     /// @notice What a view returns about one round.
@@ -91,6 +99,8 @@ contract SwarmLedger {
         uint64 endedBlock; // block the round was finalized or aborted in; 0 while open or closed
         uint32 participantCount;
         bytes32 finalizedDigest; // 0 unless finalized
+        uint64 openedAt; // block.timestamp of openedBlock
+        uint64 closedAt; // block.timestamp of closedBlock; 0 while open
     }
 
     /// @dev One slot per registered address (208 bits); `lastCommitRound`/`lastAttestRound` detect a
@@ -105,12 +115,15 @@ contract SwarmLedger {
     }
 
     /// @dev The round in progress, in one slot (256 bits): commits and attestations read it, commits
-    /// bump `participantCount`. Rounds fit 31 bits (the table's tags) and blocks 40 bits (34,000
-    /// years of one-second blocks).
+    /// bump `participantCount`. Rounds fit 31 bits (the table's tags), blocks 40 bits (34,000 years
+    /// of one-second blocks) and timestamps 40 bits (until the year 36,000). The slot holds where
+    /// the round's current phase began, the one window that can still be running: the opening while
+    /// it is open (the commit window), the closing once it is closed (the attestation window); the
+    /// opening of a closed round is in its RoundRecord.
     struct Live {
         uint32 round;
-        uint40 openedBlock;
-        uint40 closedBlock;
+        uint40 sinceBlock; // block the round opened in (OPEN) or closed in (CLOSED)
+        uint40 sinceTime; // that block's timestamp
         uint32 baseRound; // last finalized round (0 = genesis): the model this round starts from
         uint32 participantCount;
         RoundState state;
@@ -119,11 +132,13 @@ contract SwarmLedger {
         uint24 nextTableSize; // buckets the next round uses: the slots registrations created by closeRound
     }
 
-    /// @dev Written once when a round closes; endedBlock of r is openedBlock of r+1.
+    /// @dev Written once when a round closes, in one slot (192 bits); endedBlock of r is openedBlock of r+1.
     struct RoundRecord {
         uint40 openedBlock;
         uint40 closedBlock;
         uint32 participantCount;
+        uint40 openedAt;
+        uint40 closedAt;
     }
 
     /// @dev Registration counters, one slot.
@@ -154,8 +169,9 @@ contract SwarmLedger {
     error AlreadyCommitted(uint64 round, address peer);
     /// @notice The round no longer takes commitments (closed, or window over with quorum).
     error CommitWindowClosed(uint64 round);
-    /// @notice The commit window lasts until block `lastBlock` included.
-    error CommitWindowOpen(uint64 round, uint64 lastBlock);
+    /// @notice The commit window lasts through block `lastBlock` and until timestamp `endsAt`: it
+    /// is over in a block numbered above `lastBlock` whose timestamp is at least `endsAt`.
+    error CommitWindowOpen(uint64 round, uint64 lastBlock, uint64 endsAt);
     /// @notice Fewer than `minPeers` committed: the window extends until quorum.
     error QuorumNotMet(uint64 round, uint32 committed, uint32 minPeers);
     /// @notice Cumulative epsilon may not decrease.
@@ -186,8 +202,9 @@ contract SwarmLedger {
     error AlreadyAttested(uint64 round, address peer);
     /// @notice The bitmap must be ceil(participants / 8) bytes with no bit set past the last one.
     error MalformedBitmap(uint64 round, uint256 length, uint256 expectedLength);
-    /// @notice The attestation window lasts until block `lastBlock` included.
-    error AbortTooEarly(uint64 round, uint64 lastBlock);
+    /// @notice The attestation window lasts through block `lastBlock` and until timestamp `endsAt`:
+    /// it is over in a block numbered above `lastBlock` whose timestamp is at least `endsAt`.
+    error AbortTooEarly(uint64 round, uint64 lastBlock, uint64 endsAt);
     /// @notice A finalized round cannot be aborted.
     error RoundAlreadyFinalized(uint64 round);
 
@@ -243,6 +260,8 @@ contract SwarmLedger {
     address private immutable _deployer;
     uint64 private immutable _deployBlock;
     uint32 private immutable _maxSamples;
+    uint32 private immutable _commitWindowSeconds;
+    uint32 private immutable _attestWindowSeconds;
 
     /// @dev Buckets looked at for a key before the overflow mapping.
     uint256 private constant PROBES = 3;
@@ -270,7 +289,7 @@ contract SwarmLedger {
     // ------------------------------------------------------------------ setup
 
     /**
-     * @param settings the swarm's numeric parameters (one struct: eleven loose constructor
+     * @param settings the swarm's numeric parameters (one struct: thirteen loose constructor
      * arguments do not fit the EVM stack when decoded)
      * @param genesisDigest digest of the initial model round 1 starts from
      * @param allowlist if non-empty, only these addresses (and those the deployer adds) may register
@@ -279,6 +298,9 @@ contract SwarmLedger {
         if (settings.minPeers == 0) revert InvalidParams("minPeers");
         if (settings.commitWindow == 0) revert InvalidParams("commitWindow");
         if (settings.attestWindow == 0) revert InvalidParams("attestWindow");
+        // A window of 0 seconds would be blocks only: as short as the chain lets anyone mine blocks.
+        if (settings.commitWindowSeconds == 0) revert InvalidParams("commitWindowSeconds");
+        if (settings.attestWindowSeconds == 0) revert InvalidParams("attestWindowSeconds");
         if (settings.epsCapMicro == 0) revert InvalidParams("epsCapMicro");
         if (settings.deltaE18 >= 1e18) revert InvalidParams("deltaE18");
         if (settings.epsStepMicro > settings.epsCapMicro) revert InvalidParams("epsStepMicro");
@@ -295,6 +317,8 @@ contract SwarmLedger {
         _recordEpsCapMicro = settings.recordEpsCapMicro;
         _recordDeltaE18 = settings.recordDeltaE18;
         _maxSamples = settings.maxSamples == 0 ? type(uint32).max : settings.maxSamples;
+        _commitWindowSeconds = settings.commitWindowSeconds;
+        _attestWindowSeconds = settings.attestWindowSeconds;
         _genesisDigest = genesisDigest;
         _allowlistEnabled = allowlist.length > 0;
         _deployer = msg.sender;
@@ -305,8 +329,8 @@ contract SwarmLedger {
         }
         _live = Live({
             round: 1,
-            openedBlock: uint40(block.number),
-            closedBlock: 0,
+            sinceBlock: uint40(block.number),
+            sinceTime: uint40(block.timestamp),
             baseRound: 0,
             participantCount: 0,
             state: RoundState.OPEN,
@@ -391,9 +415,10 @@ contract SwarmLedger {
 
     /**
      * @notice Commit the digest of the update the sender published for `round`.
-     * @dev Accepted while the round is open and either the commit window has not passed or the
-     * quorum is not reached yet (the window extends). The epsilon is spent from here on. A digest
-     * another participant already committed in the round is refused (DuplicateDigest).
+     * @dev Accepted while the round is open and either the commit window has not passed (its
+     * blocks or its seconds) or the quorum is not reached yet (the window extends). The epsilon is
+     * spent from here on. A digest another participant already committed in the round is refused
+     * (DuplicateDigest).
      * @param round the current round
      * @param digest sha256 of the published update blob
      * @param numSamples local training samples (aggregation weight), 1 to maxSamples
@@ -415,10 +440,11 @@ contract SwarmLedger {
         Live memory live = _live;
         if (round != live.round) revert WrongRound(round, live.round);
         if (peer.lastCommitRound == round) revert AlreadyCommitted(round, msg.sender);
-        if (
-            live.state != RoundState.OPEN ||
-            (block.number > uint256(live.openedBlock) + _commitWindow && live.participantCount >= _minPeers)
-        ) revert CommitWindowClosed(round);
+        if (live.state != RoundState.OPEN) revert CommitWindowClosed(round);
+        if (live.participantCount >= _minPeers) {
+            (bool passed, , ) = _window(live.sinceBlock, live.sinceTime, _commitWindow, _commitWindowSeconds);
+            if (passed) revert CommitWindowClosed(round);
+        }
         if (_epsStepMicro > 0) {
             uint64 expected = peer.epsMicro + _epsStepMicro;
             if (epsMicro != expected) revert EpsNotPolicy(expected, epsMicro);
@@ -450,26 +476,38 @@ contract SwarmLedger {
 
     /**
      * @notice Close `round` (anyone): at least `minPeers` committed, and either the commit
-     * window has passed or every peer that can still commit has (nobody is left to wait for:
-     * peers removed from the allowlist count neither as committed nor as awaited).
-     * The participant list is final from here.
+     * window has passed (its blocks and its seconds) or every peer that can still commit has
+     * (nobody is left to wait for: peers removed from the allowlist count neither as committed
+     * nor as awaited). The participant list is final from here.
      * @param round the current round
      */
     function closeRound(uint64 round) external {
         Live memory live = _live;
         if (round != live.round) revert WrongRound(round, live.round);
         if (live.state != RoundState.OPEN) revert RoundNotOpen(round, live.state);
-        uint256 lastBlock = uint256(live.openedBlock) + _commitWindow;
         Counts memory counts = _counts;
-        if (block.number <= lastBlock && live.participantCount - live.removedCommitters < counts.registered) {
-            revert CommitWindowOpen(round, uint64(lastBlock));
+        (bool passed, uint64 lastBlock, uint64 endsAt) = _window(
+            live.sinceBlock,
+            live.sinceTime,
+            _commitWindow,
+            _commitWindowSeconds
+        );
+        if (!passed && live.participantCount - live.removedCommitters < counts.registered) {
+            revert CommitWindowOpen(round, lastBlock, endsAt);
         }
         if (live.participantCount < _minPeers) revert QuorumNotMet(round, live.participantCount, _minPeers);
         _live.state = RoundState.CLOSED;
-        _live.closedBlock = uint40(block.number);
+        _live.sinceBlock = uint40(block.number);
+        _live.sinceTime = uint40(block.timestamp);
         // The next round's table: every slot registrations created so far (fixed for that round).
         _live.nextTableSize = counts.tableSlots > type(uint24).max ? type(uint24).max : uint24(counts.tableSlots);
-        _records[round] = RoundRecord(live.openedBlock, uint40(block.number), live.participantCount);
+        _records[round] = RoundRecord(
+            live.sinceBlock,
+            uint40(block.number),
+            live.participantCount,
+            live.sinceTime,
+            uint40(block.timestamp)
+        );
         _outcome[round] = RESERVED;
         emit RoundClosed(round, live.participantCount);
     }
@@ -509,8 +547,9 @@ contract SwarmLedger {
     }
 
     /**
-     * @notice Abort a closed round nobody finalized within the attestation window (anyone). The
-     * next round starts from the last finalized model; epsilon committed here stays spent.
+     * @notice Abort a closed round nobody finalized within the attestation window, its blocks and
+     * its seconds (anyone). The next round starts from the last finalized model; epsilon committed
+     * here stays spent.
      * @param round the current round, closed, with its attestation window passed
      */
     function abortRound(uint64 round) external {
@@ -522,8 +561,13 @@ contract SwarmLedger {
             revert RoundNotClosed(round, past);
         }
         if (live.state != RoundState.CLOSED) revert RoundNotClosed(round, live.state);
-        uint256 lastBlock = uint256(live.closedBlock) + _attestWindow;
-        if (block.number <= lastBlock) revert AbortTooEarly(round, uint64(lastBlock));
+        (bool passed, uint64 lastBlock, uint64 endsAt) = _window(
+            live.sinceBlock,
+            live.sinceTime,
+            _attestWindow,
+            _attestWindowSeconds
+        );
+        if (!passed) revert AbortTooEarly(round, lastBlock, endsAt);
         emit RoundAborted(round, msg.sender);
         bytes32 base = live.baseRound == 0 ? _genesisDigest : _outcome[live.baseRound];
         _openNext(live, live.baseRound);
@@ -534,8 +578,8 @@ contract SwarmLedger {
         uint32 next = live.round + 1;
         _live = Live({
             round: next,
-            openedBlock: uint40(block.number),
-            closedBlock: 0,
+            sinceBlock: uint40(block.number),
+            sinceTime: uint40(block.timestamp),
             baseRound: baseRound,
             participantCount: 0,
             state: RoundState.OPEN,
@@ -628,6 +672,26 @@ contract SwarmLedger {
         return uint32(_overflow[keccak256(abi.encodePacked(round, uint8(1), key))]);
     }
 
+    /**
+     * @dev The window that began in block `sinceBlock` at timestamp `sinceTime` and lasts `blocks`
+     * blocks and `duration` seconds: whether it has passed, which takes both (blocks alone can be
+     * stuffed, a timestamp alone skewed by a block producer within the chain's limits), its last
+     * block, and the timestamp it lasts until.
+     */
+    function _window(
+        uint40 sinceBlock,
+        uint40 sinceTime,
+        uint64 blocks,
+        uint32 duration
+    ) private view returns (bool passed, uint64 lastBlock, uint64 endsAt) {
+        unchecked {
+            // 40-bit values plus 64- or 32-bit ones: no overflow in 256 bits
+            uint256 last = uint256(sinceBlock) + blocks;
+            uint256 end = uint256(sinceTime) + duration;
+            return (block.number > last && block.timestamp >= end, uint64(last), uint64(end));
+        }
+    }
+
     function _pastState(uint64 round) private view returns (RoundState) {
         return _outcome[round] == RESERVED ? RoundState.ABORTED : RoundState.FINALIZED;
     }
@@ -650,7 +714,9 @@ contract SwarmLedger {
                 _allowlistEnabled,
                 _deployer,
                 _deployBlock,
-                _maxSamples
+                _maxSamples,
+                _commitWindowSeconds,
+                _attestWindowSeconds
             );
     }
 
@@ -665,18 +731,30 @@ contract SwarmLedger {
         digest = round == 0 ? _genesisDigest : _outcome[round];
     }
 
-    /// @notice State, block numbers, participant count and finalized digest of `round`.
+    /// @notice State, block numbers and timestamps, participant count and finalized digest of `round`.
     function roundInfo(uint64 round) external view returns (RoundInfo memory info) {
         Live memory live = _live;
         if (round == 0 || round > live.round) revert WrongRound(round, live.round);
-        if (round == live.round) {
-            return RoundInfo(live.state, live.openedBlock, live.closedBlock, 0, live.participantCount, 0);
+        if (round == live.round && live.state == RoundState.OPEN) {
+            return RoundInfo(live.state, live.sinceBlock, 0, 0, live.participantCount, 0, live.sinceTime, 0);
         }
         RoundRecord memory rec = _records[round];
-        uint40 ended = round + 1 == live.round ? live.openedBlock : _records[round + 1].openedBlock;
-        RoundState state = _pastState(round);
-        bytes32 digest = state == RoundState.FINALIZED ? _outcome[round] : bytes32(0);
-        return RoundInfo(state, rec.openedBlock, rec.closedBlock, ended, rec.participantCount, digest);
+        info = RoundInfo({
+            state: live.state,
+            openedBlock: rec.openedBlock,
+            closedBlock: rec.closedBlock,
+            endedBlock: 0,
+            participantCount: rec.participantCount,
+            finalizedDigest: 0,
+            openedAt: rec.openedAt,
+            closedAt: rec.closedAt
+        });
+        if (round == live.round) return info;
+        // round r + 1 opened when r ended: the live slot holds that opening while r + 1 is open
+        bool nextOpen = round + 1 == live.round && live.state == RoundState.OPEN;
+        info.endedBlock = nextOpen ? live.sinceBlock : _records[round + 1].openedBlock;
+        info.state = _pastState(round);
+        if (info.state == RoundState.FINALIZED) info.finalizedDigest = _outcome[round];
     }
 
     /// @notice The cumulative epsilon `peer` has committed, in millionths.

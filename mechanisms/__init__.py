@@ -2,7 +2,7 @@
 Imports torch, numpy, math and opacus only: no I/O, no network, no chain.
 
     mech = mechanisms.get("pnpm", epsilon=1.0)
-    noisy = mech.perturb(weights, generator=secret_generator())   # mechanisms.randomness: OS CSPRNG
+    noisy = mech.perturb(weights, generator=secret_generator())   # mechanisms.randomness: ChaCha20
     mech.guarantee            # Guarantee(epsilon, delta, protects, scope, statement)
     mechanisms.canonical_json(mech.params())   # what goes on chain
     mechanisms.accounting.cumulative_spend(mech.params(), num_coordinates=d, rounds=T)
@@ -15,8 +15,9 @@ import math
 
 from .base import Guarantee, Mechanism
 from .gaussian import Gaussian, analytic_gaussian_epsilon, analytic_gaussian_sigma, classic_gaussian_sigma
-from .local import LDPFL, PNPM, Duchi, Exponential, Hybrid, Laplace, Piecewise, RandomizedResponse
+from .local import LDPFL, PNPM, Duchi, Hybrid, Piecewise, RandomizedResponse
 from .sampled import Sampled
+from .snapping import Exponential, Laplace
 
 MECHANISMS: dict[str, type[Mechanism]] = {
     "duchi": Duchi,

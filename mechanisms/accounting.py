@@ -1,7 +1,7 @@
 """Privacy accountants: what is a peer's cumulative (eps, delta) for its WHOLE shared update?
 
-One small class per accountant behind one interface (opacus style): `step(releases)` records
-releases, `get_privacy_spent(delta)` answers (eps, delta). `cumulative_spend` is the pure function
+One small class per accountant behind one abstract interface (opacus style, `IAccountant`):
+`step(releases)` records releases, `get_privacy_spent(delta)` answers (eps, delta). `cumulative_spend` is the pure function
 the node and `swarm verify` use to recompute a peer's spend from the parameters it committed.
 
 A coordinate-scope mechanism applied to d coordinates is d releases per round: a peer's spend is
@@ -10,10 +10,12 @@ never the per-coordinate eps.
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import asdict, dataclass
+from typing import ClassVar
 
-from .base import check_delta, check_epsilon
+from .base import Guarantee, check_delta, check_epsilon
 from .gaussian import Gaussian
 
 
@@ -29,10 +31,19 @@ def advanced_composition(epsilon: float, releases: int, delta_slack: float, delt
     return eps, releases * delta + delta_slack
 
 
-class Accountant:
-    """Counts releases of one mechanism and answers the cumulative (eps, delta)."""
+class IAccountant(abc.ABC):
+    """An accountant (opacus style): it is told what was released and answers the cumulative
+    (eps, delta) at a given delta."""
 
-    name = "accountant"
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def get_privacy_spent(self, delta: float | None = None) -> tuple[float, float]:
+        """(eps, delta) of everything released so far."""
+
+
+class ReleaseAccountant(IAccountant):
+    """Counts releases of one mechanism (`step`); subclasses compose them."""
 
     def __init__(self) -> None:
         self.releases = 0
@@ -42,11 +53,8 @@ class Accountant:
             raise ValueError(f"releases must be an integer >= 0, got {releases!r}")
         self.releases += releases
 
-    def get_privacy_spent(self, delta: float | None = None) -> tuple[float, float]:
-        raise NotImplementedError
 
-
-class BasicCompositionAccountant(Accountant):
+class BasicCompositionAccountant(ReleaseAccountant):
     """Sequential composition of pure (or approximate) releases."""
 
     name = "basic"
@@ -60,7 +68,7 @@ class BasicCompositionAccountant(Accountant):
         return basic_composition(self.epsilon, self.releases, self.delta)
 
 
-class AdvancedCompositionAccountant(Accountant):
+class AdvancedCompositionAccountant(ReleaseAccountant):
     """Advanced composition; `get_privacy_spent(delta)` spends `delta` minus the releases' own."""
 
     name = "advanced"
@@ -82,7 +90,7 @@ class AdvancedCompositionAccountant(Accountant):
         return advanced_composition(self.epsilon, self.releases, slack, self.delta)
 
 
-class RDPGaussianAccountant(Accountant):
+class RDPGaussianAccountant(ReleaseAccountant):
     """Renyi DP of the (subsampled) Gaussian via opacus' RDPAccountant (Mironov 2017; Mironov,
     Talwar, Zhang 2019); conversion to (eps, delta) as opacus does it."""
 
@@ -145,58 +153,79 @@ def cumulative_spend(
     `target_delta` is given and it is smaller. Vector-scope pure mechanisms: `rounds` releases,
     likewise. Gaussian: RDP (opacus) with unit noise sigma / (2 clip_norm) and `sample_rate`, or
     basic composition of the per-round (eps, delta) when that is smaller within `target_delta`
-    (default: the mechanism's delta). sample_rate < 1 amplifies only against an observer who cannot
-    tell whether the peer took part in a round; with public blobs, pass 1.
-    Deterministic: Python floats and math only (opacus for RDP).
+    (default: the mechanism's delta), plus the float sampler's residual delta of every round.
+    sample_rate < 1 amplifies only against an observer who cannot tell whether the peer took part
+    in a round; with public blobs, pass 1. Deterministic: Python floats and math only (opacus for
+    RDP).
     """
     from . import from_params
 
+    _check_spend_arguments(num_coordinates, rounds, sample_rate)
+    if target_delta is not None:
+        target_delta = check_delta(target_delta, "target_delta")
+    mech = from_params(params)
+    if isinstance(mech, Gaussian):
+        return _gaussian_spend(mech, num_coordinates, rounds, sample_rate, target_delta)
+    if sample_rate != 1.0:
+        raise ValueError("sample_rate < 1 is accounted only for the gaussian mechanism")
+    return _pure_spend(mech.name, mech.guarantee, num_coordinates, rounds, target_delta)
+
+
+def _check_spend_arguments(num_coordinates: int, rounds: int, sample_rate: float) -> None:
     if isinstance(num_coordinates, bool) or not isinstance(num_coordinates, int) or num_coordinates < 1:
         raise ValueError(f"num_coordinates must be an integer >= 1, got {num_coordinates!r}")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 0:
         raise ValueError(f"rounds must be an integer >= 0, got {rounds!r}")
     if not (isinstance(sample_rate, (int, float)) and 0 < sample_rate <= 1):
         raise ValueError(f"sample_rate must lie in (0, 1], got {sample_rate!r}")
-    if target_delta is not None:
-        target_delta = check_delta(target_delta, "target_delta")
-    mech = from_params(params)
+
+
+def _protects(g: Guarantee) -> str:
+    return "the sign of each weight only (no finite eps for the values)" if g.protects == "sign" else "the update's values"
+
+
+def _gaussian_spend(
+    mech: Gaussian, num_coordinates: int, rounds: int, sample_rate: float, target_delta: float | None
+) -> Spend:
+    """The exact Gaussian's (eps, delta) from RDP (or basic composition), plus the float64
+    sampler's residual delta once per round (a union bound over the rounds' draws): its tail and
+    its snapping, d times the per-coordinate residual."""
     g = mech.guarantee
-    what = (
-        "the sign of each weight only (no finite eps for the values)" if g.protects == "sign" else "the update's values"
+    delta = mech.delta if target_delta is None else target_delta
+    rdp = RDPGaussianAccountant(mech.sigma / mech.sensitivity, sample_rate)
+    rdp.step(rounds)
+    eps, method = rdp.get_privacy_spent(delta)[0], "rdp"
+    if sample_rate == 1.0 and rounds * mech.delta <= delta:
+        basic = BasicCompositionAccountant(g.epsilon, mech.delta)
+        basic.step(rounds)
+        if basic.get_privacy_spent()[0] < eps:
+            eps, method = basic.get_privacy_spent()[0], "basic"
+    residual = rounds * (g.residual_delta + num_coordinates * g.residual_delta_per_coordinate)
+    return Spend(
+        eps,
+        delta + residual if rounds else 0.0,
+        g.protects,
+        "vector",
+        f"{mech.name}: ({eps:.6g}, {delta:g} + {residual:.3g})-LDP for {_protects(g)} over {rounds} rounds "
+        f"({method}, sample rate {sample_rate:g}; + the float64 sampler's residual delta)",
+        method,
+        residual,
     )
 
-    if isinstance(mech, Gaussian):
-        # The exact Gaussian's (eps, delta) from RDP (or basic composition), plus the float64
-        # sampler's residual delta once per round (a union bound over the rounds' draws).
-        delta = mech.delta if target_delta is None else target_delta
-        rdp = RDPGaussianAccountant(mech.sigma / mech.sensitivity, sample_rate)
-        rdp.step(rounds)
-        eps, method = rdp.get_privacy_spent(delta)[0], "rdp"
-        if sample_rate == 1.0 and rounds * mech.delta <= delta:
-            basic = basic_composition(g.epsilon, rounds, mech.delta)[0]
-            if basic < eps:
-                eps, method = basic, "basic"
-        residual = rounds * g.residual_delta
-        return Spend(
-            eps,
-            delta + residual if rounds else 0.0,
-            g.protects,
-            "vector",
-            f"{mech.name}: ({eps:.6g}, {delta:g} + {residual:.3g})-LDP for {what} over {rounds} rounds "
-            f"({method}, sample rate {sample_rate:g}; + the float64 sampler's residual delta)",
-            method,
-            residual,
-        )
 
+def _pure_spend(name: str, g: Guarantee, num_coordinates: int, rounds: int, target_delta: float | None) -> Spend:
+    """Pure releases (the local mechanisms' floating-point excess is inside their eps: they are
+    exact on their grids, Laplace and the exponential mechanism calibrated so that their proven
+    snapping bound meets it); a residual delta, if any, adds up."""
     releases = rounds * (num_coordinates if g.scope == "coordinate" else 1)
-    if sample_rate != 1.0:
-        raise ValueError("sample_rate < 1 is accounted only for the gaussian mechanism")
-    # Pure releases (the local mechanisms' floating-point excess is inside their eps: Laplace
-    # is calibrated so that its snapping bound meets it); a residual delta, if any, adds up.
     residual = releases * g.residual_delta
-    eps, delta, method = basic_composition(g.epsilon, releases, g.delta)[0], releases * g.delta, "basic"
+    basic = BasicCompositionAccountant(g.epsilon, g.delta)
+    basic.step(releases)
+    (eps, delta), method = basic.get_privacy_spent(), "basic"
     if target_delta is not None and releases > 0 and g.delta == 0.0:
-        adv = advanced_composition(g.epsilon, releases, target_delta)[0]
+        advanced = AdvancedCompositionAccountant(g.epsilon)
+        advanced.step(releases)
+        adv = advanced.get_privacy_spent(target_delta)[0]
         if adv < eps:
             eps, delta, method = adv, target_delta, "advanced"
     per = f"{num_coordinates} coordinates x {rounds} rounds" if g.scope == "coordinate" else f"{rounds} rounds"
@@ -205,7 +234,7 @@ def cumulative_spend(
         delta,
         g.protects,
         "vector",
-        f"{mech.name}: ({eps:.6g}, {delta:g})-LDP for {what}, whole update, {per} at "
+        f"{name}: ({eps:.6g}, {delta:g})-LDP for {_protects(g)}, whole update, {per} at "
         f"eps {g.epsilon:g} each ({method} composition)",
         method,
         residual,

@@ -22,6 +22,7 @@ import torch
 from .base import Mechanism, check_epsilon
 from .gaussian import Gaussian
 from .local import LDPFL
+from .randomness import seeded_generator
 
 _DISCRETE_LIMIT = 64
 
@@ -141,7 +142,7 @@ def audit_pair(
         raise ValueError(f"trials must be an integer >= 100, got {trials!r}")
     if not (0.0 < confidence < 1.0):
         raise ValueError(f"confidence must lie in (0, 1), got {confidence!r}")
-    gen = torch.Generator().manual_seed(seed)
+    gen = seeded_generator(seed)  # an audit is reproducible: public noise
     out0 = mechanism.perturb_independent(torch.full((trials,), x0, dtype=torch.float64), generator=gen)
     out1 = mechanism.perturb_independent(torch.full((trials,), x1, dtype=torch.float64), generator=gen)
     events = _event_counts(out0, out1, bins)

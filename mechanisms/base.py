@@ -1,21 +1,23 @@
 """The interface every mechanism implements, its guarantee object, and input validation.
 
-Perturb paths draw ONE uniform per coordinate into the output buffer and transform it in place
-with whole-tensor ops and at most a few scratch buffers, so a mechanism costs little more than
-its random numbers (docs/BENCHMARKS.md, section "Mechanisms"). The scratch buffers are kept
-per thread and reused across calls: fresh 40 MB allocations cost more page faults than the
-arithmetic (and small chunks cost more in per-op overhead on a loaded 2-core machine).
+Perturb paths draw keystream words block by block (mechanisms/draws.py) and transform each block
+with whole-tensor ops on a few scratch buffers, so a mechanism costs little more than its random
+bits (docs/BENCHMARKS.md, section "Mechanisms"). The scratch buffers are kept per thread and
+reused across calls: fresh allocations cost more page faults than the arithmetic.
 """
 
 from __future__ import annotations
 
+import abc
 import math
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import ClassVar, SupportsFloat, cast
 
 import torch
+
+from .randomness import PrivacyGenerator
 
 _WORKSPACE = threading.local()
 
@@ -31,6 +33,9 @@ class Guarantee:
     statement: one line a human can read.
     residual_delta: the part of `delta` that the floating-point sampler adds to the exact
            mechanism's (already included in delta; docs/MECHANISMS.md, "Floating point").
+    residual_delta_per_coordinate: what the floating-point sampler adds per coordinate of the
+           release on top (NOT included in delta, which cannot know the release's size): a
+           release of d coordinates is (epsilon, delta + d * this)-DP. 0 except for the Gaussian.
     """
 
     epsilon: float
@@ -39,6 +44,11 @@ class Guarantee:
     scope: str
     statement: str
     residual_delta: float = 0.0
+    residual_delta_per_coordinate: float = 0.0
+
+    def delta_for(self, num_coordinates: int) -> float:
+        """The delta of one release of `num_coordinates` coordinates, floating point included."""
+        return self.delta + num_coordinates * self.residual_delta_per_coordinate
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -110,22 +120,6 @@ def check_tensor(
     return flat
 
 
-def half_grid_threshold(q: float, dtype: torch.dtype) -> float:
-    """The threshold that selects the same uniform draws as `u < q` but never equals a draw.
-
-    torch's CPU `uniform_` returns multiples of 2^-24 (float32) or 2^-53 (float64). Moving the
-    threshold to the middle between two grid points keeps P[u < q] as the grid allows and makes
-    `u - q` never zero, so `sign(u - q)` is always +-1 (a zero would output a wrong value).
-    Exact in the dtype only for q < 1/2 (above, the half grid needs one more bit): callers
-    with larger q decide with `floor` instead, which needs no such care.
-    """
-    if not 0.0 < q < 0.5:
-        raise ValueError(f"half_grid_threshold needs 0 < q < 1/2, got {q!r}")
-    bits = 24 if dtype == torch.float32 else 53
-    scale = 2.0**bits
-    return (math.ceil(q * scale) - 0.5) / scale
-
-
 def scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
     """A per-thread buffer of n elements, reused across calls (slot tells a caller's buffers apart)."""
     cache: dict[tuple[torch.dtype, int], torch.Tensor] | None = getattr(_WORKSPACE, "buffers", None)
@@ -135,18 +129,6 @@ def scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
     if buf is None or buf.numel() < n:
         buf = cache[(dtype, slot)] = torch.empty(n, dtype=dtype)
     return buf[:n]
-
-
-def uniform_draw(out: torch.Tensor, low: float, high: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Fill `out` with one uniform draw per element on [low, high): the only randomness a local
-    mechanism uses.
-
-    torch computes low + (high - low) * x for x on the 2^-24 (float32) or 2^-53 (float64) grid
-    inside the generator's own pass, so an affine map of the uniform costs nothing. With
-    high - low == 1 and low a float of the dtype the result is exactly x + low rounded once,
-    whose sign is exactly the sign of x + low.
-    """
-    return out.uniform_(low, high, generator=generator)
 
 
 def affine_(u: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
@@ -202,53 +184,92 @@ def first_violation(
     return f"{count} of {flat.numel()} coordinates are not {what} (first: index {first} = {first_value!r})"
 
 
-def points_violation(y: torch.Tensor, points: tuple[float, ...], what: str, *, allow_zero: bool = False) -> str | None:
-    """Every coordinate (zeros aside with `allow_zero`) within `release_tolerance` of one of
-    `points` (finite floats), or what is wrong."""
-    flat = release_flat(y)
-    if isinstance(flat, str):
-        return flat
-    tol = release_tolerance(flat.dtype, max(abs(p) for p in points))
+@dataclass(frozen=True)
+class OutputSet:
+    """The values one output coordinate can take, before the float tolerance of
+    `release_tolerance`: isolated `points`, a `grid` (first, step, count: first + i step for
+    0 <= i < count) and/or an `interval` (low, high)."""
 
-    def bad(block: torch.Tensor) -> torch.Tensor:
-        near = torch.zeros_like(block, dtype=torch.bool)
-        for p in points:
-            near |= (block - p).abs_() <= tol  # NaN is near nothing
-        return ~near
+    points: tuple[float, ...] = ()
+    grid: tuple[float, float, int] | None = None
+    interval: tuple[float, float] | None = None
 
-    return first_violation(flat, bad, what, allow_zero=allow_zero)
+    def scaled(self, factor: float) -> OutputSet:
+        grid = None if self.grid is None else (self.grid[0] * factor, self.grid[1] * factor, self.grid[2])
+        interval = None if self.interval is None else (self.interval[0] * factor, self.interval[1] * factor)
+        return replace(self, points=tuple(p * factor for p in self.points), grid=grid, interval=interval)
+
+    @property
+    def magnitude(self) -> float:
+        """The largest |value| of the set."""
+        ends = list(self.points)
+        if self.grid is not None:
+            first, step, count = self.grid
+            ends += [first, first + (count - 1) * step]
+        if self.interval is not None:
+            ends += list(self.interval)
+        return max(abs(v) for v in ends)
+
+    def describe(self) -> str:
+        parts = [f"{{{', '.join(f'{p:.9g}' for p in self.points)}}}"] if self.points else []
+        if self.grid is not None:
+            first, step, count = self.grid
+            parts.append(f"the grid {first:.9g} + i {step:.9g}, 0 <= i < {count}")
+        if self.interval is not None:
+            parts.append(f"[{self.interval[0]:.9g}, {self.interval[1]:.9g}]")
+        return " or ".join(parts)
+
+    def violation(self, y: torch.Tensor, what: str, *, allow_zero: bool = False) -> str | None:
+        """None if every coordinate of `y` (zeros aside with `allow_zero`) lies in the set up to
+        `release_tolerance`, else how many do not and the first of them."""
+        flat = release_flat(y)
+        if isinstance(flat, str):
+            return flat
+        tol = release_tolerance(flat.dtype, self.magnitude)
+
+        def bad(block: torch.Tensor) -> torch.Tensor:
+            good = torch.zeros_like(block, dtype=torch.bool)
+            for p in self.points:
+                good |= (block - p).abs_() <= tol  # NaN is near nothing
+            if self.grid is not None:
+                first, step, count = self.grid
+                index = (block - first).div_(step)
+                nearest = torch.round(index).clamp_(0, count - 1)
+                good |= (index - nearest).abs_().mul_(abs(step)) <= tol
+            if self.interval is not None:
+                low, high = self.interval
+                good |= (block >= low - tol) & (block <= high + tol)
+            return ~good
+
+        return first_violation(flat, bad, f"{what} {self.describe()}", allow_zero=allow_zero)
 
 
-def interval_violation(y: torch.Tensor, low: float, high: float, what: str, *, allow_zero: bool = False) -> str | None:
-    """Every coordinate in [low, high] widened by `release_tolerance`, or what is wrong."""
-    flat = release_flat(y)
-    if isinstance(flat, str):
-        return flat
-    tol = release_tolerance(flat.dtype, max(abs(low), abs(high)))
-    lo_b, hi_b = low - tol, high + tol
-    return first_violation(flat, lambda b: ~((b >= lo_b) & (b <= hi_b)), what, allow_zero=allow_zero)
+class Mechanism(abc.ABC):
+    """Base of every mechanism: `perturb`, `variance`, `guarantee`, `params`, `release_violation`.
 
-
-class Mechanism:
-    """Base of every mechanism: `perturb`, `variance`, `guarantee`, `params`, `release_violation`."""
+    `perturb` draws from `generator.mechanism` (mechanisms.randomness: a ChaCha20 stream); without
+    a generator it draws from a fresh secret one."""
 
     name: ClassVar[str]
     # What `release_violation` checks of a published output, in one line (docs, `swarm verify`).
     release_check: ClassVar[str] = "nothing: the output set of this mechanism is not checked"
 
-    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
+        """A release of `x`: same shape and dtype (float32 or float64)."""
 
+    @abc.abstractmethod
     def variance(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """The variance of each output coordinate, in closed form."""
 
     @property
+    @abc.abstractmethod
     def guarantee(self) -> Guarantee:
-        raise NotImplementedError
+        """What one call of `perturb` guarantees."""
 
+    @abc.abstractmethod
     def params(self) -> dict[str, object]:
         """The constructor's parameters plus "name": what `mechanisms.from_params` rebuilds from."""
-        raise NotImplementedError
 
     def release_violation(self, y: torch.Tensor) -> str | None:
         """Is `y` a possible output of `perturb` with these parameters, on an input it accepts?
@@ -258,11 +279,11 @@ class Mechanism:
         checked, never its law: a dishonest peer can always publish a vector drawn from the output
         set without its input, so passing this check rests on each peer's own software. The check
         allows the float rounding of the real implementation (`release_tolerance`), so a genuine
-        output is never flagged. The default checks nothing and returns None.
+        output is never flagged. This default checks nothing and returns None.
         """
         return None
 
-    def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    def perturb_independent(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         """Perturb every element of `x` as its own release (used by the audit).
 
         For coordinate-scope mechanisms this is `perturb`; vector-scope mechanisms override it

@@ -11,13 +11,17 @@ Neighbouring relation: LOCAL. The peer's update is clipped to L2 norm S and any 
 updates are neighbours, so the sensitivity is D = 2S. `noise_multiplier` z follows opacus'
 convention sigma = z * S; the (eps, delta) stated are for D = 2S, i.e. a unit noise z/2.
 
-Sampling: float64 Box-Muller on U* (`local.round_down_uniform_`, a uniform real rounded down to a
-double: it reaches every binade), so the noise reaches 37.6 sigma. torch's float32 `normal_`
-(24-bit uniforms) never goes past 5.77 sigma, and its float64 one past 8.57 sigma; a noise cut at
-R sigma lets a shift of D sigmas be seen with probability Phi(D - R) in one coordinate (8.2e-5 at
-5.77 sigma and z = 1, D = 2) and up to exp(-(R - D)^2/2) for a Box-Muller pair (8.3e-4).
-`float_residual_delta` bounds what is left at 37.6 sigma; `guarantee` and
-`accounting.cumulative_spend` add it to delta.
+Sampling (docs/MECHANISMS.md, "Floating point"): Box-Muller pairs in float64 from a ChaCha20
+stream, radius sqrt(2 l) with l = -ln R exact to a relative 2^-51 for every R (R = Y or 1 - Y by a
+fair coin, Y = U*/2 a uniform real on (0, 1/2) rounded down to a float64, and -ln(1 - Y) by
+log1p: fine near R = 1 as well as near 0), angle 2 pi V with V on the 2^-53 grid; the noise reaches
+37.6 sigma. The released value is the SNAPPING of the exact Gaussian mechanism: the clipped update
+plus the noise, rounded to a grid L (the largest power of 2 <= sigma/4) and clamped to +-K L
+where every grid value is reachable from every clipped input: the output set is the grid,
+whatever the input. The float computation differs from the exact snapped mechanism only when
+the exact value lies within rho of a cell boundary (`float_residual_delta_per_coordinate`,
+about 6e-13 per coordinate), or when a pair's radius passes 37.6 sigma (`float_residual_delta`);
+both add to delta, recorded.
 """
 
 from __future__ import annotations
@@ -30,16 +34,19 @@ import torch
 from .base import (
     Guarantee,
     Mechanism,
+    OutputSet,
     check_delta,
     check_epsilon,
     check_positive,
     check_tensor,
-    interval_violation,
     scratch,
 )
-from .local import TAIL_EXPONENT, blocks, random_bits_, round_down_uniform_
+from .draws import TAIL_EXPONENT, bits63_, blocks, round_down_uniform_
+from .randomness import PrivacyGenerator, RandomStream, mechanism_stream
+from .snapping import LOG_ULPS
 
 _SQRT2 = math.sqrt(2.0)
+_LOW63 = torch.tensor((1 << 63) - 1)
 
 
 def _phi(x: float) -> float:
@@ -146,37 +153,74 @@ def float_residual_delta(sigma: float, sensitivity: float) -> float:
     return min(1.0, math.nextafter(residual * (1.0 + 2.0**-40), math.inf))
 
 
-def add_gaussian_noise(
-    x: torch.Tensor, scale: float, sigma: float, out: torch.Tensor, generator: torch.Generator | None
-) -> torch.Tensor:
-    """out <- scale * x + N(0, sigma^2) per coordinate (x, out flat, of one dtype).
+# Relative error of the sampler's noise per unit of radius, in units of 2^-53: the radius (U*:
+# 2 ulps, log or log1p: 2 LOG_ULPS, sqrt: 1), the angle (grid 2 pi, 2 pi rounded, its product:
+# 3 x 2 pi), cos or sin (2 LOG_ULPS, absolute), the products by sigma/L and by the radius (2).
+NOISE_ULPS = 2.0 + 2.0 * LOG_ULPS + 1.0 + 6.0 * math.pi + 2.0 * LOG_ULPS + 2.0
+_RADIUS_CUT = 12.0  # radii beyond it (probability e^-72) count as a boundary event outright
 
-    Box-Muller: coordinates i and i + m of each block (m = ceil(block / 2)) share the radius
-    sigma sqrt(-2 ln U*) and the angle 2 pi V: r cos and r sin. U* (`round_down_uniform_`) is
-    exact in every binade, so the radius reaches TAIL_RADIUS sigma (37.6) instead of the 5.77 of
-    torch's float32 `normal_` (24-bit uniforms); -2 ln U* is taken in float64. The angle has the
-    precision of the output: V on a 2^-24 grid with float32 cos/sin for float32 outputs (as
-    torch's own float32 normal_), 2^-53 and float64 for float64 outputs. Randomness: only
-    `generator` (two 63-bit draws per pair).
-    """
-    dtype = out.dtype
-    angle_bits = 24 if dtype == torch.float32 else 53
-    extra_bits = min(42, 63 - angle_bits)  # the rest of the angle's draw extends U*'s binade draw
-    for lo, hi in blocks(x.numel()):
-        k = hi - lo
-        m = (k + 1) // 2
-        bits = random_bits_(scratch(m, torch.int64, 0), generator)
-        aux = random_bits_(scratch(m, torch.int64, 1), generator)
-        extra = torch.bitwise_right_shift(aux, angle_bits, out=scratch(m, torch.int64, 2))
-        u = round_down_uniform_(scratch(m, torch.float64, 0), bits, extra, extra_bits, generator)
-        radius = scratch(m, dtype, 1).copy_(u.log_().mul_(-2.0)).sqrt_().mul_(sigma)
-        theta = scratch(m, dtype, 2).copy_(aux.bitwise_and_((1 << angle_bits) - 1))  # exact
-        theta.mul_(2.0 * math.pi * 2.0**-angle_bits)
-        z = scratch(k, dtype, 3)
-        torch.mul(torch.cos(theta, out=z[:m]), radius, out=z[:m])
-        torch.mul(torch.sin(theta[: k - m], out=z[m:]), radius[: k - m], out=z[m:])
-        torch.add(z, x[lo:hi], alpha=scale, out=out[lo:hi])
+
+def standard_normal_pairs_(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
+    """out (float64, even length 2m) <- 2m standard normals: out[i] and out[m + i] are the pair
+    (r cos 2 pi V, r sin 2 pi V) of one radius r = sqrt(-2 ln R) (see the module's docstring).
+
+    Two 64-bit words per pair: the first's sign bit is the coin (R = Y or 1 - Y) and its other 63
+    bits U*'s significand and binade; the second's low 53 bits the angle V and its top 10 more of
+    U*'s binade. Randomness: only `stream`."""
+    m = out.numel() // 2
+    first = stream.fill_(scratch(m, torch.int64, 0))
+    coin = torch.lt(first, 0, out=scratch(m, torch.bool, 0))
+    bits = first.bitwise_and_(_LOW63)
+    aux = bits63_(scratch(m, torch.int64, 1), stream)
+    extra = torch.bitwise_right_shift(aux, 53, out=scratch(m, torch.int64, 2))
+    y = round_down_uniform_(scratch(m, torch.float64, 0), bits, extra, 10, stream).mul_(0.5)
+    low = torch.log(y, out=scratch(m, torch.float64, 1))  # -l when R = Y
+    high = torch.log1p(y.neg_(), out=y)  # -l when R = 1 - Y
+    radius = torch.where(coin, low, high, out=low).mul_(-2.0).sqrt_()
+    theta = scratch(m, torch.float64, 2).copy_(aux.bitwise_and_((1 << 53) - 1)).mul_(2.0 * math.pi * 2.0**-53)
+    torch.mul(torch.cos(theta, out=out[:m]), radius, out=out[:m])
+    torch.mul(torch.sin(theta, out=out[m:]), radius, out=out[m:])
     return out
+
+
+def add_gaussian_noise(
+    x: torch.Tensor, scale: float, sigma: float, out: torch.Tensor, stream: RandomStream
+) -> torch.Tensor:
+    """out <- scale * x + N(0, sigma^2) per coordinate, in floating point, not snapped (x, out
+    flat, of one dtype): DP-SGD's noise (node/learning/train.py). The sampler is the Gaussian
+    mechanism's (`standard_normal_pairs_`); its tail residual is `float_residual_delta`."""
+    for lo, hi in blocks(x.numel()):
+        n = hi - lo
+        z = standard_normal_pairs_(scratch(n + n % 2, torch.float64, 3), stream)[:n]
+        noise = scratch(n, out.dtype, 4).copy_(z.mul_(sigma))
+        torch.add(noise, x[lo:hi], alpha=scale, out=out[lo:hi])
+    return out
+
+
+def float_residual_delta_per_coordinate(sigma: float, grid: float, clip_norm: float) -> float:
+    """The delta the snapped float sampler adds per released coordinate, beyond the tail.
+
+    In grid units (s = sigma/L): the computed v = fl(w + noise) is within rho(r) = 2^-53 (NOISE_ULPS
+    s r + |w| + s r + 1) of the exact w + s r cos(2 pi Theta) (the noise's errors scale with the
+    radius r, |w| <= clip_norm/L (1 + 2^-16)), so the output differs from the exact snapped
+    mechanism's only if the exact value lies within rho(r) of a half-integer. With r <= 12 (else
+    counted whole: e^-72), that needs the exact value, a Gaussian of density <= f = 1/(s sqrt(2 pi))
+    per grid unit, within rho(12) of a half-integer: probability <= 2 rho(12) (1 + 2 f) (a unimodal
+    density summed over windows one unit apart is at most its integral plus twice its maximum).
+    A release of d coordinates: the exact snapped mechanism's law except on an event of
+    probability <= d times this, which adds to its delta. Rounded up."""
+    s = sigma / grid
+    w = clip_norm / grid * CLIP_SLACK
+    rho = 2.0**-53 * (NOISE_ULPS * s * _RADIUS_CUT + w + s * _RADIUS_CUT + 1.0)
+    density = 1.0 / (s * math.sqrt(2.0 * math.pi))
+    bound = math.exp(-_RADIUS_CUT**2 / 2.0) + 2.0 * rho * (1.0 + 2.0 * density)
+    return math.nextafter(bound * (1.0 + 2.0**-40), math.inf)
+
+
+def power_of_two_at_most(x: float) -> float:
+    """The largest power of 2 <= x > 0 (exact, via the binary exponent)."""
+    mantissa, exponent = math.frexp(x)  # x = mantissa 2^exponent, mantissa in [1/2, 1)
+    return math.ldexp(1.0, exponent - 1)
 
 
 _NORM_ROW = 256
@@ -209,9 +253,9 @@ class Gaussian(Mechanism):
 
     name = "gaussian"
     release_check = (
-        "every coordinate lies within clip_norm + 38.6 sigma (the clipped update plus the sampler's "
-        "largest radius), up to float rounding; inside it the noise cannot be told from the update "
-        "without it, so a raw update passes"
+        "every coordinate is a multiple of the grid L (the largest power of 2 <= sigma/4) within "
+        "+-K L, the snapping clamp (about 36.6 sigma), up to float rounding; every such value is "
+        "possible from every input, so a raw update on the grid passes"
     )
 
     def __init__(
@@ -237,53 +281,93 @@ class Gaussian(Mechanism):
             self.delta = check_delta(delta)
             self.sigma = analytic_gaussian_sigma(self.epsilon, self.delta, self.sensitivity)
             self.noise_multiplier = self.sigma / self.clip_norm
+        self.steps  # refuses a noise too small for an input-independent output set
 
     @property
     def sensitivity(self) -> float:
         return 2.0 * self.clip_norm
 
     @property
+    def grid(self) -> float:
+        """L: the step of the output grid, the largest power of 2 <= sigma/4 (the grid adds
+        L^2/12 <= sigma^2/192 of variance)."""
+        return power_of_two_at_most(self.sigma / 4.0)
+
+    @property
+    def steps(self) -> int:
+        """K: outputs are clamped to +-K L, the largest K with (K + 1/2) L + S (1 + 2^-16) <=
+        TAIL_RADIUS sigma: every grid value up to it is reachable from every clipped input by
+        noise the sampler draws exactly (below 37.6 sigma)."""
+        steps = math.floor((TAIL_RADIUS * self.sigma - self.clip_norm * CLIP_SLACK) / self.grid - 0.5)
+        if steps < math.ceil(self.clip_norm * CLIP_SLACK / self.grid) + 1:
+            raise ValueError(
+                f"noise sigma {self.sigma:g} is too small against clip_norm {self.clip_norm:g} for the "
+                "snapped Gaussian: its noise must reach twice the clip norm (noise_multiplier >= about 0.054; "
+                "below that the sampler's tail residual delta is 1 anyway)"
+            )
+        return steps
+
+    @property
     def bound(self) -> float:
-        """Every coordinate of an output lies in [-bound, bound]: a clipped coordinate (|x_i| <= S,
-        with `l2_norm`'s slack) plus a Box-Muller value (at most MAX_RADIUS sigma)."""
-        return self.clip_norm * CLIP_SLACK + MAX_RADIUS * self.sigma
+        """Every coordinate of an output lies in [-bound, bound]: K L."""
+        return self.steps * self.grid
+
+    def output_set(self) -> OutputSet:
+        return OutputSet(grid=(-self.bound, self.grid, 2 * self.steps + 1))
 
     def release_violation(self, y: torch.Tensor) -> str | None:
-        bound = self.bound
-        return interval_violation(y, -bound, bound, f"within gaussian's bound [{-bound:.9g}, {bound:.9g}]")
+        return self.output_set().violation(y, "on gaussian's grid")
 
     @property
     def residual_delta(self) -> float:
-        """What the float64 sampler adds to delta per release (`float_residual_delta`)."""
+        """What the float64 sampler adds to delta per release, the tail (`float_residual_delta`)."""
         return float_residual_delta(self.sigma, self.sensitivity)
 
-    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    @property
+    def residual_delta_per_coordinate(self) -> float:
+        """What the snapped float sampler adds per coordinate (`float_residual_delta_per_coordinate`)."""
+        return float_residual_delta_per_coordinate(self.sigma, self.grid, self.clip_norm)
+
+    def _snap(self, flat: torch.Tensor, scale: float, stream: RandomStream) -> torch.Tensor:
+        """clamp(round(scale x / L + noise / L), -K, K) L, per coordinate, in float64; rounded
+        once into the output dtype."""
+        grid, steps, out = self.grid, float(self.steps), torch.empty_like(flat)
+        for lo, hi in blocks(flat.numel()):
+            n = hi - lo
+            v = standard_normal_pairs_(scratch(n + n % 2, torch.float64, 3), stream)[:n]
+            torch.add(v.mul_(self.sigma / grid), flat[lo:hi], alpha=scale / grid, out=v)
+            v.round_().clamp_(-steps, steps).mul_(grid)  # k L: exact
+            out[lo:hi].copy_(v)
+        return out
+
+    def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         flat = check_tensor(x)
         norm = l2_norm(flat)
         scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
-        return add_gaussian_noise(flat, scale, self.sigma, torch.empty_like(flat), generator).view(x.shape)
+        return self._snap(flat, scale, mechanism_stream(generator)).view(x.shape)
 
-    def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Each element as a one-coordinate update: clip to [-S, S], add N(0, sigma^2)."""
+    def perturb_independent(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
+        """Each element as a one-coordinate update: clip to [-S, S], add N(0, sigma^2), snap."""
         flat = check_tensor(x).clamp(-self.clip_norm, self.clip_norm)
-        return add_gaussian_noise(flat, 1.0, self.sigma, torch.empty_like(flat), generator).view(x.shape)
+        return self._snap(flat, 1.0, mechanism_stream(generator)).view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.full_like(check_tensor(x), self.sigma**2).view(x.shape)
+        return torch.full_like(check_tensor(x), self.sigma**2 + self.grid**2 / 12.0).view(x.shape)
 
     @property
     def guarantee(self) -> Guarantee:
-        residual = self.residual_delta
+        residual, per_coordinate = self.residual_delta, self.residual_delta_per_coordinate
         return Guarantee(
             self.epsilon,
             self.delta + residual,
             "value",
             "vector",
             f"gaussian: the whole tensor, clipped to L2 norm {self.clip_norm:g}, is "
-            f"({self.epsilon:.6g}, {self.delta:g} + {residual:.3g})-LDP per release (sigma {self.sigma:.6g}, "
-            "analytic calibration, sensitivity 2*clip_norm; + the float64 sampler's residual delta, "
-            "noise cut at 37.6 sigma)",
+            f"({self.epsilon:.6g}, {self.delta:g} + {residual:.3g} + d x {per_coordinate:.3g})-LDP per release "
+            f"of d coordinates (sigma {self.sigma:.6g}, analytic calibration, sensitivity 2*clip_norm; snapped "
+            f"to a grid of {self.grid:g}; + the float64 sampler's residual delta)",
             residual,
+            per_coordinate,
         )
 
     def params(self) -> dict[str, object]:

@@ -13,11 +13,10 @@ import math
 import torch
 
 from .base import Guarantee, Mechanism, check_tensor, release_flat
-from .local import Duchi, Hybrid, Piecewise, _epsilon, _PureLocal, output_set_violation
+from .local import Duchi, Hybrid, Piecewise, _epsilon, _PureLocal
+from .randomness import PrivacyGenerator, RandomStream, secret_generator
 
 BASES: dict[str, type[_PureLocal]] = {"duchi": Duchi, "pm": Piecewise, "hm": Hybrid}
-# Above this many samples one randperm is cheaper than Floyd's loop of scalar draws.
-_FLOYD_LIMIT = 4096
 
 
 def sample_count(epsilon: float, d: int) -> int:
@@ -25,14 +24,13 @@ def sample_count(epsilon: float, d: int) -> int:
     return max(1, min(d, math.floor(epsilon / 2.5)))
 
 
-def sample_without_replacement(d: int, k: int, generator: torch.Generator | None) -> torch.Tensor:
-    """k distinct indices of range(d), uniformly: Floyd's algorithm (O(k) draws) for small k."""
-    if k > _FLOYD_LIMIT:
-        return torch.randperm(d, generator=generator)[:k]
+def sample_without_replacement(d: int, k: int, stream: RandomStream) -> torch.Tensor:
+    """k distinct indices of range(d), uniformly: Floyd's algorithm, k exact uniform integers
+    (k <= floor(700 / 2.5) = 280 for any epsilon a mechanism accepts: a Python loop is cheap)."""
     chosen: list[int] = []
     seen: set[int] = set()
     for j in range(d - k, d):
-        pick = int(torch.randint(0, j + 1, (1,), generator=generator))
+        pick = stream.below(j + 1)
         pick = j if pick in seen else pick
         seen.add(pick)
         chosen.append(pick)
@@ -58,14 +56,16 @@ class Sampled(Mechanism):
     def base_mechanism(self, d: int) -> Mechanism:
         return BASES[self.base](self.epsilon / sample_count(self.epsilon, d), clip=self.clip)
 
-    def perturb(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         t = check_tensor(x, low=-1.0, high=1.0, clip=self.clip)
         d = t.numel()
         out = torch.zeros_like(t)
         if d == 0:
             return out.view(x.shape)
         k = sample_count(self.epsilon, d)
-        idx = sample_without_replacement(d, k, generator)
+        if generator is None:
+            generator = secret_generator()
+        idx = sample_without_replacement(d, k, generator.mechanism)
         out[idx] = self.base_mechanism(d).perturb(t[idx], generator=generator).mul_(d / k)
         return out.view(x.shape)
 
@@ -84,10 +84,10 @@ class Sampled(Mechanism):
         output = base.output_set() if isinstance(base, _PureLocal) else None
         if output is None:  # never for duchi, pm or hm (BASES)
             return None
-        what = f"in the output set of {self.base}(eps {self.epsilon / k:g}) scaled by d/k = {d / k:g}"
-        return output_set_violation(flat, output, what, scale=d / k, allow_zero=True)
+        what = f"in the output set of {self.base}(eps {self.epsilon / k:g}) scaled by d/k = {d / k:g}:"
+        return output.scaled(d / k).violation(flat, what, allow_zero=True)
 
-    def perturb_independent(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> torch.Tensor:
+    def perturb_independent(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         """Each element as a one-coordinate tensor: k = 1, the base mechanism at the full eps."""
         return self.base_mechanism(1).perturb(x, generator=generator)
 

@@ -19,14 +19,27 @@ from typing import Any
 
 import tomli_w
 
-import mechanisms
-from node.learning.data import DATASET_META, DATASETS
-from node.learning.device import device_error
-from node.learning.models import MODELS, default_model_for, input_features
-from node.learning.partition import SCHEMES
-from node.protocol.aggregate import RULES
-
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
+
+# The names a config may use, written out here so that a config is checked before torch loads
+# (`swarm` answers a bad one at once, node/cli/); tests/node/cli/test_fast_answers.py holds each
+# equal to the registry that implements it (node.learning, node.protocol.aggregate, mechanisms).
+DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits", "breast-cancer")
+IMAGE_DATASETS = ("fashion-mnist", "mnist", "cifar10", "digits")  # the inputs are (C, H, W) images
+_CNNS = ("pnpm-mnist", "pnpm-fmnist", "pnpm-cifar10", "seed002-cnn", "digits-cnn")
+SCATTER_MODELS = ("scatter-linear", "scatter-cnn")  # read ScatterNet features, not the pixels
+MODELS = (*(cnn + v for cnn in _CNNS for v in ("", "-tanh", "-gn", "-gn-tanh")), *SCATTER_MODELS, "logreg")
+DEFAULT_MODELS = {
+    "mnist": "pnpm-mnist",
+    "fashion-mnist": "pnpm-fmnist",
+    "cifar10": "pnpm-cifar10",
+    "digits": "digits-cnn",
+    "breast-cancer": "logreg",
+}
+PARTITIONS = ("iid", "dirichlet", "shards")
+RULES = ("fedavg", "median", "trimmed-mean", "krum")
+MECHANISMS = ("duchi", "exponential", "gaussian", "hm", "laplace", "ldp-fl", "pm", "pnpm", "rr", "sampled")
+DEVICES = ("auto", "cpu", "cuda")  # whether this machine has CUDA is checked where training starts
 
 
 class ConfigError(ValueError):
@@ -92,6 +105,8 @@ class ChainConfig:
     min_peers: int
     commit_window: int
     attest_window: int
+    commit_window_seconds: int  # 0 = commit_window x block_time (window_seconds)
+    attest_window_seconds: int  # 0 = attest_window x block_time
     eps_cap: float
     record_eps_cap: float
     fetch_timeout: float
@@ -141,10 +156,7 @@ class Config:
     @property
     def model_name(self) -> str:
         """The model to build: `model.name`, or the dataset's default when it is "auto"."""
-        if self.model.name != "auto":
-            return self.model.name
-
-        return default_model_for(self.data.dataset)
+        return self.model.name if self.model.name != "auto" else DEFAULT_MODELS[self.data.dataset]
 
 
 def _section_types() -> dict[str, type]:
@@ -284,7 +296,7 @@ def _check_ranges(c: Config) -> None:
         (c.swarm.rounds >= 1, "swarm.rounds", "must be >= 1"),
         (c.swarm.seed >= 0, "swarm.seed", "must be >= 0"),
         (c.data.dataset in DATASETS, "data.dataset", f"must be one of {', '.join(DATASETS)}"),
-        (c.data.partition in SCHEMES, "data.partition", f"must be one of {', '.join(SCHEMES)}"),
+        (c.data.partition in PARTITIONS, "data.partition", f"must be one of {', '.join(PARTITIONS)}"),
         (c.data.alpha > 0, "data.alpha", "must be > 0"),
         (c.data.shards_per_peer >= 1, "data.shards_per_peer", "must be >= 1"),
         (c.data.limit is None or c.data.limit >= 1, "data.limit", "must be >= 1"),
@@ -313,6 +325,8 @@ def _check_ranges(c: Config) -> None:
         (c.chain.min_peers >= 0, "chain.min_peers", "must be >= 0 (0 = two thirds of swarm.peers)"),
         (c.chain.commit_window >= 1, "chain.commit_window", "must be >= 1 block"),
         (c.chain.attest_window >= 1, "chain.attest_window", "must be >= 1 block"),
+        (0 <= c.chain.commit_window_seconds < 2**32, "chain.commit_window_seconds", "must be in 0..2^32 - 1"),
+        (0 <= c.chain.attest_window_seconds < 2**32, "chain.attest_window_seconds", "must be in 0..2^32 - 1"),
         (c.chain.eps_cap >= 0, "chain.eps_cap", "must be >= 0 (0 = exactly what swarm.rounds rounds spend)"),
         (c.chain.record_eps_cap >= 0, "chain.record_eps_cap", "must be >= 0 (0 = what swarm.rounds rounds spend)"),
         (0 <= c.chain.max_samples < 2**32, "chain.max_samples", "must be in 0..2^32 - 1 (0 = 2^32 - 1)"),
@@ -321,33 +335,39 @@ def _check_ranges(c: Config) -> None:
         (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),
         (c.chain.min_peers <= c.swarm.peers, "chain.min_peers", f"must be <= swarm.peers ({c.swarm.peers})"),
         (
-            c.privacy.mechanism in _MECHANISM_NAMES(),
+            c.privacy.mechanism in ("none", *MECHANISMS),
             "privacy.mechanism",
-            f"must be none or one of {', '.join(_MECHANISM_NAMES()[1:])}",
+            f"must be none or one of {', '.join(MECHANISMS)}",
         ),
         (0 <= c.p2p.listen_port <= 65535, "p2p.listen_port", "must be in 0..65535"),
+        (c.train.device in DEVICES, "train.device", f"must be one of {', '.join(DEVICES)}"),
     ]
-    device_problem = device_error(c.train.device)  # cuda on a machine without CUDA fails here, before any work
-    checks.append((device_problem is None, "train.device", device_problem or ""))
     for ok, name, rule in checks:
         if not ok:
             raise ConfigError(f"{name} {rule}, got {_get(c, name)!r}")
 
 
-def _MECHANISM_NAMES() -> tuple[str, ...]:
-    return ("none", *sorted(getattr(mechanisms, "MECHANISMS", {})))
-
-
 def _reads_pixels(c: Config) -> bool:
     """Whether the model trains on the dataset's images themselves (what augmentation crops)."""
-    if not c.train.dp_sgd or c.data.dataset not in DATASET_META or c.model.name not in (*MODELS, "auto"):
+    if not c.train.dp_sgd or c.data.dataset not in DATASETS or c.model.name not in (*MODELS, "auto"):
         return False
-    return len(DATASET_META[c.data.dataset].input_shape) == 3 and input_features(c.model_name) is None
+    return c.data.dataset in IMAGE_DATASETS and c.model_name not in SCATTER_MODELS
 
 
 def quorum(c: Config) -> int:
     """chain.min_peers, where 0 means two thirds of the peers (3 of 4: one may crash)."""
     return c.chain.min_peers or max(1, (2 * c.swarm.peers + 2) // 3)
+
+
+def window_seconds(c: Config) -> tuple[int, int]:
+    """The (commit, attest) windows' lengths in seconds, which the ledger requires to pass as well as
+    their blocks: chain.commit_window_seconds and chain.attest_window_seconds, where 0 means the
+    block window at chain.block_time seconds a block, rounded up: the time the window lasts on the
+    chain `swarm up` starts, which stuffing it with blocks cannot shorten."""
+    chain = c.chain
+    commit = chain.commit_window_seconds or max(1, math.ceil(chain.commit_window * chain.block_time))
+    attest = chain.attest_window_seconds or max(1, math.ceil(chain.attest_window * chain.block_time))
+    return commit, attest
 
 
 def _get(c: Config, dotted: str) -> Any:

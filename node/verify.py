@@ -1,29 +1,26 @@
 """`swarm verify`: re-check every round of a swarm from the chain and an archive of blobs,
 trusting no peer.
 
-For every round: each committed blob matches its on-chain digest; the aggregate recomputed
-from the included blobs (ledger order, the finalizing bitmap) matches the finalized digest;
-each commit names the swarm's privacy policy (from the genesis blob, whose digest is on chain) and
-records at least what that policy spends after the peer's commits so far: the local mechanism's
-whole-update eps and, with DP-SGD, the record-level eps composed over the committed sample counts
-(one-sided: recording more is allowed, less is a failure); each committed blob decodes (a
-malformed one is named: check "blob"); each decodable update is a possible output of the policy's
-mechanism where its output has a checkable shape (`wire.check_release`, the peers' own rule:
-`Mechanism.release_violation`: Duchi, LDP-FL and low-eps HM in their two-point sets, PM, HM and
-the exponential mechanism within their range, Laplace and the Gaussian within their bound,
-sampling with at most k non-zeros). Whether the
-noise was really drawn (Gaussian, Laplace, PNPM magnitudes, a value inside PM's range) cannot be
-checked from the release: it rests on each peer's own software. The genesis blob anchors the
-shared settings (model, aggregation rule): its digest is on chain. Each participant's registration
-must be signed by the key of the peer id it names and be that peer id's first such registration
-(check "registration", node.chain.registration).
+Every commit is held to the rulebook (node/rules.py), the rules every peer applies, so verify
+reaches the verdict honest peers reach: the committer owns its peer id (check "registration"),
+claims 1 to maxSamples samples ("samples"), names the swarm's privacy policy (from the genesis
+blob, whose digest is on chain) and records exactly what that policy charges after the committer's
+commits so far, neither less nor more ("mechanism", "eps", "record-eps"); its blob decodes
+("blob"), names the round and the committer of its commit ("binding") and is a possible output of
+the policy's mechanism ("release": `Mechanism.release_violation`: Duchi, LDP-FL and low-eps HM in
+their two-point sets, PM, HM and the exponential mechanism within their range, Laplace and the
+Gaussian within their bound, sampling with at most k non-zeros). Verify names every rule a commit
+breaks; the first is the verdict. Whether the noise was really drawn (Gaussian, Laplace, PNPM
+magnitudes, a value inside PM's range) cannot be checked from the release: it rests on each
+peer's own software.
 
-No finalized aggregate may include a commit that honest peers leave out (check "aggregate", and
-`aggregate_ok` false even when the recomputed digest matches): one that breaks the policy, comes
-from an account whose registration does not verify, or releases what the mechanism cannot output.
-A malformed or missing included blob fails the recomputation itself. Every exception inside a
-check is a named failure of its round (and of its committer, where there is one), never the end
-of verification.
+Beyond the rules, verify checks what the peers trust: each archived blob matches its on-chain
+digest; the aggregate recomputed from the included blobs (ledger order, the finalizing bitmap)
+matches the finalized digest, and so does the archived model; no finalized aggregate includes a
+commit that honest peers leave out (check "aggregate", `aggregate_ok` false even when the
+recomputed digest matches); each peer's eps totals equal its last commit's; the deployed code is
+the artifact's (check "code"). Every exception inside a check is a named failure of its round (and
+of its committer, where there is one), never the end of verification.
 
 The ledger opens the next round as soon as one ends, so a finished swarm leaves a last round that
 is open with no commitment: it is reported as `not_started`, not as a round (nothing to check).
@@ -39,16 +36,13 @@ from typing import Any, Protocol
 
 import torch
 
-import mechanisms
-from mechanisms.accounting import cumulative_spend
-from mechanisms.record_level import record_level_spend
 from node.chain.client import LedgerClient, load_artifact
-from node.chain.records import Commitment, RoundInfo
-from node.chain.registration import Registration, registration_problem
-from node.protocol import policy, wire
+from node.chain.records import Commitment, RoundInfo, RoundState
+from node.protocol import aggregate, policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
 from node.protocol.settings import SharedSettings
 from node.protocol.wire import decode_bitmap, eps_from_micro
+from node.rules import PeerIdOwners, Rulebook, Verdict
 
 
 @dataclass
@@ -67,8 +61,8 @@ class RoundCheck:
     included: int = 0
     blobs_ok: int = 0
     aggregate_ok: bool | None = None  # None: nothing to recompute (open or aborted round)
-    eps_ok: int = 0  # commits that name the policy and record at least what it spends
-    releases_ok: int = 0  # decoded blobs whose values the committed mechanism could have output
+    eps_ok: int = 0  # commits that keep the sample-count and policy rules (the eps record exact)
+    releases_ok: int = 0  # decoded blobs bound to their commit whose values the policy's mechanism could output
 
 
 @dataclass
@@ -123,357 +117,368 @@ class ArchiveStores:
 def verify(ledger: LedgerClient, archive: BlobSource) -> VerifyReport:
     """`ledger`: a read-only LedgerClient; `archive`: a blob store holding the run's blobs.
     Whatever goes wrong inside a check is a named failure of the report, never an exception."""
-
-    report = VerifyReport(ledger=ledger.address)
-    try:
-        report.failures.extend(check_code(ledger))
-    except Exception as exc:
-        report.failures.append(Failure(0, "-", "code", f"the deployed code could not be checked: {_why(exc)}"))
-    try:
-        _verify_rounds(ledger, archive, report)
-    except Exception as exc:  # outside any one round: genesis, parameters, the final eps totals
-        report.failures.append(Failure(0, "-", "verify", f"verification stopped: {_why(exc)}"))
-    return report
+    return Verifier(ledger, archive).run()
 
 
 def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _verify_rounds(ledger: LedgerClient, archive: BlobSource, report: VerifyReport) -> None:
-    params = ledger.params()
-    genesis_digest = bytes(params.genesis_digest)
-    genesis = archive.get(genesis_digest.hex())
-    if genesis is None or sha256(genesis) != genesis_digest:
-        report.failures.append(
-            Failure(
-                0,
-                "-",
-                "genesis",
-                f"genesis blob {genesis_digest.hex()} missing from the archive or not matching the ledger's digest",
-            )
-        )
-        return
-    try:
-        tensors, meta = decode_blob(genesis, max_size=1 << 31, expected=None)
-        shared = SharedSettings.from_dict(json.loads(meta["swarm"]))
-    except Exception as exc:
-        report.failures.append(Failure(0, "-", "genesis", f"the genesis blob is unreadable: {_why(exc)}"))
-        return
-    num_params = tensors[wire.VECTOR].numel()
-    genesis_vector = tensors[wire.VECTOR].to(torch.float32)
-    privacy = shared.privacy
-    try:
-        committed: mechanisms.Mechanism | None = mechanisms.from_params(dict(privacy.mechanism))
-    except (ValueError, KeyError, TypeError) as exc:
-        report.failures.append(Failure(0, "-", "genesis", f"the genesis privacy policy builds no mechanism: {exc}"))
-        return
-    counts_by_peer: dict[str, list[int]] = {}
-    last_eps: dict[str, tuple[int, int]] = {}
-    registrations: list[Registration] | None = None  # read once, at the first commitment
-    unregistered: set[str] = set()  # committers whose registration does not verify: peers leave them out
+@dataclass
+class Swarm:
+    """What the genesis anchors: the shared settings, the first model and the rules."""
 
-    def check_registration(r: int, peer: str) -> bool:
-        """A participant's registration must bind it to its peer id: signed by the peer id's key,
-        and the first such registration of that peer id (node.chain.registration). False (and a
-        failure "registration") when it does not."""
-        nonlocal registrations
+    shared: SharedSettings
+    genesis_vector: torch.Tensor
+    rules: Rulebook
+
+    @property
+    def num_params(self) -> int:
+        return self.genesis_vector.numel()
+
+
+@dataclass
+class Commit:
+    """One commitment as verified: its decoded update (None if unusable) and every rule it breaks,
+    in the rulebook's order (the first is the verdict honest peers reach)."""
+
+    commitment: Commitment
+    vector: torch.Tensor | None = None
+    broken: list[Verdict] = field(default_factory=list)
+
+
+class Verifier:
+    """One verification of a ledger against an archive: one method per check, the failures in
+    `report`. Holds what a later round's checks need of the earlier ones: each committer's sample
+    counts and last eps record, and who owns which peer id (read at the first commitment)."""
+
+    def __init__(self, ledger: LedgerClient, archive: BlobSource) -> None:
+        self.ledger = ledger
+        self.archive = archive
+        self.report = VerifyReport(ledger=ledger.address)
+        self.counts: dict[str, list[int]] = {}  # committer -> numSamples of its commits so far
+        self.last_eps: dict[str, tuple[int, int]] = {}  # committer -> its last commit's eps records
+        self.peer_ids: dict[str, bytes] = {}  # committer -> its registered peer id
+        self._owners: PeerIdOwners | None = None
+
+    def run(self) -> VerifyReport:
         try:
-            if registrations is None:
-                registrations = ledger.registrations()
-            problem = registration_problem(peer, registrations, ledger.chain_id(), ledger.address)
+            self.check_code()
         except Exception as exc:
-            problem = f"the registration could not be checked: {_why(exc)}"
-        if problem is not None:
-            report.failures.append(Failure(r, peer, "registration", problem))
-        return problem is None
+            self.fail(0, "-", "code", f"the deployed code could not be checked: {_why(exc)}")
+        try:
+            swarm = self.read_genesis()
+            if swarm is not None:
+                self.check_rounds(swarm)
+                self.check_eps_totals(swarm)
+        except Exception as exc:  # outside any one round: genesis, parameters, the final eps totals
+            self.fail(0, "-", "verify", f"verification stopped: {_why(exc)}")
+        return self.report
 
-    def check_commit(r: int, c: Commitment, check: RoundCheck) -> tuple[torch.Tensor | None, list[str]]:
-        """One commitment of round r: its blob, registration, policy and release. Returns its
-        decoded update (None if unusable) and why honest peers leave it out (node/peer/peer.py
-        `_vet`, node/peer/agree.py): each reason is also a failure naming the committer here."""
-        peer = c.peer
-        refused: list[str] = []
-        if peer not in counts_by_peer and not check_registration(r, peer):  # its first commitment: who is it?
-            unregistered.add(peer)
-        if peer in unregistered:
-            refused.append("comes from an account whose registration does not verify")
-        counts = counts_by_peer.setdefault(peer, [])
-        counts.append(int(c.num_samples))
-        last_eps[peer] = (int(c.eps_micro), int(c.record_eps_micro))
-        digest = bytes(c.digest)
-        vector, data = None, None
+    def fail(self, r: int, peer: str, check: str, detail: str) -> None:
+        self.report.failures.append(Failure(r, peer, check, detail))
+
+    # ---------------------------------------------------------------- the genesis
+
+    def read_genesis(self) -> Swarm | None:
+        """The swarm's settings and rules from the genesis blob, whose digest is on chain; None
+        (and a failure "genesis") when the archive does not hold it or it anchors nothing usable."""
+        params = self.ledger.params()
+        digest = bytes(params.genesis_digest)
+        genesis = self.archive.get(digest.hex())
+        if genesis is None or sha256(genesis) != digest:
+            detail = f"genesis blob {digest.hex()} missing from the archive or not matching the ledger's digest"
+            self.fail(0, "-", "genesis", detail)
+            return None
         try:
-            data = archive.get(digest.hex())
-        except Exception as exc:  # the archive's own trouble: this blob is unusable, the rest goes on
-            report.failures.append(Failure(r, peer, "blob", f"the archive could not read the blob: {_why(exc)}"))
-        if data is not None and sha256(data) != digest:  # tampered archive: fails whatever the bitmap
-            detail = f"archived blob altered: its bytes hash to {sha256(data).hex()[:16]}..., not the committed digest"
-            report.failures.append(Failure(r, peer, "blob", detail))
-        elif data is not None:
-            try:
-                vector, _ = wire.read_vector(data, num_params, kind="update")
-                check.blobs_ok += 1
-            except BlobError as exc:  # committed, so published: every peer left it out as malformed
-                detail = f"round {r}: blob {digest.hex()[:16]} of {peer} matches its digest but is malformed: {exc}"
-                report.failures.append(Failure(r, peer, "blob", detail))
-        # the policy: its mechanism, and at least what its commits so far spend (one-sided)
+            tensors, meta = decode_blob(genesis, max_size=1 << 31, expected=None)
+            shared = SharedSettings.from_dict(json.loads(meta["swarm"]))
+            vector = tensors[wire.VECTOR].to(torch.float32)
+        except Exception as exc:
+            self.fail(0, "-", "genesis", f"the genesis blob is unreadable: {_why(exc)}")
+            return None
         try:
-            broken = policy.commit_violation(
-                privacy, num_params, c.mechanism, int(c.eps_micro), int(c.record_eps_micro), counts, one_sided=True
-            )
-        except Exception as exc:  # peers leave out a commit whose check raises (peer.py _policy_violation)
-            broken = ("policy", f"the commit could not be checked against the policy: {_why(exc)}")
-        if broken is None:
-            check.eps_ok += 1
-        else:
-            report.failures.append(Failure(r, peer, broken[0], broken[1]))
-            refused.append("breaks the policy")
-        # the one release rule of the peers (wire.check_release): a possible output of the policy's mechanism
-        if vector is not None:
+            rules = Rulebook(shared, vector.numel(), int(params.max_samples))
+        except (ValueError, KeyError, TypeError) as exc:
+            self.fail(0, "-", "genesis", f"the genesis privacy policy builds no mechanism: {exc}")
+            return None
+        return Swarm(shared, vector, rules)
+
+    # ---------------------------------------------------------------- rounds
+
+    def check_rounds(self, swarm: Swarm) -> None:
+        """Every round in order, each from the model the previous one finalized."""
+        model: torch.Tensor | None = swarm.genesis_vector
+        current = self.ledger.current_round()
+        for r in range(1, current + 1):
+            check = RoundCheck(round=r, state="unknown")
             try:
-                wire.check_release(vector, committed)
-                check.releases_ok += 1
-            except BlobError as exc:
-                report.failures.append(Failure(r, peer, "release", str(exc)))
-                refused.append("is not a possible output of the swarm's mechanism")
+                info = self.ledger.round_info(r)
             except Exception as exc:
-                detail = f"the release could not be checked: {_why(exc)}"
-                report.failures.append(Failure(r, peer, "release", detail))
-                refused.append("could not be checked as a release")
+                self.report.rounds.append(check)
+                self.fail(r, "-", "round", f"the round could not be read: {_why(exc)}")
+                model = None
+                continue
+            if r == current and info.state is RoundState.OPEN and info.participant_count == 0:
+                self.report.not_started = r  # opened when the previous round ended; nobody committed (yet)
+                continue
+            self.report.rounds.append(check)
+            check.state = info.state.name.lower()
+            model = self.check_round(swarm, info, check, model)
+
+    def check_round(
+        self, swarm: Swarm, info: RoundInfo, check: RoundCheck, previous: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """Round `info.round`'s checks: its commits always (later rounds' eps records count them),
+        its aggregate when it finalized from a known model. The model the next round starts from
+        (None: not known)."""
+        r, finalized = info.round, info.state is RoundState.FINALIZED
+        recomputed = None
         try:
-            spend = cumulative_spend(dict(privacy.mechanism), num_params, len(counts))
-            entry = report.peers.setdefault(peer, {})
-            entry.update(protects=spend.protects, delta=spend.delta)
-            if privacy.dp_sgd is not None:
-                record = record_level_spend(privacy.dp_sgd, counts)
-                entry.update(record_protects=record.protects, record_delta=record.delta)
-        except Exception as exc:
-            report.failures.append(Failure(r, peer, "eps", f"the spend could not be computed: {_why(exc)}"))
-        return vector, refused
+            commits = self.check_commits(swarm, r, check)
+            if finalized and previous is None:
+                check.aggregate_ok = False
+                self.fail(r, "-", "aggregate", "not recomputed: the previous finalized model is not known")
+            elif finalized and previous is not None:
+                recomputed = self.check_aggregate(swarm, info, check, commits, previous)
+        except Exception as exc:  # whatever a hostile chain or archive makes a check raise
+            check.aggregate_ok = False if finalized else check.aggregate_ok
+            self.fail(r, "-", "round", f"the round could not be checked: {_why(exc)}")
+        if not finalized:
+            return previous
+        try:
+            return self.check_model_blob(swarm, r, info.finalized_digest, recomputed)
+        except Exception as exc:  # the archive's own trouble reading the model: go on from ours
+            self.fail(r, "-", "aggregate-blob", f"the finalized model could not be read from the archive: {_why(exc)}")
+            return recomputed
 
-    def check_round(r: int, info: RoundInfo, check: RoundCheck, previous: torch.Tensor) -> torch.Tensor | None:
-        """Round r's checks; the model recomputed from its included blobs if it finalized, else None."""
-        commitments = ledger.commitments(r)
+    # ---------------------------------------------------------------- commits: the rulebook
+
+    def check_commits(self, swarm: Swarm, r: int, check: RoundCheck) -> list[Commit]:
+        """Every commitment of round r held to the rulebook, in ledger order."""
+        commitments = self.ledger.commitments(r)
         check.participants = len(commitments)
-        vectors: list[torch.Tensor | None] = []
-        refusals: list[list[str]] = []
+        commits = []
         for c in commitments:
+            commit = Commit(c)
             try:
-                vector, refused = check_commit(r, c, check)
+                self.check_commit(swarm, r, commit, check)
             except Exception as exc:  # whatever else a hostile chain or archive makes a check raise
-                report.failures.append(Failure(r, c.peer, "commit", f"the commit could not be checked: {_why(exc)}"))
-                vector, refused = None, []
-            vectors.append(vector)
-            refusals.append(refused)
+                self.fail(r, c.peer, "commit", f"the commit could not be checked: {_why(exc)}")
+            commits.append(commit)
+        return commits
 
-        if info.state.name != "FINALIZED":
-            return None
-        finalized = info.finalized_digest  # set for every finalized round (RoundInfo)
+    def check_commit(self, swarm: Swarm, r: int, commit: Commit, check: RoundCheck) -> None:
+        """One commitment: every rule of the rulebook, each broken one a failure naming its committer."""
+        c = commit.commitment
+        counts = self.counts.setdefault(c.peer, [])
+        counts.append(int(c.num_samples))
+        self.last_eps[c.peer] = (int(c.eps_micro), int(c.record_eps_micro))
+        registration = self.check_registration(c)
+        ruled = swarm.rules.commit_verdict(c, counts)
+        if ruled is None:
+            check.eps_ok += 1
+        commit.broken = [v for v in (registration, ruled) if v is not None]
+        commit.vector, blob_verdict = self.check_blob(swarm, r, c, check)
+        if blob_verdict is not None:
+            commit.broken.append(blob_verdict)
+        for verdict in commit.broken:
+            self.fail(r, c.peer, verdict.check, self._detail(r, c, verdict))
+        self.note_spend(swarm, c.peer, counts, r)
+
+    @staticmethod
+    def _detail(r: int, c: Commitment, verdict: Verdict) -> str:
+        if verdict.check == "blob":
+            return (
+                f"round {r}: blob {bytes(c.digest).hex()[:16]} of {c.peer} matches its digest but is {verdict.reason}"
+            )
+        return verdict.reason
+
+    def check_registration(self, c: Commitment) -> Verdict | None:
+        """Rule 1: the committer owns the peer id the ledger holds for it (the registrations are
+        read once, at the first commitment). A registration that cannot be read is a verdict too."""
+        try:
+            if self._owners is None:
+                owners = PeerIdOwners(self.ledger.chain_id(), self.ledger.address)
+                owners.add(self.ledger.registrations())
+                self._owners = owners
+            if c.peer not in self.peer_ids:  # an account registers once: its peer id never changes
+                self.peer_ids[c.peer] = bytes(self.ledger.peer_id_of(c.peer))
+            return self._owners.verdict(c.peer, self.peer_ids[c.peer])
+        except Exception as exc:
+            return Verdict("registration", f"the registration could not be checked: {_why(exc)}")
+
+    def check_blob(
+        self, swarm: Swarm, r: int, c: Commitment, check: RoundCheck
+    ) -> tuple[torch.Tensor | None, Verdict | None]:
+        """The archived blob of commitment c against its digest, then rules 4 to 6: its update
+        (None if missing, altered or malformed) and the blob rules' verdict."""
+        digest = bytes(c.digest)
+        try:
+            data = self.archive.get(digest.hex())
+        except Exception as exc:  # the archive's own trouble: this blob is unusable, the rest goes on
+            self.fail(r, c.peer, "blob", f"the archive could not read the blob: {_why(exc)}")
+            return None, None
+        if data is None:
+            return None, None  # missing: fails the recomputation if included
+        if sha256(data) != digest:  # tampered archive: fails whatever the bitmap
+            detail = f"archived blob altered: its bytes hash to {sha256(data).hex()[:16]}..., not the committed digest"
+            self.fail(r, c.peer, "blob", detail)
+            return None, None
+        vector, verdict = swarm.rules.update_verdict(data, c)
+        check.blobs_ok += vector is not None
+        check.releases_ok += vector is not None and verdict is None
+        return vector, verdict
+
+    def note_spend(self, swarm: Swarm, peer: str, counts: list[int], r: int) -> None:
+        """What the policy says the committer's commits so far spend, and what it protects, for the report."""
+        try:
+            spent = policy.privacy_spend(swarm.shared.privacy, swarm.num_params, counts)
+        except Exception as exc:
+            self.fail(r, peer, "eps", f"the spend could not be computed: {_why(exc)}")
+            return
+        entry = self.report.peers.setdefault(peer, {})
+        entry.update(protects=spent.mechanism.protects, delta=spent.mechanism.delta)
+        if spent.record is not None:
+            entry.update(record_protects=spent.record.protects, record_delta=spent.record.delta)
+
+    # ---------------------------------------------------------------- the aggregate
+
+    def check_aggregate(
+        self, swarm: Swarm, info: RoundInfo, check: RoundCheck, commits: list[Commit], previous: torch.Tensor
+    ) -> torch.Tensor | None:
+        """A finalized round: its majority's bitmap includes no commit that honest peers leave out,
+        and the model recomputed from the included blobs is the finalized digest. The recomputed
+        model if it is (the chain's model, honest or not), else None."""
+        r, finalized = info.round, info.finalized_digest
+        check.aggregate_ok = False
         if finalized is None:
-            report.failures.append(Failure(r, "-", "aggregate", "finalized round without a finalized digest"))
-            check.aggregate_ok = False
+            self.fail(r, "-", "aggregate", "finalized round without a finalized digest")
             return None
-        bitmap = _finalizing_bitmap(ledger, r, finalized, len(commitments))
+        bitmap = _finalizing_bitmap(self.ledger, r, finalized, len(commits))
         if bitmap is None:
-            report.failures.append(
-                Failure(r, "-", "attestation", "no majority attestation found for the finalized digest")
-            )
-            check.aggregate_ok = False
+            self.fail(r, "-", "attestation", "no majority attestation found for the finalized digest")
             return None
-        included = decode_bitmap(bitmap, len(commitments))
-        check.included = sum(included)
-        # what honest peers leave out, included anyway: the majority did not follow the peers' rules
-        dishonest = False
-        for c, inc, refused in zip(commitments, included, refusals):
-            if inc and refused:
-                dishonest = True
-                detail = (
-                    f"the finalized aggregate includes a commit that {' and '.join(refused)}: honest peers leave it out"
-                )
-                report.failures.append(Failure(r, c.peer, "aggregate", detail))
-        unusable = [c.peer for c, inc, v in zip(commitments, included, vectors) if inc and v is None]
-        for peer in unusable:
-            report.failures.append(
-                Failure(
-                    r,
-                    peer,
-                    "blob",
-                    "included in the finalized aggregate but missing or "
-                    "invalid in the archive: the aggregate cannot be recomputed",
-                )
+        chosen = [commit for commit, inc in zip(commits, decode_bitmap(bitmap, len(commits))) if inc]
+        check.included = len(chosen)
+        dishonest = [commit for commit in chosen if commit.broken and commit.vector is not None]
+        for commit in dishonest:  # a malformed or missing one is named below: it cannot be recomputed
+            verdict = commit.broken[0]
+            detail = "the finalized aggregate includes it, but honest peers leave it out "
+            detail += f"({verdict.check}: {verdict.reason})"
+            self.fail(r, commit.commitment.peer, "aggregate", detail)
+        unusable = [commit for commit in chosen if commit.vector is None]
+        for commit in unusable:
+            detail = (
+                "included in the finalized aggregate but missing or invalid in the archive: "
+                "the aggregate cannot be recomputed"
             )
+            self.fail(r, commit.commitment.peer, "blob", detail)
         if unusable:
-            check.aggregate_ok = False
             return None
-        recomputed = wire.next_global(
-            shared,
+        recomputed = aggregate.next_global(
+            swarm.shared,
             previous,
-            [v for v, inc in zip(vectors, included) if inc and v is not None],  # none missing: checked above
-            [int(c.num_samples) for c, inc in zip(commitments, included) if inc],
+            [commit.vector for commit in chosen if commit.vector is not None],  # none missing: checked above
+            [int(commit.commitment.num_samples) for commit in chosen],
         )
         digest = sha256(wire.model_blob(recomputed, r))
-        if digest == finalized:
-            # the chain's model, so the next round starts from it, whether or not it was honest
-            check.aggregate_ok = not dishonest
+        if digest != finalized:
+            detail = f"recomputed aggregate {digest.hex()[:16]}... differs from the finalized digest "
+            detail += f"{finalized.hex()[:16]}..."
+            self.fail(r, "-", "aggregate", detail)
+            return None
+        check.aggregate_ok = not dishonest  # the chain's model: the next round starts from it either way
+        return recomputed
+
+    def check_model_blob(
+        self, swarm: Swarm, r: int, finalized: bytes | None, recomputed: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """The archived model of finalized round r against the finalized digest (check
+        "aggregate-blob"); the model the next round starts from: the recomputed one, else the
+        archived one (digest checked), else None."""
+        if finalized is None:
             return recomputed
-        check.aggregate_ok = False
-        report.failures.append(
-            Failure(
-                r,
-                "-",
-                "aggregate",
-                f"recomputed aggregate {digest.hex()[:16]}... differs "
-                f"from the finalized digest {finalized.hex()[:16]}...",
-            )
-        )
-        return None
-
-    global_vector: torch.Tensor | None = genesis_vector
-    current = ledger.current_round()
-    for r in range(1, current + 1):
-        check = RoundCheck(round=r, state="unknown")
-        try:
-            info = ledger.round_info(r)
-        except Exception as exc:
-            report.rounds.append(check)
-            report.failures.append(Failure(r, "-", "round", f"the round could not be read: {_why(exc)}"))
-            global_vector = None
-            continue
-        if r == current and info.state.name == "OPEN" and info.participant_count == 0:
-            report.not_started = r  # opened when the previous round ended; nobody committed (yet)
-            continue
-        report.rounds.append(check)
-        check.state = info.state.name.lower()
-        recomputed = None
-        if global_vector is None:
-            if info.state.name == "FINALIZED":
-                check.aggregate_ok = False
-                report.failures.append(
-                    Failure(r, "-", "aggregate", "not recomputed: the previous finalized model is not known")
-                )
-        else:
-            try:
-                recomputed = check_round(r, info, check, global_vector)
-            except Exception as exc:  # whatever a hostile chain or archive makes a check raise
-                check.aggregate_ok = False if info.state.name == "FINALIZED" else check.aggregate_ok
-                report.failures.append(Failure(r, "-", "round", f"the round could not be checked: {_why(exc)}"))
-        if info.state.name == "FINALIZED":
-            try:
-                global_vector = _next_model(archive, report, r, info.finalized_digest, recomputed, num_params)
-            except Exception as exc:  # the archive's own trouble reading the model: go on from ours
-                detail = f"the finalized model could not be read from the archive: {_why(exc)}"
-                report.failures.append(Failure(r, "-", "aggregate-blob", detail))
-                global_vector = recomputed
-
-    for peer, (eps_micro, record_micro) in last_eps.items():
-        try:
-            on_chain = int(ledger.eps_spent(peer))
-            record_on_chain = int(ledger.record_eps_spent(peer))
-        except Exception as exc:  # one peer's totals unreadable: named, the others are still checked
-            report.failures.append(Failure(0, peer, "eps", f"the eps totals could not be read: {_why(exc)}"))
-            continue
-        entry = report.peers.setdefault(peer, {})
-        entry.update(eps_spent=eps_from_micro(on_chain), commits=len(counts_by_peer[peer]))
-        if privacy.dp_sgd is not None:
-            entry.update(record_eps_spent=eps_from_micro(record_on_chain))
-        if (on_chain, record_on_chain) != (eps_micro, record_micro):
-            report.failures.append(
-                Failure(
-                    0,
-                    peer,
-                    "eps",
-                    f"epsSpent {on_chain} / recordEpsSpent {record_on_chain} differ from the last commitment "
-                    f"{eps_micro} / {record_micro}",
-                )
-            )
-
-
-def _next_model(
-    archive: BlobSource,
-    report: VerifyReport,
-    r: int,
-    finalized: bytes | None,
-    recomputed: torch.Tensor | None,
-    num_params: int,
-) -> torch.Tensor | None:
-    """The model the round after finalized round r starts from. The archived model blob is checked
-    against the finalized digest (check "aggregate-blob"); when round r could not be recomputed,
-    verification goes on from that archived model (digest checked), else from nothing (None)."""
-    if finalized is None:
-        return recomputed
-    data = archive.get(finalized.hex())
-    if data is None:
-        report.failures.append(
-            Failure(r, "-", "aggregate-blob", f"finalized model {finalized.hex()} not in the archive")
-        )
-        return recomputed
-    if sha256(data) != finalized:
-        report.failures.append(
-            Failure(
-                r,
-                "-",
-                "aggregate-blob",
+        data = self.archive.get(finalized.hex())
+        if data is None:
+            self.fail(r, "-", "aggregate-blob", f"finalized model {finalized.hex()} not in the archive")
+            return recomputed
+        if sha256(data) != finalized:
+            detail = (
                 f"archived model altered: its bytes hash to {sha256(data).hex()[:16]}..., "
-                f"not the finalized digest {finalized.hex()[:16]}...",
+                f"not the finalized digest {finalized.hex()[:16]}..."
             )
-        )
-        return recomputed
-    try:
-        vector, meta = wire.read_vector(data, num_params, kind="model")
-    except BlobError as exc:
-        report.failures.append(Failure(r, "-", "aggregate-blob", f"finalized model blob unreadable: {exc}"))
-        return recomputed
-    if meta.get("round") != str(r):
-        report.failures.append(
-            Failure(r, "-", "aggregate-blob", f"finalized model blob names round {meta.get('round')!r}, not {r}")
-        )
-    return recomputed if recomputed is not None else vector.to(torch.float32)
+            self.fail(r, "-", "aggregate-blob", detail)
+            return recomputed
+        try:
+            vector, meta = wire.read_vector(data, swarm.num_params, kind="model")
+        except BlobError as exc:
+            self.fail(r, "-", "aggregate-blob", f"finalized model blob unreadable: {exc}")
+            return recomputed
+        if meta.get("round") != str(r):
+            self.fail(r, "-", "aggregate-blob", f"finalized model blob names round {meta.get('round')!r}, not {r}")
+        return recomputed if recomputed is not None else vector.to(torch.float32)
+
+    # ---------------------------------------------------------------- eps totals
+
+    def check_eps_totals(self, swarm: Swarm) -> None:
+        """Each committer's epsSpent / recordEpsSpent on chain equal its last commitment's records."""
+        for peer, (eps_micro, record_micro) in self.last_eps.items():
+            try:
+                on_chain = int(self.ledger.eps_spent(peer))
+                record_on_chain = int(self.ledger.record_eps_spent(peer))
+            except Exception as exc:  # one peer's totals unreadable: named, the others are still checked
+                self.fail(0, peer, "eps", f"the eps totals could not be read: {_why(exc)}")
+                continue
+            entry = self.report.peers.setdefault(peer, {})
+            entry.update(eps_spent=eps_from_micro(on_chain), commits=len(self.counts[peer]))
+            if swarm.shared.privacy.dp_sgd is not None:
+                entry.update(record_eps_spent=eps_from_micro(record_on_chain))
+            if (on_chain, record_on_chain) != (eps_micro, record_micro):
+                detail = (
+                    f"epsSpent {on_chain} / recordEpsSpent {record_on_chain} differ from the last commitment "
+                    f"{eps_micro} / {record_micro}"
+                )
+                self.fail(0, peer, "eps", detail)
+
+    # ---------------------------------------------------------------- the deployed code
+
+    def check_code(self) -> None:
+        """The runtime code at the ledger address is the artifact's deployedBytecode, up to the
+        immutables (masked out at the artifact's `immutableReferences`); each immutable holds one
+        value across its uses, the value `params()` reports; and the deployment transaction (at
+        params' deploy block, from its deployer) ran the artifact's creation code with constructor
+        arguments that are those values. A chain or state file whose code (or an immutable) was
+        patched fails with check "code"."""
+        for detail in code_problems(self.ledger):
+            self.fail(0, "-", "code", detail)
 
 
-# ------------------------------------------------------------------ the deployed code
-
-
-def check_code(ledger: LedgerClient) -> list[Failure]:
-    """The runtime code at the ledger address is the artifact's deployedBytecode, up to the
-    immutables (masked out at the artifact's `immutableReferences`); each immutable holds one value
-    across its uses, the value `params()` reports; and the deployment transaction (at params'
-    deploy block, from its deployer) ran the artifact's creation code with constructor arguments
-    that are those values. A chain or state file whose code (or an immutable) was patched fails
-    with check "code"."""
+def code_problems(ledger: LedgerClient) -> list[str]:
+    """What differs between the deployed code and the artifact (`Verifier.check_code`)."""
     artifact = load_artifact()
     references: dict[str, list[dict[str, int]]] = artifact.get("immutableReferences", {})
     expected = bytes.fromhex(artifact["deployedBytecode"].removeprefix("0x"))
     code = bytes(ledger.w3.eth.get_code(ledger.address))
-    fail = [Failure(0, "-", "code", detail) for detail in _code_differences(code, expected, references)]
-    if fail:
-        return fail
+    problems = _code_differences(code, expected, references)
+    if problems:
+        return problems
     params = asdict(ledger.params())
     held: dict[str, Any] = {}
     for name, refs in references.items():
         values = {code[ref["start"] : ref["start"] + ref["length"]] for ref in refs}
         field_name = _snake(name)
         if len(values) != 1:
-            fail.append(Failure(0, "-", "code", f"immutable {name} holds {len(values)} different values in the code"))
+            problems.append(f"immutable {name} holds {len(values)} different values in the code")
             continue
-        word = values.pop()
         if field_name not in params:
-            fail.append(Failure(0, "-", "code", f"immutable {name} has no counterpart in params()"))
+            problems.append(f"immutable {name} has no counterpart in params()")
             continue
-        value = _as_param(word, params[field_name])
+        value = _as_param(values.pop(), params[field_name])
         held[field_name] = value
         if _norm(value) != _norm(params[field_name]):
-            fail.append(
-                Failure(
-                    0,
-                    "-",
-                    "code",
-                    f"immutable {name}: params() reports {params[field_name]!r}, the code holds {value!r}",
-                )
-            )
-    if not fail:
-        fail += [Failure(0, "-", "code", d) for d in _deployment_differences(ledger, artifact, held)]
-    return fail
+            problems.append(f"immutable {name}: params() reports {params[field_name]!r}, the code holds {value!r}")
+    return problems or _deployment_differences(ledger, artifact, held)
 
 
 def _code_differences(code: bytes, expected: bytes, references: dict[str, list[dict[str, int]]]) -> list[str]:

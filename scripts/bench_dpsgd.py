@@ -1,5 +1,5 @@
 """DP-SGD's cost per training record against plain SGD on the same model, measured in the same run
-(issue 14, item 6; target: DP-SGD at most 3x plain SGD per record).
+(target: DP-SGD at most 3x plain SGD per record).
 
 For each model, one local epoch over the same records (`--steps` batches of the model's batch size)
 is trained, on one torch thread by default, in each of these ways:
@@ -51,7 +51,7 @@ from mechanisms.record_level import DPSGDPolicy, round_steps  # noqa: E402
 from node.learning.models import count_parameters, init_model, input_features, model_inputs  # noqa: E402
 from node.learning.train import train_local  # noqa: E402
 
-TARGET = 3.0  # DP-SGD seconds per record / plain SGD seconds per record (issue 14, item 6)
+TARGET = 3.0  # DP-SGD seconds per record / plain SGD seconds per record
 BATCH = {"scatter-linear": 1024, "pnpm-fmnist": 256, "pnpm-fmnist-gn-tanh": 256}
 DEFAULT_MODELS = tuple(BATCH)
 VARIANTS = {  # key: label in the table
@@ -305,7 +305,7 @@ def render(results: list[dict], *, steps: int, repeat: int, threads: int, data: 
             ],
             rows,
         )
-        + f"\n\nTarget (issue 14, item 6): DP-SGD at most {TARGET:g}x plain SGD per record, judged on the "
+        + f"\n\nTarget: DP-SGD at most {TARGET:g}x plain SGD per record, judged on the "
         f"project's path (in bold): {verdict}. Standard-layout hooks time over the project's path: "
         f"{speedup}. Fastest DP-SGD with one copy per record: {best}. Ghost clipping never materializes "
         "per-sample gradients where opacus has a norm sampler (linear layers: a per-sample gradient "

@@ -62,6 +62,8 @@ def run_swarm(anvil, n: int) -> dict:
         min_peers=n,
         commit_window=window,
         attest_window=window,
+        commit_window_seconds=1,  # every registered peer commits: the round closes without waiting
+        attest_window_seconds=1,
         eps_cap_micro=100_000_000,
         delta=1e-5,
         genesis_digest=digest("genesis"),

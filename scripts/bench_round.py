@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchdoc import machine_line, table, write_section  # noqa: E402
 
-DEMO_TARGET = 0.10  # outside training, share of a round of the demo (4 peers): issue 15
+DEMO_TARGET = 0.10  # outside training, share of a round of the demo (4 peers)
 LARGE_TARGET = 0.25  # the same for 16 peers
 IDLE_TARGET = 0.02  # of one core, a waiting peer
 IDLE_SECONDS = 15.0
@@ -317,7 +317,7 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
             + ", ".join(f"{x:.1%}" for x in idle)
             + f" of one core (target <= {IDLE_TARGET:.0%}, {'met' if max(idle) <= IDLE_TARGET else 'NOT met'}).",
             "",
-            f"Targets (issue 15): {verdict(4, DEMO_TARGET)}; {verdict(16, LARGE_TARGET)}.",
+            f"Targets: {verdict(4, DEMO_TARGET)}; {verdict(16, LARGE_TARGET)}.",
             "",
             "'busiest upload / (blob x N)': blob bytes served by the peer that served most in a round, over one "
             "blob per peer of the swarm. All-to-all, every peer needs the N-1 other blobs, so the swarm uploads "

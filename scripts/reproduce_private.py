@@ -1,4 +1,4 @@
-"""Private and accurate (issue 14): record-level DP-SGD on the full Fashion-MNIST, from 1 to 100
+"""Private and accurate: record-level DP-SGD on the full Fashion-MNIST, from 1 to 100
 peers. Prints the markdown tables of docs/RESULTS.md ("Private and accurate") and writes
 docs/figures/private_frontier.png.
 

@@ -1,6 +1,6 @@
 """A message-count simulation of one round of the protocol for N peers on a public chain (docs/SCALING.md).
 
-What one round costs, counted message by message as the code does it today (issue 15, item 7):
+What one round costs, counted message by message as the code does it today:
 - gossip: a seeded random GossipSub mesh (degree and bounds read from p2p/gossip.py), every
   announcement of the round propagated hop by hop (forward on first receipt to every mesh peer but
   the forwarder and the origin, as py-libp2p's `_get_peers_to_send`), and the IHAVE gossip every
@@ -165,10 +165,10 @@ class Model:
     params: int
 
     # node/protocol/wire.py: float32 safetensors plus a JSON header; measured once with
-    # wire.update_blob(torch.zeros(n), 12, pnpm JSON) and wire.model_blob: 176 and 124-128 bytes.
+    # wire.update_blob(torch.zeros(n), 12, pnpm JSON, an address) and wire.model_blob: 232 and 120-128 bytes.
     @property
     def update_bytes(self) -> int:
-        return 4 * self.params + 176
+        return 4 * self.params + 232
 
     @property
     def model_bytes(self) -> int:
@@ -204,7 +204,7 @@ class Polls:
     """How often the code reads the chain (s); sources in the comments."""
 
     round_state: float = 0.1  # PeerSettings.poll_interval (node/protocol/settings.py)
-    nudge: float = 1.0  # Peer._wait_for nudge_every: an eth_estimateGas for close / abort
+    nudge: float = 1.0  # ChainWatcher._wait_for nudge_every: an eth_estimateGas for close / abort
     attestations: float = 0.5  # agree.WATCH_INTERVAL, while fetching
     registry: float = 1.0  # RegistryCache.keep_fresh: block_number + 2 eth_getLogs
     receipt: float = 0.02  # sender._wait: wait_for_transaction_receipt(poll_latency=0.02)
@@ -401,7 +401,7 @@ def simulate_chain(
 ) -> ChainRound:
     """One round on a public chain, block by block. Commits are sent within `commit_spread` s of the
     round's start (training ends at different times). Once the last commit is mined, every peer's
-    next close nudge (within 1 s; Peer._wait_for) estimates closeRound on the new state, which
+    next close nudge (within 1 s; ChainWatcher._wait_for) estimates closeRound on the new state, which
     passes, so every peer sends it: the first mined closes, the others revert (RoundNotOpen). After
     the close each peer fetches (`fetch_seconds[p]`), aggregates and attests, unless the round was
     already finalized when it estimates (then nothing is sent); votes mined after the majority

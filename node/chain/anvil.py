@@ -177,8 +177,8 @@ def start_anvil(
 
     block_time None means automine (a block per transaction); a number mines every block_time
     seconds, like a testnet, so receipts have to be awaited. mixed_mining (with block_time) does
-    both: every transaction is mined at once and blocks also tick every block_time, so windows
-    measured in blocks pass even when nobody sends a transaction. load_state reloads a
+    both: every transaction is mined at once and blocks also tick every block_time, so round
+    windows (blocks and seconds, read from new blocks) pass even when nobody sends a transaction. load_state reloads a
     `dump_state` file. host is the address to bind (loopback unless told: the dev keys are
     public, so anyone who reaches the port can spend them); hardfork pins the EVM version
     (Anvil's default: its latest).
@@ -191,29 +191,9 @@ def start_anvil(
         raise ValueError(f"block_time must be > 0 seconds, got {block_time}")
     binary = find_anvil()
     chosen = port or free_port()
-    cmd = [
-        binary,
-        "--host",
-        host,
-        "--port",
-        str(chosen),
-        "--chain-id",
-        str(chain_id),
-        "--accounts",
-        str(accounts),
-        "--mnemonic",
-        ANVIL_MNEMONIC,
-    ]
-    if block_time is not None:
-        cmd += ["--block-time", str(block_time)]
-    if mixed_mining:
-        cmd += ["--mixed-mining"]
-    if hardfork is not None:
-        cmd += ["--hardfork", hardfork]
-    if load_state is not None:
-        if not Path(load_state).is_file():
-            raise ValueError(f"load_state: no such file {load_state}")
-        cmd += ["--load-state", str(load_state)]
+    cmd = [binary, "--host", host, "--port", str(chosen), "--chain-id", str(chain_id)]
+    cmd += ["--accounts", str(accounts), "--mnemonic", ANVIL_MNEMONIC]
+    cmd += _mining_and_state_flags(block_time, mixed_mining, hardfork, load_state)
     log = Path(tempfile.mkstemp(prefix="anvil-", suffix=".log")[1])
     with open(log, "wb") as sink:
         # its own session: a terminal's Ctrl-C reaches only the owner, which stops the chain last
@@ -221,15 +201,42 @@ def start_anvil(
             cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
     anvil = Anvil(process, chosen, chain_id, accounts, log, host)
+    _wait_until_answering(anvil, timeout)
+    return anvil
+
+
+def _mining_and_state_flags(
+    block_time: float | None,
+    mixed_mining: bool,
+    hardfork: str | None,
+    load_state: str | os.PathLike[str] | None,
+) -> list[str]:
+    flags: list[str] = []
+    if block_time is not None:
+        flags += ["--block-time", str(block_time)]
+    if mixed_mining:
+        flags += ["--mixed-mining"]
+    if hardfork is not None:
+        flags += ["--hardfork", hardfork]
+    if load_state is not None:
+        if not Path(load_state).is_file():
+            raise ValueError(f"load_state: no such file {load_state}")
+        flags += ["--load-state", str(load_state)]
+    return flags
+
+
+def _wait_until_answering(anvil: Anvil, timeout: float) -> None:
+    """Poll until `anvil` answers with its chain id; AnvilError, the process stopped, when it exits
+    first or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while True:
-        if process.poll() is not None:
+        if anvil.process.poll() is not None:
             tail = anvil.log_tail()
             anvil.stop()
-            raise AnvilError(f"anvil exited with status {process.returncode} before answering:\n{tail}")
+            raise AnvilError(f"anvil exited with status {anvil.process.returncode} before answering:\n{tail}")
         try:
-            if int(anvil.rpc("eth_chainId", timeout=1.0), 16) == chain_id:
-                return anvil
+            if int(anvil.rpc("eth_chainId", timeout=1.0), 16) == anvil.chain_id:
+                return
         except (OSError, urllib.error.URLError, ValueError, AnvilError):
             pass
         if time.monotonic() > deadline:

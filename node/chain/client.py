@@ -2,6 +2,7 @@
 
     w3 = connect("http://127.0.0.1:8545")
     ledger = LedgerClient.deploy(w3, account, min_peers=3, commit_window=5, attest_window=5,
+                                 commit_window_seconds=60, attest_window_seconds=60,
                                  eps_cap_micro=10_000_000, delta=1e-5, genesis_digest=digest)
     ledger.register(peer_id, sign_registration(key, chain_id, ledger.address, account.address))
     ledger.commit(ledger.current_round(), blob_digest, 600, 1_000_000, mechanism_json)
@@ -132,6 +133,8 @@ class LedgerClient:
         min_peers: int,
         commit_window: int,
         attest_window: int,
+        commit_window_seconds: int,
+        attest_window_seconds: int,
         eps_cap_micro: int,
         delta: float,
         genesis_digest: bytes,
@@ -144,45 +147,29 @@ class LedgerClient:
     ) -> LedgerClient:
         """Deploy a new swarm ledger from `account` and return a client on it.
 
+        A window ends once both its blocks (`commit_window`, `attest_window`) and its seconds
+        (`commit_window_seconds`, `attest_window_seconds`, by block timestamps) have passed.
         `eps_step_micro`: what one release spends under the swarm's privacy policy, which the
         contract then requires of every commit (0: not a constant, checked off chain);
         `record_eps_cap_micro` and `record_delta`: the record-level DP-SGD cap and delta (both 0
         without DP-SGD); `allowlist`: the addresses that may register (None or empty: anyone may);
         `max_samples`: the cap on a commit's numSamples, the FedAvg weight (0: 2^32 - 1)."""
-        for name, value, low in (
-            ("min_peers", min_peers, 1),
-            ("commit_window", commit_window, 1),
-            ("attest_window", attest_window, 1),
-            ("eps_cap_micro", eps_cap_micro, 1),
-        ):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not 0 <= delta < 1:
-            raise ValueError(f"delta must be in [0, 1), got {delta!r}")
-        if isinstance(max_samples, bool) or not isinstance(max_samples, int) or not 0 <= max_samples < 2**32:
-            raise ValueError(f"max_samples must be an integer in [0, 2^32 - 1] (0 = 2^32 - 1), got {max_samples!r}")
-        for name, value in (("eps_step_micro", eps_step_micro), ("record_eps_cap_micro", record_eps_cap_micro)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if eps_step_micro > eps_cap_micro:
-            raise ValueError(f"eps_step_micro {eps_step_micro} is more than the cap {eps_cap_micro}")
-        if not 0 <= record_delta < 1 or (record_eps_cap_micro > 0) != (record_delta > 0):
-            raise ValueError("record_delta must be in (0, 1) with a record-level cap, and 0 without one")
-        if len(genesis_digest) != 32 or int.from_bytes(genesis_digest, "big") <= 1:
-            raise ValueError("genesis_digest must be 32 bytes (a sha256 digest), not 0 or 1")
+        settings = _constructor_settings(
+            min_peers=min_peers,
+            commit_window=commit_window,
+            attest_window=attest_window,
+            commit_window_seconds=commit_window_seconds,
+            attest_window_seconds=attest_window_seconds,
+            eps_cap_micro=eps_cap_micro,
+            delta=delta,
+            genesis_digest=genesis_digest,
+            eps_step_micro=eps_step_micro,
+            record_eps_cap_micro=record_eps_cap_micro,
+            record_delta=record_delta,
+            max_samples=max_samples,
+        )
         artifact = load_artifact()
         factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-        settings = (
-            min_peers,
-            commit_window,
-            attest_window,
-            eps_cap_micro,
-            round(delta * DELTA_SCALE),
-            eps_step_micro,
-            record_eps_cap_micro,
-            round(record_delta * DELTA_SCALE),
-            max_samples,
-        )
         constructor = factory.constructor(
             settings,
             bytes(genesis_digest),
@@ -301,8 +288,9 @@ class LedgerClient:
         return self._raw if isinstance(self._raw, RawRPC) else None
 
     def params(self) -> SwarmParams:
-        p = self._view("params")
-        return SwarmParams(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], bytes(p[8]), p[9], p[10], p[11], p[12])
+        fields = list(self._view("params"))  # in SwarmParams' order
+        fields[8] = bytes(fields[8])  # genesisDigest
+        return SwarmParams(*fields)
 
     def current_round(self) -> int:
         return self._view("currentRound")
@@ -313,11 +301,10 @@ class LedgerClient:
         return r, bytes(digest)
 
     def round_info(self, round: int, *, block: int | None = None) -> RoundInfo:
-        s, opened, closed, ended, count, digest = self._view("roundInfo", round, block=block)
+        s, opened, closed, ended, count, digest, opened_at, closed_at = self._view("roundInfo", round, block=block)
         state = RoundState(s)
-        return RoundInfo(
-            round, state, opened, closed, ended, count, bytes(digest) if state is RoundState.FINALIZED else None
-        )
+        finalized = bytes(digest) if state is RoundState.FINALIZED else None
+        return RoundInfo(round, state, opened, closed, ended, count, finalized, opened_at, closed_at)
 
     def participants(self, round: int) -> list[str]:
         """The participants of `round` in commit order (the order inclusion bitmaps use)."""
@@ -503,50 +490,40 @@ class LedgerClient:
         (mechanism and what it protects), attestations and outcome, and every peer's eps."""
         p = self.params()
         current = self.current_round()
-        rounds: list[dict[str, Any]] = []
-        for r in range(1, current + 1):
-            info = self.round_info(r)
-            rounds.append(
-                {
-                    "round": r,
-                    "state": info.state.name,
-                    "opened_block": info.opened_block,
-                    "closed_block": info.closed_block,
-                    "ended_block": info.ended_block,
-                    "participant_count": info.participant_count,
-                    "finalized_digest": info.finalized_digest.hex() if info.finalized_digest else None,
-                    "commitments": [
-                        {
-                            "peer": c.peer,
-                            "index": c.index,
-                            "digest": c.digest.hex(),
-                            "num_samples": c.num_samples,
-                            "eps_micro": c.eps_micro,
-                            "eps": c.eps,
-                            "record_eps_micro": c.record_eps_micro,
-                            "record_eps": c.record_eps,
-                            "block": c.block_number,
-                            "mechanism": c.mechanism.decode("utf-8", "replace"),
-                            "mechanism_name": (d := describe_mechanism(c.mechanism))["name"],
-                            "protects": d["protects"],
-                        }
-                        for c in self.commitments(r)
-                    ],
-                    "attestations": [
-                        {
-                            "peer": a.peer,
-                            "aggregate_digest": a.aggregate_digest.hex(),
-                            "included": a.included.hex(),
-                            "votes": a.votes,
-                            "block": a.block_number,
-                        }
-                        for a in self.attestations(r)
-                    ],
-                }
-            )
+        rounds = [self._round_snapshot(r) for r in range(1, current + 1)]
+        peers = self._peers_snapshot()
+        last_round, last_digest = self.last_finalized()
+        return {
+            "address": self.address,
+            "chain_id": self._read(lambda: self.w3.eth.chain_id, "chain_id"),
+            "block": self.block_number(),
+            "params": _params_json(p),
+            "current_round": current,
+            "last_finalized": {"round": last_round, "digest": last_digest.hex()},
+            "rounds": rounds,
+            "peers": peers,
+        }
+
+    def _round_snapshot(self, r: int) -> dict[str, Any]:
+        """One round of `snapshot`: its state, blocks, commitments and attestations."""
+        info = self.round_info(r)
+        return {
+            "round": r,
+            "state": info.state.name,
+            "opened_block": info.opened_block,
+            "closed_block": info.closed_block,
+            "ended_block": info.ended_block,
+            "participant_count": info.participant_count,
+            "finalized_digest": info.finalized_digest.hex() if info.finalized_digest else None,
+            "commitments": [_commitment_json(c) for c in self.commitments(r)],
+            "attestations": [_attestation_json(a) for a in self.attestations(r)],
+        }
+
+    def _peers_snapshot(self) -> list[dict[str, Any]]:
+        """Every registration of `snapshot`, whether it owns its peer id, and its eps spent."""
         registrations = self.registrations()
         owners = resolve(registrations, self.chain_id(), self.address)
-        peers = [
+        return [
             {
                 "address": reg.address,
                 "peer_id": reg.peer_id.hex(),
@@ -559,25 +536,45 @@ class LedgerClient:
             }
             for reg in registrations
         ]
-        last_round, last_digest = self.last_finalized()
-        params = asdict(p) | {
-            "genesis_digest": p.genesis_digest.hex(),
-            "delta": p.delta,
-            "eps_cap": p.eps_cap,
-            "eps_step": eps_from_micro(p.eps_step_micro),
-            "record_eps_cap": p.record_eps_cap,
-            "record_delta": p.record_delta,
-        }
-        return {
-            "address": self.address,
-            "chain_id": self._read(lambda: self.w3.eth.chain_id, "chain_id"),
-            "block": self.block_number(),
-            "params": params,
-            "current_round": current,
-            "last_finalized": {"round": last_round, "digest": last_digest.hex()},
-            "rounds": rounds,
-            "peers": peers,
-        }
+
+
+def _params_json(p: SwarmParams) -> dict[str, Any]:
+    return asdict(p) | {
+        "genesis_digest": p.genesis_digest.hex(),
+        "delta": p.delta,
+        "eps_cap": p.eps_cap,
+        "eps_step": eps_from_micro(p.eps_step_micro),
+        "record_eps_cap": p.record_eps_cap,
+        "record_delta": p.record_delta,
+    }
+
+
+def _commitment_json(c: Commitment) -> dict[str, Any]:
+    described = describe_mechanism(c.mechanism)
+    return {
+        "peer": c.peer,
+        "index": c.index,
+        "digest": c.digest.hex(),
+        "num_samples": c.num_samples,
+        "eps_micro": c.eps_micro,
+        "eps": c.eps,
+        "record_eps_micro": c.record_eps_micro,
+        "record_eps": c.record_eps,
+        "block": c.block_number,
+        "mechanism": c.mechanism.decode("utf-8", "replace"),
+        "mechanism_name": described["name"],
+        "protects": described["protects"],
+    }
+
+
+def _attestation_json(a: Attestation) -> dict[str, Any]:
+    return {
+        "peer": a.peer,
+        "aggregate_digest": a.aggregate_digest.hex(),
+        "included": a.included.hex(),
+        "votes": a.votes,
+        "block": a.block_number,
+    }
 
 
 def _commitment(event: EventData) -> Commitment:
@@ -593,4 +590,63 @@ def _commitment(event: EventData) -> Commitment:
         event["blockNumber"],
         args["recordEpsMicro"],
         args["round"],
+    )
+
+
+def _constructor_settings(
+    *,
+    min_peers: int,
+    commit_window: int,
+    attest_window: int,
+    commit_window_seconds: int,
+    attest_window_seconds: int,
+    eps_cap_micro: int,
+    delta: float,
+    genesis_digest: bytes,
+    eps_step_micro: int,
+    record_eps_cap_micro: int,
+    record_delta: float,
+    max_samples: int,
+) -> tuple[int, ...]:
+    """The constructor's settings tuple (deltas scaled to integers), after a ValueError naming the
+    first setting the contract would refuse or misread."""
+    for name, value, low in (
+        ("min_peers", min_peers, 1),
+        ("commit_window", commit_window, 1),
+        ("attest_window", attest_window, 1),
+        ("eps_cap_micro", eps_cap_micro, 1),
+    ):
+        if not isinstance(value, int) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if not 0 <= delta < 1:
+        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or not 0 <= max_samples < 2**32:
+        raise ValueError(f"max_samples must be an integer in [0, 2^32 - 1] (0 = 2^32 - 1), got {max_samples!r}")
+    for name, value in (
+        ("commit_window_seconds", commit_window_seconds),
+        ("attest_window_seconds", attest_window_seconds),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**32:
+            raise ValueError(f"{name} must be an integer in [1, 2^32 - 1] (a uint32 of seconds), got {value!r}")
+    for name, value in (("eps_step_micro", eps_step_micro), ("record_eps_cap_micro", record_eps_cap_micro)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if eps_step_micro > eps_cap_micro:
+        raise ValueError(f"eps_step_micro {eps_step_micro} is more than the cap {eps_cap_micro}")
+    if not 0 <= record_delta < 1 or (record_eps_cap_micro > 0) != (record_delta > 0):
+        raise ValueError("record_delta must be in (0, 1) with a record-level cap, and 0 without one")
+    if len(genesis_digest) != 32 or int.from_bytes(genesis_digest, "big") <= 1:
+        raise ValueError("genesis_digest must be 32 bytes (a sha256 digest), not 0 or 1")
+    return (
+        min_peers,
+        commit_window,
+        attest_window,
+        eps_cap_micro,
+        round(delta * DELTA_SCALE),
+        eps_step_micro,
+        record_eps_cap_micro,
+        round(record_delta * DELTA_SCALE),
+        max_samples,
+        commit_window_seconds,
+        attest_window_seconds,
     )

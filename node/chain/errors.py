@@ -51,7 +51,10 @@ InvalidPeerId = _refusal("InvalidPeerId", "peer id must be 1 to 128 bytes, got {
 WrongRound = _refusal("WrongRound", "round {given} is not the current round {current}")
 AlreadyCommitted = _refusal("AlreadyCommitted", "{peer} already committed in round {round}")
 CommitWindowClosed = _refusal("CommitWindowClosed", "round {round} no longer takes commitments")
-CommitWindowOpen = _refusal("CommitWindowOpen", "round {round}: the commit window lasts until block {lastBlock}")
+CommitWindowOpen = _refusal(
+    "CommitWindowOpen",
+    "round {round}: the commit window lasts through block {lastBlock} and until block time {endsAt} (both must pass)",
+)
 QuorumNotMet = _refusal(
     "QuorumNotMet", "round {round}: {committed} of {minPeers} needed peers committed; the window extends"
 )
@@ -83,7 +86,11 @@ MalformedBitmap = _refusal(
     "MalformedBitmap",
     "round {round}: bitmap of {length} bytes, expected {expectedLength} with no bit past the last participant",
 )
-AbortTooEarly = _refusal("AbortTooEarly", "round {round}: the attestation window lasts until block {lastBlock}")
+AbortTooEarly = _refusal(
+    "AbortTooEarly",
+    "round {round}: the attestation window lasts through block {lastBlock} and until block time {endsAt} "
+    "(both must pass)",
+)
 RoundAlreadyFinalized = _refusal("RoundAlreadyFinalized", "round {round} is finalized and cannot be aborted")
 
 REFUSALS: dict[str, type[ContractRefusal]] = {cls.__name__: cls for cls in ContractRefusal.__subclasses__()}

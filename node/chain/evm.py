@@ -2,7 +2,7 @@
 
 The artifact records its target (`settings.evmVersion`, written by scripts/compile_contracts.py).
 Code compiled for a newer EVM than the chain runs deploys fine and then fails at its first call
-with "invalid opcode" (issue 16: a cancun build's MCOPY on Ganache, whose newest hardfork is
+with "invalid opcode" (seen: a cancun build's MCOPY on Ganache, whose newest hardfork is
 shanghai). So before deploying or joining, `check_evm_target` runs a few bytes of creation code
 in an `eth_call` (nothing is sent or mined): one that uses the newest opcode of the target and
 returns 0x2a. A chain whose configured hardfork lacks the opcode answers with an error instead.

@@ -1,8 +1,10 @@
 """Keeps a peer from waiting forever on a chain that mines only on transactions.
 
-Round windows count blocks. A plain `anvil` or `ganache` mines a block only when a transaction
-arrives, so once a peer is missing nobody sends one, the commit window never passes, and every
-other peer sits in waiting-close (issue 16: 75 s and counting, the block number frozen).
+A round window ends once its blocks and its seconds have passed, and the contract reads both from
+a new block: its number and its timestamp. A plain `anvil` or `ganache` mines a block only when a
+transaction arrives, so once a peer is missing nobody sends one, the commit window never passes (not
+even its seconds: the last block's timestamp stands still too), and every other peer sits in
+waiting-close (seen: 75 s and counting, the block number frozen).
 
 `watch_chain` runs beside the peer. While the peer waits on the chain (a phase in
 WAITING_PHASES) and no block has come for a while, it acts:
@@ -115,7 +117,7 @@ class ChainLiveness:
         self.warned = True
         log.warning(
             "the chain at %s made no block for %.0f s while this peer waits on a round window "
-            "(windows count blocks: it seems to mine only on transactions); %s. Fix: %s",
+            "(a window passes only in a new block: it seems to mine only on transactions); %s. Fix: %s",
             self.rpc_url,
             self.stall_after,
             what,

@@ -3,7 +3,8 @@ ledger emitted anything), as bare JSON-RPC over one kept-alive HTTP connection.
 
 Why not web3: through web3 and requests one eth_blockNumber costs about 1 ms of CPU (middleware,
 session, adapters); here about a seventh of that. A peer that polls the chain ten times a second
-then stays idle (issue 15: at most 2% of a core while it waits). Anything else goes through web3.
+then stays idle (at most 2% of a core while it waits: docs/BENCHMARKS.md, "Round overhead").
+Anything else goes through web3.
 """
 
 from __future__ import annotations

@@ -23,9 +23,12 @@ class RoundState(enum.IntEnum):
 
 @dataclass(frozen=True)
 class SwarmParams:
+    """The contract's `params()`, in its order. A window ends once both its blocks and its seconds
+    (block timestamps) have passed."""
+
     min_peers: int
-    commit_window: int
-    attest_window: int
+    commit_window: int  # blocks
+    attest_window: int  # blocks
     eps_cap_micro: int
     delta_e18: int
     eps_step_micro: int  # what one release spends under the policy; 0 = not constant (checked off chain)
@@ -35,7 +38,9 @@ class SwarmParams:
     allowlist_enabled: bool
     deployer: str
     deploy_block: int
-    max_samples: int = 2**32 - 1  # cap on a commit's numSamples (the FedAvg weight)
+    max_samples: int  # cap on a commit's numSamples (the FedAvg weight)
+    commit_window_seconds: int
+    attest_window_seconds: int
 
     @property
     def delta(self) -> float:
@@ -63,6 +68,8 @@ class RoundInfo:
     ended_block: int  # block it was finalized or aborted in; 0 while open or closed
     participant_count: int
     finalized_digest: bytes | None  # None unless finalized
+    opened_at: int  # the opening block's timestamp
+    closed_at: int  # the closing block's timestamp; 0 while open
 
 
 @dataclass(frozen=True)
@@ -95,8 +102,8 @@ class Attestation:
     block_number: int
 
 
-# The mechanisms package's own vocabulary (Guarantee.protects), spelled out. PNPM's density
-# ratio holds between the two signs only; |w| is released exactly (docs/MECHANISMS.md).
+# The mechanisms package's own vocabulary (Guarantee.protects), spelled out (PNPM's "sign":
+# docs/PRIVACY-MODEL.md, "PNPM protects signs only").
 PROTECTS_WORDS = {"sign": "sign only (no eps for the values)", "value": "the values"}
 NO_GUARANTEE = "nothing: not a valid mechanism, so no guarantee"
 

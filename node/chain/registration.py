@@ -6,12 +6,13 @@ A registration carries a signature by the libp2p private key of the peer id it n
                                 || registering eth address (20 bytes)
 
 The contract cannot check it (libp2p keys are Ed25519, secp256k1 or RSA, not Ethereum's keys):
-it is emitted in the `Registered` event, and every peer (the admission registry) and `swarm verify`
-check it here, against the public key embedded in the peer id (identity multihash: Ed25519 and
-secp256k1; an RSA peer id is a hash of its key and never verifies). A peer id resolves to the
-FIRST registration, in chain order, whose signature verifies: a squatter who registers someone
-else's peer id cannot sign for it, so its registration is ignored everywhere and does not block
-the owner's.
+it is emitted in the `Registered` event and checked here, against the public key embedded in the
+peer id (identity multihash: Ed25519 and secp256k1; an RSA peer id is a hash of its key and never
+verifies). A peer id resolves to the FIRST registration, in chain order, whose signature verifies
+(`resolve`): a squatter who registers someone else's peer id cannot sign for it, so its
+registration is ignored everywhere and does not block the owner's. Whether a commit's committer
+owns its peer id is the rulebook's to decide (`node.rules.PeerIdOwners`), for every peer and
+`swarm verify` alike; these are its primitives.
 """
 
 from __future__ import annotations
@@ -85,21 +86,3 @@ def resolve(registrations: Iterable[Registration], chain_id: int, ledger: str) -
         if signature_verifies(reg.peer_id, reg.signature, chain_id, ledger, reg.address):
             owners[reg.peer_id] = reg
     return owners
-
-
-def registration_problem(address: str, registrations: Iterable[Registration], chain_id: int, ledger: str) -> str | None:
-    """Why `address`'s registration does not bind it to its peer id (None: it does)."""
-    regs = list(registrations)
-    own = [r for r in regs if r.address.lower() == address.lower()]
-    if not own:
-        return "no Registered event for this address"
-    mine = own[0]
-    if not signature_verifies(mine.peer_id, mine.signature, chain_id, ledger, mine.address):
-        return (
-            f"the registration signature does not verify against the key of peer id 0x{mine.peer_id.hex()}"
-            " (a peer id registered without its key)"
-        )
-    owner = resolve(regs, chain_id, ledger).get(mine.peer_id)
-    if owner is not None and owner.address.lower() != address.lower():
-        return f"peer id 0x{mine.peer_id.hex()} resolves to {owner.address}, registered first with a valid signature"
-    return None

@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
+from node.cli import common
+
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from mechanisms.base import Mechanism
 
@@ -28,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=float, default=1e-5, help="gaussian only: delta (default 1e-5)")
     p.add_argument("--base", default="pm", help="sampled only: base mechanism pm, hm or duchi (default pm)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    common.add_verbose(p)
     p.set_defaults(func=handler)
 
 

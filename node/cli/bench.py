@@ -12,12 +12,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-SUITES = ("mechanisms", "ledger", "p2p", "round", "simulate", "dpsgd")
+from node.cli import common
+
+SUITES = ("mechanisms", "ledger", "p2p", "round", "simulate", "dpsgd", "cli")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="run benchmarks and write docs/BENCHMARKS.md (from a source checkout)")
+    p = sub.add_parser(
+        "bench",
+        help="run benchmarks and write docs/BENCHMARKS.md (from a source checkout)",
+        description="Run the benchmark scripts of a source checkout (scripts/bench_*.py); each rewrites its own "
+        "section of docs/BENCHMARKS.md with the figures it measured on this machine.",
+    )
     p.add_argument("suites", nargs="*", metavar="SUITE", help=f"which to run: {', '.join(SUITES)} (default: all)")
+    common.add_verbose(p)
     p.set_defaults(func=handle)
 
 

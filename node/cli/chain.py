@@ -1,10 +1,10 @@
 """`swarm chain`: a local Anvil chain mined the way a swarm needs, until Ctrl-C.
 
-Blocks come every `--block-time` seconds and every transaction is also mined at once (Anvil's
-mixed mining, as `swarm up` runs it): round windows count blocks, so a chain that mined only on
-transactions would stop the swarm as soon as a peer went missing (issue 16). It binds 127.0.0.1
-unless `--host` says otherwise: its dev accounts' keys are public (Anvil's test mnemonic), so
-whoever reaches the port can spend them.
+Blocks come every `--block-time` seconds and every transaction is also mined at once (Anvil's mixed
+mining, as `swarm up` runs it): a round window passes only in a new block (its number and its
+timestamp), so a chain that mined only on transactions would stop the swarm as soon as a peer went
+missing. It binds 127.0.0.1 unless `--host` says otherwise: its dev accounts' keys are public
+(Anvil's test mnemonic), so whoever reaches the port can spend them.
 
 Keys never go on a command line: `--keystore-dir DIR` writes each dev account as an encrypted
 keystore (DIR/dev-<i>.json, mode 0600, password from SWARM_KEYSTORE_PASSWORD or a prompt) for
@@ -21,6 +21,8 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+from node.cli import common
 
 DEFAULT_PORT = 8545
 DEFAULT_BLOCK_TIME_S = 1.0
@@ -51,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(password from SWARM_KEYSTORE_PASSWORD or a prompt)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON line (url, chain id, accounts) for scripts")
+    common.add_verbose(p)
     p.set_defaults(func=handler)
 
 

@@ -1,5 +1,7 @@
-"""Options shared by several subcommands (config file, --set overrides, --json) and how an expected
-failure becomes one line: the known error unwrapped from trio's ExceptionGroups."""
+"""Options shared by several subcommands (config file, --set overrides, --json, -v), the checks that
+run before anything is deployed or started (the chain answers at --rpc-url, the data is there, the
+device exists), and how an expected failure becomes one line: the known error unwrapped from
+trio's ExceptionGroups."""
 
 from __future__ import annotations
 
@@ -7,10 +9,18 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from web3 import Web3
+
+    from node.chain.client import LedgerClient
     from node.config import Config
+
+PROBE_TIMEOUT_S = 5.0  # how long the first request to --rpc-url may take before the command gives up
+SKLEARN_DATASETS = ("digits", "breast-cancer")  # shipped with scikit-learn: they read no files
+NO_DEFAULT_DIR = ("mnist", "cifar10")  # read from files only where --data-dir says (node.learning.data)
 
 
 def add_config_options(parser: argparse.ArgumentParser) -> None:
@@ -26,11 +36,15 @@ def add_config_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document for scripts")
 
 
+def add_verbose(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more, full tracebacks on errors")
+
+
 def add_transaction_options(parser: argparse.ArgumentParser) -> None:
     """The options of a subcommand that sends one transaction and waits for its receipt."""
     parser.add_argument("--tx-timeout", type=float, default=120.0, help="seconds to wait for the receipt")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more, full tracebacks on errors")
+    add_verbose(parser)
 
 
 def load(args: argparse.Namespace, shortcuts: dict[str, str]) -> Config:
@@ -48,6 +62,115 @@ def load(args: argparse.Namespace, shortcuts: dict[str, str]) -> Config:
         return load_config(args.config, overrides)
     except (ConfigError, OSError) as exc:
         raise CLIError(str(exc)) from exc
+
+
+def check_data_dir(config: Config) -> None:
+    """For the commands that read data: data.data_dir names a folder, and a dataset that reads files."""
+    from node.cli import CLIError
+
+    data_dir = config.data.data_dir
+    if data_dir and config.data.dataset in SKLEARN_DATASETS:
+        raise CLIError(
+            f"{config.data.dataset} comes with scikit-learn and reads no files, so --data-dir {data_dir} "
+            "(data.data_dir) would be ignored: drop it, or choose a dataset read from files "
+            "(fashion-mnist, mnist, cifar10)"
+        )
+    if not data_dir and config.data.dataset in NO_DEFAULT_DIR:
+        raise CLIError(
+            f"{config.data.dataset} is read from its files, and this machine has no copy of its own: "
+            "give --data-dir DIR (data.data_dir), the folder holding them"
+        )
+    if data_dir and not Path(data_dir).is_dir():
+        raise CLIError(f"--data-dir {data_dir} (data.data_dir) is not a folder: give the folder holding its files")
+
+
+def check_data(config: Config) -> None:
+    """Read one record of the train and test splits, so a missing or unreadable dataset is one line
+    before anything is deployed, started or written (heavy: loads torch)."""
+    from node.cli import CLIError
+    from node.learning.data import DatasetError, load_dataset
+
+    d = config.data
+    try:
+        for split in ("train", "test"):
+            load_dataset(d.dataset, data_dir=d.data_dir, split=split, limit=1)
+    except DatasetError as exc:
+        where = "give --data-dir DIR (data.data_dir), the folder holding its files"
+        if d.dataset == "fashion-mnist" and not d.data_dir:
+            where = f"install it (sudo apt-get install dataset-fashion-mnist), {where}, or choose --dataset digits"
+        raise CLIError(f"{d.dataset}: {exc}: {where}") from exc
+
+
+def check_device(config: Config) -> None:
+    """train.device = cuda on a machine whose torch sees no CUDA: one line before any work (heavy)."""
+    from node.cli import CLIError
+    from node.learning.device import device_error
+
+    problem = device_error(config.train.device)
+    if problem is not None:
+        raise CLIError(f"train.device {problem.rstrip(';')}, got {config.train.device!r}")
+
+
+def probe_chain(rpc_url: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """One eth_chainId request with the standard library, before web3 loads: a URL that is not an
+    Ethereum JSON-RPC endpoint (nothing listening, a web server, a port that never answers) ends
+    the command in one line within `timeout` seconds, without the client's retries."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from node.cli import CLIError
+
+    if not rpc_url.startswith(("http://", "https://")):
+        raise CLIError(f"--rpc-url must be an http(s) URL, got {rpc_url!r}")
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}).encode()
+    request = urllib.request.Request(rpc_url, body, {"Content-Type": "application/json"})
+    not_chain = f"{rpc_url} is not an Ethereum JSON-RPC endpoint"
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer = json.loads(response.read(1 << 16))
+    except urllib.error.HTTPError as exc:
+        raise CLIError(f"{not_chain} (it answers HTTP {exc.code} {exc.reason}): fix --rpc-url") from exc
+    except TimeoutError as exc:
+        raise CLIError(
+            f"{rpc_url} took the connection but did not answer within {timeout:g} s: check that a chain "
+            "runs there (swarm chain starts one) or fix --rpc-url"
+        ) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        text = getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+        raise CLIError(f"cannot reach the chain at {rpc_url} ({text}): start it or fix --rpc-url") from exc
+    except ValueError as exc:  # not JSON
+        raise CLIError(f"{not_chain} (its answer is not JSON): fix --rpc-url") from exc
+    if not (isinstance(answer, dict) and "result" in answer):
+        raise CLIError(f"{not_chain} (no eth_chainId result in its answer): fix --rpc-url")
+
+
+def connect_chain(rpc_url: str, *, check_evm: bool = True) -> Web3:
+    """`node.chain.client.connect` after `probe_chain`, its failures as one line."""
+    from node.chain.client import connect
+    from node.chain.errors import LedgerError
+    from node.chain.evm import UnsupportedEVM
+    from node.cli import CLIError
+
+    try:
+        return connect(rpc_url, check_evm=check_evm)
+    except UnsupportedEVM as exc:  # reachable, but cannot run the contract: its own message says how to fix it
+        raise CLIError(str(exc)) from exc
+    except (ValueError, LedgerError) as exc:
+        raise CLIError(f"cannot reach the chain at {rpc_url} ({short_reason(exc)}): start it or fix --rpc-url") from exc
+
+
+def open_ledger(w3: Web3, address: str) -> LedgerClient:
+    """A read-only client of the ledger at `address`, a wrong address as one line."""
+    from node.chain.client import LedgerClient
+    from node.chain.errors import LedgerError
+    from node.cli import CLIError
+
+    try:
+        return LedgerClient(w3, address)
+    except (ValueError, LedgerError) as exc:
+        raise CLIError(f"{one_line(exc)}: check --ledger (the address swarm deploy printed) and --rpc-url") from exc
 
 
 def setup_logging(verbose: bool) -> None:

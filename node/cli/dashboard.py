@@ -1,7 +1,8 @@
 """`swarm dashboard --run DIR`: the live page of `swarm up --dashboard` / `swarm node --dashboard`,
 served from a finished run folder or a `swarm node` workdir, until Ctrl-C (or SIGTERM: exit 0);
-and what those two commands share: the `--dashboard` options and page (`add_options`, `start`)
-and the log of the ledger's events they keep in the folder with or without a page (`log_events`)."""
+and what those two commands share: the `--dashboard` options and page (`add_options`, `start`,
+`finish`: served until the command exits, or with --linger until Ctrl-C) and the log of the
+ledger's events they keep in the folder with or without a page (`log_events`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from node.cli import common
+
 if TYPE_CHECKING:
     from node.config import Config
     from node.dashboard.chainlog import ChainEventLog
@@ -18,9 +21,16 @@ if TYPE_CHECKING:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("dashboard", help="serve the live page of a run folder or a swarm node workdir on 127.0.0.1")
+    p = sub.add_parser(
+        "dashboard",
+        help="serve the live page of a run folder or a swarm node workdir on 127.0.0.1",
+        description="Serve the page `--dashboard` shows (rounds, peers, curves, eps, gas, the ledger's events) "
+        "for a finished `swarm up` run folder or a `swarm node` workdir, on 127.0.0.1, until Ctrl-C. "
+        "Nothing talks to the chain: the folder's files are the record.",
+    )
     p.add_argument("--run", type=Path, required=True, metavar="DIR", help="a `swarm up` run folder or a node workdir")
     p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free port)")
+    common.add_verbose(p)
     p.set_defaults(func=handle)
 
 
@@ -34,6 +44,22 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dashboard-port", type=int, default=0, metavar="PORT", help="port of the page (default: any free port)"
     )
+    p.add_argument(
+        "--linger",
+        action="store_true",
+        help="with --dashboard: keep serving the page after the run has ended, until Ctrl-C "
+        "(without it the page is served until the command exits)",
+    )
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """The page's options, before anything heavy loads."""
+    from node.cli import CLIError
+
+    if not 0 <= args.dashboard_port <= 65535:
+        raise CLIError(f"--dashboard-port must be in 0..65535, got {args.dashboard_port}")
+    if args.linger and not args.dashboard:
+        raise CLIError("--linger keeps the page of --dashboard: give both")
 
 
 def _serve(folder: Path, port: int, *, live: bool) -> Dashboard:
@@ -68,6 +94,35 @@ def start(args: argparse.Namespace, folder: Path) -> Dashboard | None:
     return dashboard
 
 
+def finish(served: Dashboard | None, args: argparse.Namespace) -> None:
+    """The run has ended: the page says so and gets the folder's last state; with --linger it is
+    served on until Ctrl-C (or SIGTERM), then stopped."""
+    if served is None:
+        return
+    served.run_ended()
+    if args.linger:
+        print(f"dashboard: the run has ended; still serving {served.url} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        _wait_for_ctrl_c()
+        print("dashboard: stopped", file=sys.stderr, flush=True)
+    served.stop()
+
+
+def _wait_for_ctrl_c() -> None:
+    """Sleep until Ctrl-C or SIGTERM."""
+    import signal
+    import time
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return
+
+
 def log_events(args: argparse.Namespace, folder: Path, source: Callable[[], tuple[str, str] | None]) -> ChainEventLog:
     """Keep the ledger's events in `folder`/chain-events.jsonl (started; `stop()` reads once more
     and ends it), whether or not a page is served, so `swarm dashboard --run` shows them later.
@@ -83,9 +138,6 @@ def log_events(args: argparse.Namespace, folder: Path, source: Callable[[], tupl
 
 
 def handle(args: argparse.Namespace) -> int:
-    import signal
-    import time
-
     from node.cli import CLIError
 
     folder: Path = args.run
@@ -95,15 +147,8 @@ def handle(args: argparse.Namespace) -> int:
         raise CLIError(f"--run {folder} is neither a run folder (run.json, peers/) nor a swarm node workdir")
     dashboard = _serve(folder, args.port, live=False)
     print(f"dashboard: {dashboard.url} (Ctrl-C to stop)", flush=True)
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
+        _wait_for_ctrl_c()
         print("swarm dashboard: stopped", file=sys.stderr, flush=True)
         return 0
     finally:

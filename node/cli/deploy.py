@@ -21,7 +21,12 @@ from node.cli.common import add_transaction_options
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from eth_account.signers.local import LocalAccount
 
+    from node.chain.client import LedgerClient
+    from node.config import Config
+
 LOCAL_CHAIN_IDS = frozenset({31337, 1337})
+# Flags that set a chain.* config key of the same name (checked and derived there like the config's own)
+CHAIN_SHORTCUTS = ("commit_window", "attest_window", "commit_window_seconds", "attest_window_seconds", "max_samples")
 OPEN_WARNING = (
     "warning: open admission: anyone may register with this ledger, and a strict majority of a "
     "round's committers finalizes it, so whoever registers enough (Sybil) addresses can decide "
@@ -50,6 +55,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--attest-window", type=int, help="blocks after closing before a round can be aborted (default: the config's)"
     )
     p.add_argument(
+        "--commit-window-seconds",
+        type=int,
+        help="seconds the commit window also lasts: it ends once its blocks and its seconds have passed "
+        "(default: the config's chain.commit_window_seconds; 0 there = the blocks x chain.block_time)",
+    )
+    p.add_argument(
+        "--attest-window-seconds",
+        type=int,
+        help="seconds the attestation window also lasts (default: the config's chain.attest_window_seconds; "
+        "0 there = the blocks x chain.block_time)",
+    )
+    p.add_argument(
         "--eps-cap",
         type=float,
         help="cap on each peer's cumulative epsilon (default: the config's chain.eps_cap; 0 there = "
@@ -75,6 +92,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         help="cap on a commit's numSamples, the FedAvg weight (default: the config's chain.max_samples; 0 = 2^32 - 1)",
     )
+    _add_admission(p)
+    add_transaction_options(p)
+    p.set_defaults(func=handler)
+
+
+def _add_admission(p: argparse.ArgumentParser) -> None:
+    """Who may register (--allow or --open) and the deployer's key (--keystore)."""
     admission = p.add_mutually_exclusive_group()
     admission.add_argument(
         "--allow",
@@ -97,8 +121,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="the deployer's keystore file (default ~/.swarm/keystore.json: the deployer's key serves every "
         "swarm it deploys and manages their allowlists; `swarm node` keeps its own in its --workdir)",
     )
-    add_transaction_options(p)
-    p.set_defaults(func=handler)
 
 
 def _digest(text: str) -> bytes:
@@ -122,37 +144,77 @@ def _print_created(account: LocalAccount, path: Path) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from node.chain import keys
-    from node.chain.client import LedgerClient, connect
-    from node.chain.errors import LedgerError, LedgerUnavailable
-    from node.cli import CLIError, common
-    from node.config import quorum
+    from node.cli import common
+
+    config = common.load(args, {name: f"chain.{name}" for name in CHAIN_SHORTCUTS})
+    digest = _digest(args.genesis_digest) if args.genesis_digest else None
+    common.probe_chain(args.rpc_url)  # a wrong URL is one line at once, before web3 loads
+    common.setup_logging(args.verbose)
+    from node.protocol.wire import eps_from_micro
+
+    terms = _terms(args, config, digest)
+    client, chain_id, account = _deploy(args, config, terms)
+    result = {
+        "address": client.address,
+        "chain_id": chain_id,
+        "admission": "allowlist" if args.allow else "open",
+        "max_samples": client.params().max_samples,
+        "commit_window": [config.chain.commit_window, terms["commit_window_seconds"]],  # both must pass
+        "attest_window": [config.chain.attest_window, terms["attest_window_seconds"]],
+        "deployer": account.address,
+        "gas_used": client.gas_used["deploy"],
+        "block": client.params().deploy_block,
+        "genesis_digest": terms["genesis_digest"].hex(),
+        "eps_cap": eps_from_micro(terms["eps_cap_micro"]),
+        "eps_step": eps_from_micro(terms["eps_step_micro"]),
+        "record_eps_cap": eps_from_micro(terms["record_eps_cap_micro"]) if terms["record_eps_cap_micro"] else None,
+        "record_delta": terms["record_delta"] or None,
+    }
+    print(json.dumps(result) if args.json else client.address)
+    return 0
+
+
+def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> dict:
+    """The ledger's constructor terms: the flags, else what the config derives."""
+    from node.cli import CLIError
+    from node.config import quorum, window_seconds
     from node.derive import eps_cap_micro, eps_step_micro, record_eps_cap_micro
     from node.derive import genesis as genesis_blob
     from node.protocol.blob import sha256
     from node.protocol.wire import eps_from_micro, eps_to_micro
 
-    common.setup_logging(args.verbose)
-    config = common.load(args, {"max_samples": "chain.max_samples"})
     try:
-        genesis = _digest(args.genesis_digest) if args.genesis_digest else sha256(genesis_blob(config))
-        min_peers = args.min_peers if args.min_peers is not None else quorum(config)
-        commit_window = args.commit_window if args.commit_window is not None else config.chain.commit_window
-        attest_window = args.attest_window if args.attest_window is not None else config.chain.attest_window
-        cap_micro = eps_to_micro(args.eps_cap) if args.eps_cap is not None else eps_cap_micro(config)
-        delta = args.delta if args.delta is not None else config.privacy.delta
-        step_micro = eps_step_micro(config)
-        record_cap_micro = record_eps_cap_micro(config)
-        record_delta = config.train.dp_delta if config.train.dp_sgd else 0.0
-        if step_micro > cap_micro:
-            raise ValueError(
-                f"the eps cap {eps_from_micro(cap_micro):g} is below what one round spends under the configured "
-                f"privacy policy ({eps_from_micro(step_micro):g}): no peer could ever commit"
-            )
+        commit_seconds, attest_seconds = window_seconds(config)
+        terms = {
+            "genesis_digest": digest or sha256(genesis_blob(config)),
+            "min_peers": args.min_peers if args.min_peers is not None else quorum(config),
+            "commit_window_seconds": commit_seconds,
+            "attest_window_seconds": attest_seconds,
+            "eps_cap_micro": eps_to_micro(args.eps_cap) if args.eps_cap is not None else eps_cap_micro(config),
+            "delta": args.delta if args.delta is not None else config.privacy.delta,
+            "eps_step_micro": eps_step_micro(config),
+            "record_eps_cap_micro": record_eps_cap_micro(config),
+            "record_delta": config.train.dp_delta if config.train.dp_sgd else 0.0,
+        }
     except ValueError as exc:
-        raise CLIError(str(exc)) from None
+        raise CLIError(str(exc)) from exc
+    if terms["eps_step_micro"] > terms["eps_cap_micro"]:
+        raise CLIError(
+            f"the eps cap {eps_from_micro(terms['eps_cap_micro']):g} is below what one round spends under the "
+            f"configured privacy policy ({eps_from_micro(terms['eps_step_micro']):g}): no peer could ever commit"
+        )
+    return terms
+
+
+def _deploy(args: argparse.Namespace, config: Config, terms: dict) -> tuple[LedgerClient, int, LocalAccount]:
+    """The ledger deployed with `terms` after the admission choice is checked against the chain."""
+    from node.chain import keys
+    from node.chain.client import LedgerClient
+    from node.chain.errors import LedgerError
+    from node.cli import CLIError, common
+
+    w3 = common.connect_chain(args.rpc_url)
     try:
-        w3 = connect(args.rpc_url)
         chain_id = w3.eth.chain_id
         if not args.allow and not args.open and chain_id not in LOCAL_CHAIN_IDS:
             raise CLIError(
@@ -166,38 +228,13 @@ def handler(args: argparse.Namespace) -> int:
         client = LedgerClient.deploy(
             w3,
             account,
-            min_peers=min_peers,
-            commit_window=commit_window,
-            attest_window=attest_window,
-            eps_cap_micro=cap_micro,
-            delta=delta,
-            genesis_digest=genesis,
-            eps_step_micro=step_micro,
-            record_eps_cap_micro=record_cap_micro,
-            record_delta=record_delta,
+            commit_window=config.chain.commit_window,
+            attest_window=config.chain.attest_window,
             allowlist=args.allow or None,
             max_samples=config.chain.max_samples,
             tx_timeout=args.tx_timeout,
+            **terms,
         )
-    except LedgerUnavailable as exc:
-        raise CLIError(
-            f"cannot reach the chain at {args.rpc_url} ({common.short_reason(exc)}): start it or fix --rpc-url"
-        ) from None
     except (ValueError, keys.AccountLoadError, LedgerError) as exc:
-        raise CLIError(str(exc)) from None
-    result = {
-        "address": client.address,
-        "chain_id": chain_id,
-        "admission": "allowlist" if args.allow else "open",
-        "max_samples": client.params().max_samples,
-        "deployer": account.address,
-        "gas_used": client.gas_used["deploy"],
-        "block": client.params().deploy_block,
-        "genesis_digest": genesis.hex(),
-        "eps_cap": eps_from_micro(cap_micro),
-        "eps_step": eps_from_micro(step_micro),
-        "record_eps_cap": eps_from_micro(record_cap_micro) if record_cap_micro else None,
-        "record_delta": record_delta or None,
-    }
-    print(json.dumps(result) if args.json else client.address)
-    return 0
+        raise CLIError(common.one_line(exc)) from exc
+    return client, chain_id, account

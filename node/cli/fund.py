@@ -39,39 +39,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def handler(args: argparse.Namespace) -> int:
+    import re
     from decimal import Decimal, InvalidOperation
 
-    from web3 import Web3
-
-    from node.chain import keys
-    from node.chain.client import connect
-    from node.chain.errors import LedgerError, LedgerUnavailable
-    from node.chain.sender import WEI_PER_ETH, send_eth
     from node.cli import CLIError, common
 
-    common.setup_logging(args.verbose)
-    if not Web3.is_address(args.to):
+    if not re.fullmatch(r"0x[0-9a-fA-F]{40}", args.to):
         raise CLIError(f"--to {args.to!r} is not an address (0x and 40 hex digits)")
     try:
-        value = int(Decimal(str(args.eth)) * WEI_PER_ETH)
+        value = int(Decimal(str(args.eth)) * 10**18)
     except (InvalidOperation, ValueError, OverflowError):  # nan, inf
         value = 0
     if value <= 0:
         raise CLIError(f"--eth must be a positive amount, got {args.eth:g}")
+    common.probe_chain(args.rpc_url)  # a wrong URL is one line at once, before web3 loads
+    common.setup_logging(args.verbose)
+    from web3 import Web3
+
+    from node.chain import keys
+    from node.chain.errors import LedgerError
+    from node.chain.sender import WEI_PER_ETH, send_eth
+
     to = Web3.to_checksum_address(args.to)
     try:
         account = keys.load_account(args.keystore, create=False)
-        w3 = connect(args.rpc_url, check_evm=False)  # a transfer runs on any EVM
+        w3 = common.connect_chain(args.rpc_url, check_evm=False)  # a transfer runs on any EVM
         receipt = send_eth(w3, account, to, value, tx_timeout=args.tx_timeout)
         if receipt["status"] != 1:
             raise CLIError(f"the transfer 0x{bytes(receipt['transactionHash']).hex()} failed on chain (status 0)")
         balance = int(w3.eth.get_balance(to))
-    except LedgerUnavailable as exc:
-        raise CLIError(
-            f"cannot reach the chain at {args.rpc_url} ({common.short_reason(exc)}): start it or fix --rpc-url"
-        ) from None
     except (ValueError, keys.AccountLoadError, LedgerError) as exc:
-        raise CLIError(common.one_line(exc)) from None
+        raise CLIError(common.one_line(exc)) from exc
     result = {
         "from": account.address,
         "to": to,

@@ -7,13 +7,30 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from node.cli import common
+
+if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from web3 import Web3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("ledger", help="show a ledger: rounds, participants, digests, eps per peer")
-    p.add_argument("--rpc-url", required=True, help="EVM JSON-RPC URL (http or https)")
-    p.add_argument("--ledger", required=True, metavar="ADDR", help="the SwarmLedger contract address")
+    p = subparsers.add_parser(
+        "ledger",
+        help="show a ledger: rounds, participants, digests, eps per peer",
+        description="Show a SwarmLedger: its terms, every round with its commitments and attestations, and "
+        "each peer's cumulative eps with what it protects. Read from a running chain (--rpc-url and "
+        "--ledger), or from a finished `swarm up` run folder (--run: its saved chain on a local Anvil).",
+    )
+    p.add_argument("--rpc-url", help="EVM JSON-RPC URL (http or https)")
+    p.add_argument("--ledger", metavar="ADDR", help="the SwarmLedger contract address")
+    p.add_argument(
+        "--run", type=Path, metavar="DIR", help="a finished `swarm up` run folder: its ledger from its saved chain"
+    )
     p.add_argument("--json", action="store_true", help="print everything a verifier needs as JSON")
+    common.add_verbose(p)
     p.set_defaults(func=handler)
 
 
@@ -31,8 +48,9 @@ def render(snap: dict) -> str:
     p = snap["params"]
     out = [
         f"SwarmLedger {snap['address']} on chain {snap['chain_id']} at block {snap['block']}",
-        f"  quorum {p['min_peers']}, commit window {p['commit_window']} blocks, attestation window "
-        f"{p['attest_window']} blocks, eps cap {p['eps_cap']:g}, delta {p['delta']:g}, "
+        f"  quorum {p['min_peers']}, commit window {p['commit_window']} blocks and {p['commit_window_seconds']} s, "
+        f"attestation window {p['attest_window']} blocks and {p['attest_window_seconds']} s, "
+        f"eps cap {p['eps_cap']:g}, delta {p['delta']:g}, "
         f"{'allowlist' if p['allowlist_enabled'] else 'open admission'}",
         f"  privacy policy: each commit adds exactly {p['eps_step']:g} to the whole-update eps"
         if p["eps_step"]
@@ -96,14 +114,43 @@ def render(snap: dict) -> str:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from node.chain.client import LedgerClient, connect
-    from node.chain.errors import LedgerError
     from node.cli import CLIError
 
-    try:
-        snap = LedgerClient(connect(args.rpc_url), args.ledger).snapshot()
-    except (ValueError, LedgerError) as exc:
-        raise CLIError(str(exc)) from None
+    if args.run:
+        if args.rpc_url or args.ledger:
+            raise CLIError("--run reads the run's own saved chain: do not combine it with --rpc-url/--ledger")
+        snap = _saved_snapshot(args.run)
+    elif args.rpc_url and args.ledger:
+        common.probe_chain(args.rpc_url)  # a wrong URL is one line at once, before web3 loads
+        snap = _snapshot(common.connect_chain(args.rpc_url, check_evm=False), args.ledger)
+    else:
+        raise CLIError("give --rpc-url and --ledger, or --run DIR for a finished `swarm up` run")
     snap["not_started"] = not_started(snap)
     print(json.dumps(snap, indent=1) if args.json else render(snap))
     return 0
+
+
+def _snapshot(w3: Web3, address: str) -> dict:
+    from node.chain.errors import LedgerError
+    from node.cli import CLIError
+
+    ledger = common.open_ledger(w3, address)
+    try:
+        return ledger.snapshot()
+    except (ValueError, LedgerError) as exc:
+        raise CLIError(f"reading the ledger {address} failed: {common.one_line(exc)}") from exc
+
+
+def _saved_snapshot(run: Path) -> dict:
+    """The ledger of a finished run, from the chain state its folder saved, on a local Anvil."""
+    from node.chain.anvil import AnvilError, start_anvil
+    from node.cli import CLIError
+    from node.cli.verify import read_run_info
+
+    info = read_run_info(run)
+    try:
+        anvil = start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"])
+    except AnvilError as exc:
+        raise CLIError(str(exc)) from exc
+    with anvil:
+        return _snapshot(common.connect_chain(anvil.url, check_evm=False), info["ledger"])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +23,9 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from eth_account.signers.local import LocalAccount
 
     from node.chain.client import LedgerClient
+    from node.cli.node_output import NodeReporter
     from node.config import Config
+    from node.peer.runner import NodeOptions
 
 KEYSTORE_NAME = "eth-keystore.json"  # in --workdir unless --keystore says otherwise
 BOOTSTRAP_TIMEOUT_S = 60.0  # node.peer.runner.BOOTSTRAP_TIMEOUT_S (not imported: `swarm --help` stays fast)
@@ -132,92 +135,146 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=handle)
 
 
+@dataclass
+class _Plan:
+    """What `swarm node` will run, checked before anything heavy loads."""
+
+    config: Config
+    partition: tuple[int, int] | None
+    rpc_url: str
+    ledger: str
+    listen: list[str]
+    bootstrap: list[str]
+    fault: str | None
+
+
 def handle(args: argparse.Namespace) -> int:
-    import trio
-
-    from node.chain.errors import LedgerError
-    from node.chain.keys import AccountLoadError
+    plan = _plan(args)
+    common.probe_chain(plan.rpc_url)  # a wrong URL is one line at once, before web3 loads
+    _setup_logging(args.verbose)
     from node.cli import CLIError
-    from node.cli.node_output import NodeReporter
-    from node.learning.partition import parse_partition_spec
-    from node.peer.faults import check_fault
-    from node.peer.runner import NodeOptions, run_node
-    from p2p.errors import P2PError
-
-    common.setup_logging(args.verbose)  # after the imports above: opacus and py-libp2p configure logging then
-    if not args.verbose:
-        from node.cli.node_output import Libp2pOneLine
-
-        for handler in logging.getLogger().handlers:
-            handler.addFilter(Libp2pOneLine())
-    config = common.load(args, {"data_dir": "data.data_dir"})
     from node.derive import mechanism_params
 
+    common.check_device(plan.config)
+    common.check_data(plan.config)
+    try:
+        mechanism_params(plan.config)  # a bad mechanism setting fails here, before any network work
+    except ValueError as exc:
+        raise CLIError(str(exc)) from exc
+    return _run(args, plan)
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    from node.cli import CLIError
+    from node.learning.partition import parse_partition_spec
+    from node.peer.faults import check_fault
+
+    config = common.load(args, {"data_dir": "data.data_dir"})
+    common.check_data_dir(config)
+    dashboard.check_options(args)
     try:
         partition = parse_partition_spec(args.partition) if args.partition else None
         fault = check_fault(args.fault)
-        mechanism_params(config)  # a bad mechanism setting fails here, before any network work
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
     rpc_url, ledger_address = args.rpc_url or config.chain.rpc_url, args.ledger or config.chain.ledger
     if not (rpc_url and ledger_address):
         raise CLIError("give --rpc-url and --ledger (or chain.rpc_url and chain.ledger in the config)")
-    listen = args.listen or [f"/ip4/{config.p2p.listen_host}/tcp/{config.p2p.listen_port}"]
     bootstrap = [*args.bootstrap, *config.p2p.bootstrap]
     for addr in bootstrap:
         if "/p2p/" not in addr:
             raise CLIError(f"bootstrap address {addr!r} must end with /p2p/<peer id> (as the other peer printed it)")
     if args.bootstrap_timeout < 0:
         raise CLIError(f"--bootstrap-timeout must be >= 0 seconds, got {args.bootstrap_timeout:g}")
+    listen = args.listen or [f"/ip4/{config.p2p.listen_host}/tcp/{config.p2p.listen_port}"]
+    return _Plan(config, partition, rpc_url, ledger_address, listen, bootstrap, fault)
 
+
+def _setup_logging(verbose: bool) -> None:
+    """After the peer's imports (opacus and py-libp2p configure logging when imported); py-libp2p's
+    multi-line errors become one line unless -v."""
+    import node.peer.runner  # noqa: F401 (imported for its logging setup, before ours)
+
+    common.setup_logging(verbose)
+    if not verbose:
+        from node.cli.node_output import Libp2pOneLine
+
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(Libp2pOneLine())
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace, plan: _Plan) -> int:
+    """The peer until its last round (or Ctrl-C), its output, page and event log around it."""
+    from node.cli.node_output import NodeReporter
+    from node.peer.runner import NodeOptions
+
+    config = plan.config
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
-
-    def warn(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    p2p_password = _p2p_password()
-    account = _account(args)
-    ledger = _check_ledger(rpc_url, ledger_address, config)
-    if partition is None and config.swarm.peers > 1 and not config.data.data_dir:
-        warn(
+    options = NodeOptions(
+        rpc_url=plan.rpc_url,
+        ledger=plan.ledger,
+        workdir=args.workdir,
+        bootstrap=plan.bootstrap,
+        listen=plan.listen,
+        partition=plan.partition,
+        fault=plan.fault,
+        p2p_password=_p2p_password(),
+        account=_account(args),
+        bootstrap_timeout=args.bootstrap_timeout,
+    )
+    ledger = _check_ledger(plan.rpc_url, plan.ledger, config)
+    if plan.partition is None and config.swarm.peers > 1 and not config.data.data_dir:
+        _warn(
             f"warning: no --partition: this peer trains on the whole {config.data.dataset} dataset, as does every "
             f"peer started without one; give each of the {config.swarm.peers} peers its own shard with --partition "
             f"i/{config.swarm.peers} (i = 0..{config.swarm.peers - 1})"
         )
-
-    def commitments(r: int) -> list[tuple[str, int]]:
-        return [(c.peer, int(c.num_samples)) for c in ledger.commitments(r)]
-
-    options = NodeOptions(
-        rpc_url=rpc_url,
-        ledger=ledger_address,
-        workdir=args.workdir,
-        bootstrap=bootstrap,
-        listen=listen,
-        partition=partition,
-        fault=fault,
-        account=account,
-        p2p_password=p2p_password,
-        bootstrap_timeout=args.bootstrap_timeout,
-    )
     args.workdir.mkdir(parents=True, exist_ok=True)
     reporter = NodeReporter(
         args.workdir,
         rounds=config.swarm.rounds,
         say=say,
-        warn=warn,
-        commitments=commitments,
-        partitioned=partition is not None or bool(config.data.data_dir),
-        bootstrap=bootstrap,
+        warn=_warn,
+        commitments=lambda r: [(c.peer, int(c.num_samples)) for c in ledger.commitments(r)],
+        partitioned=plan.partition is not None or bool(config.data.data_dir),
+        bootstrap=plan.bootstrap,
         bootstrap_timeout=args.bootstrap_timeout,
     )
     served = dashboard.start(args, args.workdir)
-    events = dashboard.log_events(args, args.workdir, lambda: (rpc_url, ledger_address)) if args.chain_events else None
+    source = (plan.rpc_url, plan.ledger)
+    events = dashboard.log_events(args, args.workdir, lambda: source) if args.chain_events else None
+    try:
+        status = _run_peer(config, options, reporter)
+    finally:
+        if events:
+            events.stop()  # after a last read: the run's final events are in the file
+    say(reporter.summary())
+    try:
+        dashboard.finish(served, args)
+    finally:
+        if served:
+            served.stop()
+    return status
+
+
+def _run_peer(config: Config, options: NodeOptions, reporter: NodeReporter) -> int:
+    """trio.run of the peer; its expected failures (unwrapped from trio's groups) as one line."""
+    import trio
+
+    from node.chain.errors import LedgerError
+    from node.chain.keys import AccountLoadError
+    from node.cli import CLIError
+    from node.peer.runner import run_node
+    from p2p.errors import P2PError
+
     reporter.start()
     try:
         status = trio.run(run_node, config, options)
     except BaseException as exc:
-        reporter.stop()
         if common.interrupted(exc):
             raise KeyboardInterrupt from None
         expected = (LedgerError, AccountLoadError, P2PError, RuntimeError, TimeoutError, ValueError, OSError)
@@ -226,12 +283,7 @@ def handle(args: argparse.Namespace) -> int:
             raise
         raise CLIError(common.one_line(known, HINTS)) from None  # with -v, main prints `exc`'s traceback first
     finally:
-        if events:
-            events.stop()  # after a last read: the run's final events are in the file
-        if served:
-            served.stop()
-    reporter.stop()
-    say(reporter.summary())
+        reporter.stop()
     return int(status)
 
 

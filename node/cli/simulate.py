@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,10 +31,17 @@ SHORTCUTS = {
     "test_limit": "data.test_limit",
 }
 
+SEEDED_NOTICE = (
+    "noise seeded: a simulation, not a private run (anyone with the seed can subtract the noise; "
+    "--secret-noise draws it as a peer does)"
+)
+
 # --quick: a run that finishes in seconds on one core (8x8 digits, 8 peers, 4 rounds). Explicit
 # flags and --set win over it.
 QUICK = [
     "data.dataset=digits",
+    "model.name=auto",  # digits' small CNN
+    "train.dp_sgd=false",
     "swarm.peers=8",
     "swarm.rounds=4",
     "train.epochs=2",
@@ -44,7 +52,15 @@ QUICK = [
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="simulate a swarm of many peers in one process (papers, privacy sweeps)")
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a swarm of many peers in one process (papers, privacy sweeps)",
+        description="Simulate a swarm of hundreds of peers in one process with the same round, privacy and "
+        "aggregation code as `swarm up`, without the network (and without the chain unless --ledger). "
+        "Writes metrics.jsonl, summary.json and progress.png (accuracy and each privacy figure per round). "
+        "Its noise is seeded by default, so a run reproduces: a simulation, not a private run "
+        "(--secret-noise draws it as a peer does). docs/SIMULATE.md.",
+    )
     p.add_argument("--peers", type=int, help="number of simulated peers, each with its own shard (default 4)")
     p.add_argument("--fraction", type=float, default=1.0, help="fraction of the peers sampled each round (default 1)")
     p.add_argument("--rounds", type=int, help="rounds (default 5)")
@@ -78,20 +94,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quick", action="store_true", help="a seconds-long run: digits, 8 peers, 4 rounds, no DP")
     p.add_argument("--out", type=Path, help="run folder (default runs/sim-<timestamp>)")
+    common.add_verbose(p)
     common.add_config_options(p)
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
-    from node.chain.anvil import AnvilError
     from node.cli import CLIError
-    from node.runs.simulate import Simulation, SimulationError
 
     if args.quick:
         args.overrides = QUICK + list(args.overrides)
     config = common.load(args, SHORTCUTS)
+    common.check_data_dir(config)
+    if not 0 < args.fraction <= 1:
+        raise CLIError(f"--fraction must be in (0, 1], got {args.fraction:g}")
+    if args.threads < 1:
+        raise CLIError(f"--threads must be >= 1, got {args.threads}")
     out = args.out or Path("runs") / dt.datetime.now().strftime("sim-%Y%m%d-%H%M%S")
+    if out.exists() and any(out.iterdir()):
+        raise CLIError(f"--out {out} exists and is not empty: choose a new folder")
+    common.setup_logging(args.verbose)
+    from node.chain.anvil import AnvilError
+    from node.runs.simulate import Simulation, SimulationError
+
+    common.check_device(config)
+    common.check_data(config)
     rounds, peers = config.swarm.rounds, config.swarm.peers
+    if not args.secret_noise and not args.json:
+        print(SEEDED_NOTICE, file=sys.stderr, flush=True)
     try:
         with _progress(args.json, rounds) as on_progress:
             sim = Simulation(
@@ -135,19 +165,18 @@ class _progress:
             transient=False,
         )
         self.bar.__enter__()
-        self.task = self.bar.add_task("round 1", total=None)
-        self.last_accuracy = None
+        self.task = self.bar.add_task(f"round 1/{self.rounds}", total=None)
+        self.last: tuple[int, float] | None = None  # (round, accuracy) of the last round that ended
 
         def on_progress(event: dict) -> None:
-            if event.get("finished"):
-                self.last_accuracy = event["accuracy"]
+            r = event["round"]
+            if event.get("finished"):  # the round's own accuracy, at once
+                self.last = (r, event["accuracy"])
+                self.bar.update(self.task, description=f"round {r}/{self.rounds}  accuracy {event['accuracy']:.3f}")
                 return
-            acc = "" if self.last_accuracy is None else f"  accuracy {self.last_accuracy:.3f}"
+            done = "" if self.last is None else f"  (round {self.last[0]}: accuracy {self.last[1]:.3f})"
             self.bar.update(
-                self.task,
-                description=f"round {event['round']}/{self.rounds}{acc}",
-                completed=event["done"],
-                total=event["of"],
+                self.task, description=f"round {r}/{self.rounds}{done}", completed=event["done"], total=event["of"]
             )
 
         return on_progress
@@ -188,6 +217,7 @@ def _print(records: list[dict], summary: dict, out: Path) -> None:
         f"{summary['peer_rounds']} peer-rounds in {s['total']:.1f} s "
         f"({summary['peer_rounds'] / max(s['total'], 1e-9):.1f} peer-rounds/s; training {s['train']:.1f} s)"
     )
-    console.print(f"metrics: {out / 'metrics.jsonl'}")
+    console.print(f"metrics: {out / 'metrics.jsonl'}; plot: {out / 'progress.png'}")
+    console.print(f"noise: {summary['noise']}")
     if summary.get("ledger"):
         console.print(f"ledger {summary['ledger']['ledger']}: verify with  swarm verify --run {out}")

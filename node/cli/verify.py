@@ -1,4 +1,8 @@
-"""`swarm verify`: re-check every round of a swarm, trusting no peer."""
+"""`swarm verify`: re-check every round of a swarm, trusting no peer.
+
+Its exit status means what `swarm up`'s does: 0 for a run that did every round it asked for and
+holds, non-zero otherwise: 1 when a check fails, 3 when every check holds but the run stopped
+after N of M rounds (report.md says the same words, `node.runs.report.stopped_after`)."""
 
 from __future__ import annotations
 
@@ -13,9 +17,27 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from node.chain.client import LedgerClient
     from node.verify import VerifyReport
 
+CHECK_FAILED, STOPPED = 1, 3  # exit statuses besides 0 (all holds) and 2 (a bad argument: main)
+DESCRIPTION = """\
+Re-check every round of a swarm from the ledger and the blobs alone, trusting no peer: each blob
+against its commitment, each aggregate recomputed bit for bit, each peer's eps recomputed from the
+committed mechanism parameters, each registration against its peer id. Give a `swarm up` run
+folder (--run: its saved chain is restarted on a local Anvil), or a chain, a ledger and the peers'
+folders (--rpc-url, --ledger, --archive)."""
+EXIT_STATUS = """\
+exit status: 0 every check holds and the run did all its rounds; 1 a check fails; 2 a bad
+argument, or the chain or the folders cannot be read; 3 every check holds but the run stopped
+after N of M rounds (as report.md says)."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify", help="re-check every round: blobs vs commitments, aggregates, eps per peer")
+    p = sub.add_parser(
+        "verify",
+        help="re-check every round: blobs vs commitments, aggregates, eps per peer",
+        description=DESCRIPTION,
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--rpc-url", help="the chain's JSON-RPC URL")
     p.add_argument("--ledger", help="the SwarmLedger contract address")
     p.add_argument(
@@ -27,44 +49,69 @@ def register(sub: argparse._SubParsersAction) -> None:
         "repeatable: every peer's folder together holds the run",
     )
     p.add_argument("--run", type=Path, help="a `swarm up` run folder: restarts a local chain from its saved state")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        metavar="M",
+        help="the rounds the swarm was to run (its swarm.rounds), to say whether it stopped early; "
+        "with --run it is read from run.json",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document for scripts")
+    common.add_verbose(p)
     p.set_defaults(func=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from node.cli import CLIError
 
+    if args.rounds is not None and args.rounds < 1:
+        raise CLIError(f"--rounds must be >= 1, got {args.rounds}")
     if args.run:
         if args.rpc_url or args.ledger:
             raise CLIError("--run restarts the run's own chain: do not combine it with --rpc-url/--ledger")
-        return _verify_run(args.run, args.archive, args.json)
+        return _verify_run(args.run, args.archive, args.json, args.rounds)
     if not (args.rpc_url and args.ledger and args.archive):
         raise CLIError("give --rpc-url, --ledger and --archive, or --run DIR for a local run")
-    from node.chain.client import LedgerClient, connect
+    folders = blob_folders(args.archive)
+    common.probe_chain(args.rpc_url)  # a wrong URL is one line at once, before web3 loads
+    ledger = common.open_ledger(common.connect_chain(args.rpc_url, check_evm=False), args.ledger)
+    return _verify(ledger, folders, args.json, args.rounds)
 
-    ledger = LedgerClient(connect(args.rpc_url), args.ledger)
-    return _verify(ledger, args.archive, args.json)
 
-
-def _verify_run(run: Path, archive: list[Path] | None, as_json: bool) -> int:
-    from node.chain.anvil import AnvilError, start_anvil
-    from node.chain.client import LedgerClient, connect
+def read_run_info(run: Path) -> dict:
+    """run.json of a `swarm up` (or `swarm simulate --ledger`) folder whose chain was saved."""
     from node.cli import CLIError
 
     try:
         info = json.loads((run / "run.json").read_text())
     except (OSError, ValueError) as exc:
         raise CLIError(f"{run} is not a swarm run folder (run.json unreadable: {exc})") from exc
-    state = run / "chain" / "state.json"
-    if not state.exists():
-        raise CLIError(f"{state} is missing: the run's chain state was not saved")
+    if not (isinstance(info, dict) and isinstance(info.get("ledger"), str) and isinstance(info.get("chain_id"), int)):
+        raise CLIError(f"{run}/run.json names no ledger and chain id: not a swarm run folder")
+    if not (run / "chain" / "state.json").exists():
+        raise CLIError(f"{run / 'chain' / 'state.json'} is missing: the run's chain state was not saved")
+    return info
+
+
+def rounds_wanted(info: dict) -> int | None:
+    """swarm.rounds of a run.json, None when it does not say."""
+    rounds = ((info.get("config") or {}).get("swarm") or {}).get("rounds")
+    return rounds if isinstance(rounds, int) else None
+
+
+def _verify_run(run: Path, archive: list[Path] | None, as_json: bool, rounds: int | None) -> int:
+    from node.chain.anvil import AnvilError, start_anvil
+    from node.cli import CLIError
+
+    info = read_run_info(run)
+    folders = blob_folders(archive or [run / "archive"])
     try:
-        anvil = start_anvil(load_state=state, chain_id=info["chain_id"])
+        anvil = start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"])
     except AnvilError as exc:
         raise CLIError(str(exc)) from exc
     with anvil:
-        ledger = LedgerClient(connect(anvil.url), info["ledger"])
-        return _verify(ledger, archive or [run / "archive"], as_json)
+        ledger = common.open_ledger(common.connect_chain(anvil.url, check_evm=False), info["ledger"])
+        return _verify(ledger, folders, as_json, rounds or rounds_wanted(info))
 
 
 def blob_folders(archives: list[Path]) -> list[Path]:
@@ -80,20 +127,24 @@ def blob_folders(archives: list[Path]) -> list[Path]:
     return folders
 
 
-def _verify(ledger: LedgerClient, archives: list[Path], as_json: bool) -> int:
+def _verify(ledger: LedgerClient, folders: list[Path], as_json: bool, rounds: int | None) -> int:
+    from node.runs.report import ENDED_STATES, stopped_after
     from node.verify import ArchiveStores, verify
     from p2p.store import DiskBlobStore
 
-    stores = ArchiveStores([DiskBlobStore(folder) for folder in blob_folders(archives)])
-    report = verify(ledger, stores)
+    report = verify(ledger, ArchiveStores([DiskBlobStore(folder) for folder in folders]))
+    ended = sum(r.state in ENDED_STATES for r in report.rounds)
+    stopped = stopped_after(ended, rounds) if rounds else None
     if as_json:
-        common.emit_json(report.to_dict())
+        common.emit_json(report.to_dict() | {"rounds_wanted": rounds, "stopped": stopped})
     else:
-        _print(report)
-    return 0 if report.ok else 1
+        _print(report, stopped)
+    if not report.ok:
+        return CHECK_FAILED
+    return STOPPED if stopped else 0
 
 
-def _print(report: VerifyReport) -> None:
+def _print(report: VerifyReport, stopped: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -131,6 +182,13 @@ def _print(report: VerifyReport) -> None:
             f"commits, protecting {entry.get('protects')}{record}"
         )
     if report.ok:
-        console.print("[green]every check holds[/green]")
+        console.print(
+            f"[green]every check holds[/green] for the rounds that ended, but the run [bold]{stopped}[/bold]: "
+            "the others never ran"
+            if stopped
+            else "[green]every check holds[/green]"
+        )
+    elif stopped:
+        console.print(f"the run [bold]{stopped}[/bold]")
     for f in report.failures:
         console.print(f"[red]FAIL[/red] round {f.round}, peer {f.peer}, check {f.check}: {f.detail}")

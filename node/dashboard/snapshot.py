@@ -20,6 +20,21 @@ from node.runs.report import round_rows
 EVENTS_FILE = "chain-events.jsonl"  # written by node.dashboard.chainlog while a page is served live
 MAX_EVENTS = 300  # the newest events the page gets; the file keeps them all
 
+# What the page plots of each round a peer recorded.
+HISTORY_KEYS = (
+    "round",
+    "state",
+    "committed",
+    "accuracy",
+    "loss",
+    "eps_cumulative",
+    "delta_cumulative",
+    "eps_protects",
+    "record_eps_cumulative",
+    "record_delta",
+    "record_protects",
+)
+
 
 @dataclass
 class PeerFolder:
@@ -96,40 +111,7 @@ def snapshot(folder: Path, *, live: bool) -> dict[str, Any]:
     config: dict[str, Any] = run["config"] if isinstance(run.get("config"), dict) else {}
     peers = peer_folders(folder)
     known = {p.get("index"): p for p in run.get("peers", []) if isinstance(p, dict)}
-    peer_views = []
-    for p in peers:
-        status, metrics = p.status(), p.metrics()
-        p.address = str(known.get(p.index, {}).get("address") or status.get("address") or "")
-        last = metrics[-1] if metrics else {}
-        peer_views.append(
-            {
-                "index": p.index,
-                "address": p.address,
-                "round": status.get("round"),
-                "phase": status.get("phase", "starting"),
-                "updated": status.get("time"),
-                "accuracy": last.get("accuracy"),
-                "history": [
-                    {
-                        key: m.get(key)
-                        for key in (
-                            "round",
-                            "state",
-                            "committed",
-                            "accuracy",
-                            "loss",
-                            "eps_cumulative",
-                            "delta_cumulative",
-                            "eps_protects",
-                            "record_eps_cumulative",
-                            "record_delta",
-                            "record_protects",
-                        )
-                    }
-                    for m in metrics
-                ],
-            }
-        )
+    peer_views = [_peer_view(p, known) for p in peers]
     try:
         rows = round_rows(peers)
     except (KeyError, TypeError, ValueError):  # a record with a malformed figure: show no rounds, not a crash
@@ -155,4 +137,20 @@ def snapshot(folder: Path, *, live: bool) -> dict[str, Any]:
         "rounds": sorted(rows, key=lambda r: r["round"]),
         "peers": peer_views,
         "events": read_events(folder),
+    }
+
+
+def _peer_view(p: PeerFolder, known: dict[Any, dict[str, Any]]) -> dict[str, Any]:
+    """One peer's row and history; sets `p.address` from run.json (`known`) or its status."""
+    status, metrics = p.status(), p.metrics()
+    p.address = str(known.get(p.index, {}).get("address") or status.get("address") or "")
+    last = metrics[-1] if metrics else {}
+    return {
+        "index": p.index,
+        "address": p.address,
+        "round": status.get("round"),
+        "phase": status.get("phase", "starting"),
+        "updated": status.get("time"),
+        "accuracy": last.get("accuracy"),
+        "history": [{key: m.get(key) for key in HISTORY_KEYS} for m in metrics],
     }

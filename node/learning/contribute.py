@@ -4,8 +4,9 @@ real round minus the network.
 
 Two kinds of randomness, never mixed: `seed` (public, from the swarm seed) orders plain SGD's
 batches; `noise` draws everything a privacy guarantee rests on (the mechanism's noise and
-sampling, DP-SGD's noise and Poisson batches). A peer passes `secret_generator()`; only a
-simulation may pass a seeded one, and then says its noise is reproducible."""
+sampling, DP-SGD's noise, Poisson batches and augmentation), one ChaCha20 stream per purpose. A
+peer passes `secret_generator()`; only a simulation may pass `seeded_generator(...)`, and then
+says its noise is reproducible."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from mechanisms.base import Mechanism
+from mechanisms.randomness import PrivacyGenerator
 from node.learning.train import round_lr, train_local
 from node.protocol.blob import TensorSpec, flatten, sha256, unflatten
 from node.protocol.settings import PeerSettings
@@ -46,7 +48,7 @@ def contribute(
     mechanism: Mechanism | None,
     round_number: int,
     seed: int,
-    noise: torch.Generator,
+    noise: PrivacyGenerator,
     fault: str | None = None,
 ) -> Contribution:
     """Train `model` (reused as scratch space) from `global_vector` on (x, y) and return the

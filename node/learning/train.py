@@ -2,19 +2,23 @@
 
 Nothing draws from torch's global RNG, so many simulated peers can train in one process. Plain
 SGD shuffles with a generator seeded by the caller (reproducible on one machine; no guarantee
-rests on the batch order). DP-SGD's noise and Poisson batches, which its guarantee rests on, draw
-from the `privacy_generator` the caller passes: `mechanisms.randomness.secret_generator()` in a
-real peer, never something derived from a public seed. No DataLoader (and no worker processes): the
-data are tensors in memory and batches are index slices. `torch.set_num_threads` is the
-caller's business.
+rests on the batch order). DP-SGD's noise, Poisson batches and augmentation, which its guarantee
+rests on, draw from the `privacy_generator` the caller passes, one ChaCha20 stream each
+(`mechanisms.randomness`: `secret_generator()` in a real peer, never something derived from a
+public seed), never from torch's MT19937. No DataLoader (and no worker processes): the data are
+tensors in memory and batches are index slices. `torch.set_num_threads` is the caller's business.
 
 DP-SGD (Abadi et al., CCS 2016) uses opacus' pieces directly: ghost clipping
 (`GradSampleModuleFastGradientClipping`, Li, Tramer, Liang, Hashimoto, "Large language models can
 be strong differentially private learners", ICLR 2022; Bu et al. 2023 for the mixed form) for the
 per-sample gradient norms, `DPOptimizerFastGradientClipping` for the clipped sum (a second
 backward pass of the loss weighted by each sample's clipping factor) plus Gaussian noise of std
-`noise_multiplier * max_grad_norm`, `UniformWithReplacementSampler` for Poisson sampling with
-rate batch_size / N. The same clipped sum as materialized per-sample gradients, without them: a
+`noise_multiplier * max_grad_norm` (`_StreamNoise`: the float64 Box-Muller sampler of
+`mechanisms.gaussian`, on the `dpsgd_noise` stream, in place of opacus' torch-generator noise), and
+Poisson batches of rate batch_size / N (`poisson_batches`: each record in with probability
+floor(q 2^32)/2^32 <= q, from the `poisson` stream). An empty Poisson batch is a noisy step too:
+its clipped sum is 0, its noise is added and the step taken (`noise_only_step`), exactly as the
+accountant counts it. The same clipped sum as materialized per-sample gradients, without them: a
 linear layer's per-sample gradient norm is ||activation|| x ||output gradient||, so the
 ScatterNet + linear model trains 4x faster than with opacus' hooks (docs/BENCHMARKS.md). A model with
 convolutions trains with opacus' hooks (`GradSampleModule`, `DPOptimizer`) instead: conv layers have no
@@ -32,21 +36,22 @@ horizontal flips, and its gradient is the mean over the K copies BEFORE clipping
 still moves the sum by at most the clip norm and the accountant is unchanged; the averaged
 gradient is less noisy, which is what pays. It needs materialized per-sample gradients (opacus'
 hooks, `GradSampleModule`), since the mean comes before the clip. The crops and flips draw from the
-privacy generator: nothing secret rests on them, but nothing public needs them either.
+privacy generator's `augment` stream: nothing secret rests on them, but nothing public needs them.
 
 `device` (node.learning.device) is where the model and the batches live while training or
 evaluating; the model is always given back on the CPU, so what is flattened into a blob never
-leaves the CPU path. The generators stay on the CPU (the secret generator is a CPU MT19937):
-batch orders and Poisson samples are drawn there and moved, and DP-SGD's noise is drawn on the
-CPU and moved to the device (`_CPUNoiseMixin`), so a CUDA peer's noise is exactly as secret.
+leaves the CPU path. Every draw is made on the CPU (the keystreams are OpenSSL's) and moved:
+batch orders, Poisson masks, crops, and DP-SGD's noise, so a CUDA peer's noise is exactly as secret.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -54,12 +59,14 @@ import torch.nn.functional as F
 from opacus import GradSampleModule
 from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
-from opacus.optimizers.optimizer import _check_processed_flag, _generate_noise, _mark_as_processed
+from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
-from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
 
+from mechanisms.draws import WORD
+from mechanisms.gaussian import add_gaussian_noise
+from mechanisms.randomness import PrivacyGenerator, RandomStream
 from mechanisms.record_level import DPSGDPolicy, round_steps
 
 # opacus' per-sample hooks warn on every backward pass when the inputs need no gradient (they
@@ -96,14 +103,15 @@ def train_local(
     momentum: float = 0.0,
     seed: int,
     dp: DPSGDPolicy | None = None,
-    privacy_generator: torch.Generator | None = None,
+    privacy_generator: PrivacyGenerator | None = None,
     device: torch.device | str = "cpu",
     augmentations: int = 1,
 ) -> TrainResult:
     """Train `model` in place on (x, y) and report what the round needs.
 
     With `dp`, the policy's batch size and epochs are used (they must equal `batch_size` and
-    `epochs`), and `privacy_generator` is required: the noise and the Poisson batches draw from it.
+    `epochs`), and `privacy_generator` is required: the noise, the Poisson batches and the
+    augmentation draw from it.
     The model trains on `device` and is on the CPU again when this returns (also after an error)."""
     n = int(y.shape[0])
     if n < 1 or x.shape[0] != n:
@@ -211,7 +219,7 @@ def _train_dpsgd(
     y: torch.Tensor,
     lr: float,
     momentum: float,
-    generator: torch.Generator,
+    generator: PrivacyGenerator,
     dp: DPSGDPolicy,
     augmentations: int = 1,
 ) -> TrainResult:
@@ -220,59 +228,27 @@ def _train_dpsgd(
         raise ValueError(f"model is not DP-SGD compatible: {errors[0]}")
     n = int(y.shape[0])
     sample_rate, total_steps = round_steps(dp.batch_size, dp.epochs, n)
-    steps_per_epoch = total_steps // dp.epochs
-    on_cpu = x.device.type == "cpu"  # elsewhere the noise is drawn on the CPU generator and moved
-    grad_module: GradSampleModule | GradSampleModuleFastGradientClipping
-    optimizer_class: type[DPOptimizer]
     # Ghost clipping pays where opacus has a norm sampler (linear layers); a convolution still
     # needs its per-sample gradients, and ghost clipping's second backward pass then costs more
     # than it saves (pnpm-fmnist: 3.4x plain SGD against 2.7x with the hooks; docs/BENCHMARKS.md).
     ghost = augmentations == 1 and not any(isinstance(m, nn.Conv2d) for m in model.modules())
-    if ghost:
-        grad_module = GradSampleModuleFastGradientClipping(
-            model, max_grad_norm=dp.max_grad_norm, use_ghost_clipping=True
-        )
-        optimizer_class = DPOptimizerFastGradientClipping if on_cpu else _CPUNoiseGhostOptimizer
-    else:  # per-sample gradients: convolutions, and augmentation (the mean over copies comes before the clip)
-        grad_module = GradSampleModule(model)
-        optimizer_class = DPOptimizer if on_cpu else _CPUNoiseDPOptimizer
-    optimizer = optimizer_class(
-        torch.optim.SGD(grad_module.parameters(), lr=lr, momentum=momentum),
-        noise_multiplier=dp.noise_multiplier,
-        max_grad_norm=dp.max_grad_norm,
-        expected_batch_size=max(1, round(sample_rate * n)),
-        generator=generator,
-        secure_mode=True,  # noise as a sum of Gaussians: robust to floating-point attacks on the noise
-    )
-    sampler = UniformWithReplacementSampler(
-        num_samples=n, sample_rate=sample_rate, generator=generator, steps=steps_per_epoch
-    )
+    grad_module, optimizer = _private_optimizer(model, dp, lr, momentum, max(1, round(sample_rate * n)), ghost)
+    optimizer.noise_stream = generator.dpsgd_noise
     losses: list[float] = []
     steps = 0
     try:
         for _ in range(dp.epochs):
             losses = []
-            for batch in sampler:
-                steps += 1  # an empty Poisson batch is a step too: the accountant counts it
-                if len(batch) == 0:
-                    continue
-                index = torch.as_tensor(batch, dtype=torch.long, device=x.device)
+            for batch in poisson_batches(n, sample_rate, total_steps // dp.epochs, generator.poisson):
+                steps += 1
                 optimizer.zero_grad(set_to_none=True)
-                if ghost:
-                    per_sample = F.cross_entropy(grad_module(x[index]), y[index], reduction="none")
-                    loss = DPTensorFastGradientClipping(grad_module, optimizer, per_sample, "mean")
-                    loss.backward()  # two passes: per-sample norms, then the clipped sum
-                    losses.append(loss.item())
-                elif augmentations > 1:
-                    copies = augment(x[index], augmentations, generator)
-                    plain_loss = F.cross_entropy(grad_module(copies), y[index].repeat_interleave(augmentations))
-                    plain_loss.backward()
-                    _average_copies(grad_module, len(batch), augmentations)
-                    losses.append(plain_loss.item())
-                else:
-                    plain_loss = F.cross_entropy(grad_module(x[index]), y[index])
-                    plain_loss.backward()
-                    losses.append(plain_loss.item())
+                if batch.numel() == 0:  # the clipped sum is 0; its noise is not, and the step counts
+                    optimizer.noise_only_step()
+                    continue
+                index = batch.to(x.device)
+                losses.append(
+                    _clipped_backward(grad_module, optimizer, x[index], y[index], ghost, augmentations, generator)
+                )
                 optimizer.step()
     finally:
         grad_module._close()  # removes opacus' hooks and per-sample buffers: `model` is plain again
@@ -282,19 +258,82 @@ def _train_dpsgd(
     return TrainResult(n, mean_loss, steps)
 
 
+def _private_optimizer(
+    model: nn.Module, dp: DPSGDPolicy, lr: float, momentum: float, expected_batch: int, ghost: bool
+) -> tuple[GradSampleModule | GradSampleModuleFastGradientClipping, _StreamNoise]:
+    """opacus' per-sample machinery around `model`, and its DP optimizer with the stream noise."""
+    grad_module: GradSampleModule | GradSampleModuleFastGradientClipping
+    optimizer_class: type[_StreamNoiseGhostOptimizer] | type[_StreamNoiseDPOptimizer]
+    if ghost:
+        grad_module = GradSampleModuleFastGradientClipping(
+            model, max_grad_norm=dp.max_grad_norm, use_ghost_clipping=True
+        )
+        optimizer_class = _StreamNoiseGhostOptimizer
+    else:  # per-sample gradients: convolutions, and augmentation (the mean over copies comes before the clip)
+        grad_module = GradSampleModule(model)
+        optimizer_class = _StreamNoiseDPOptimizer
+    optimizer = optimizer_class(
+        torch.optim.SGD(grad_module.parameters(), lr=lr, momentum=momentum),
+        noise_multiplier=dp.noise_multiplier,
+        max_grad_norm=dp.max_grad_norm,
+        expected_batch_size=expected_batch,
+    )
+    return grad_module, optimizer
+
+
+def _clipped_backward(
+    grad_module: GradSampleModule | GradSampleModuleFastGradientClipping,
+    optimizer: DPOptimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    ghost: bool,
+    augmentations: int,
+    generator: PrivacyGenerator,
+) -> float:
+    """The backward pass(es) of one non-empty batch, leaving opacus what it clips and sums; the
+    batch's mean loss."""
+    if ghost:
+        per_sample = F.cross_entropy(grad_module(x), y, reduction="none")
+        loss = DPTensorFastGradientClipping(grad_module, optimizer, per_sample, "mean")
+        loss.backward()  # two passes: per-sample norms, then the clipped sum
+        return float(loss.item())
+    if augmentations > 1:
+        copies = augment(x, augmentations, generator.augment)
+        plain_loss = F.cross_entropy(grad_module(copies), y.repeat_interleave(augmentations))
+        plain_loss.backward()
+        _average_copies(grad_module, len(y), augmentations)
+        return float(plain_loss.item())
+    plain_loss = F.cross_entropy(grad_module(x), y)
+    plain_loss.backward()
+    return float(plain_loss.item())
+
+
+def poisson_batches(num_samples: int, sample_rate: float, steps: int, stream: RandomStream) -> Iterator[torch.Tensor]:
+    """`steps` Poisson batches of range(num_samples) (CPU index tensors, possibly empty): each
+    record in each batch independently with probability K/2^32, K = floor(sample_rate 2^32), an
+    exact comparison of a 32-bit word (so never above the rate the accountant counts)."""
+    threshold = math.floor(Fraction(sample_rate) * WORD)
+    words = torch.empty(num_samples, dtype=torch.int32)
+    for _ in range(steps):
+        unsigned = stream.fill_(words).to(torch.int64).bitwise_and_(WORD - 1)
+        yield torch.nonzero(unsigned < threshold).view(-1)
+
+
 AUGMENT_PAD = 2  # pixels of reflect padding a random crop may shift by (De et al. use 4 on 32x32)
 
 
-def augment(x: torch.Tensor, copies: int, generator: torch.Generator) -> torch.Tensor:
+def augment(x: torch.Tensor, copies: int, stream: RandomStream) -> torch.Tensor:
     """`copies` random crops (of the image reflect-padded by AUGMENT_PAD) and horizontal flips of
     each image of `x` (N, C, H, W): rows i*copies ... i*copies + copies - 1 are copies of image i.
-    The offsets and flips draw from `generator` on the CPU and are moved to x's device."""
+    The offsets (a word modulo 5: within 2^-29 of uniform) and flips (a bit) draw from `stream` on
+    the CPU and are moved to x's device."""
     n, c, h, w = x.shape
     rows = n * copies
     repeated = x.repeat_interleave(copies, dim=0)
     padded = F.pad(repeated, (AUGMENT_PAD,) * 4, mode="reflect")
-    offsets = torch.randint(0, 2 * AUGMENT_PAD + 1, (rows, 2), generator=generator).to(x.device)
-    flips = (torch.rand(rows, generator=generator) < 0.5).to(x.device)
+    words = stream.fill_(torch.empty(rows, 3, dtype=torch.int32)).to(torch.int64).bitwise_and_(WORD - 1)
+    offsets = torch.remainder(words[:, :2], 2 * AUGMENT_PAD + 1).to(x.device)
+    flips = words[:, 2].bitwise_and(1).bool().to(x.device)
     iy = offsets[:, :1] + torch.arange(h, device=x.device)  # (rows, h)
     ix = offsets[:, 1:] + torch.arange(w, device=x.device)  # (rows, w)
     ix = torch.where(flips[:, None], ix.flip(1), ix)
@@ -312,40 +351,43 @@ def _average_copies(grad_module: GradSampleModule, records: int, copies: int) ->
             p.grad_sample = sample.view(records, copies, *sample.shape[1:]).mean(dim=1)
 
 
-class _CPUNoiseMixin:
-    """opacus' optimizers with the noise drawn on the generator's device (the CPU) and then moved
-    to the gradients' device. opacus draws on the gradients' device, which a CPU generator cannot
-    do for CUDA tensors, and a CUDA generator could not be seeded from the OS CSPRNG the way
-    mechanisms.randomness.secret_generator seeds the CPU one. Same draws in the same order as
-    opacus' add_noise (tests/node/learning/test_device.py checks the bits on the CPU)."""
+class _StreamNoise:
+    """opacus' optimizers with the noise drawn from a ChaCha20 stream (`noise_stream`, set after
+    construction) by `mechanisms.gaussian.add_gaussian_noise` on the CPU, then moved to the
+    gradients' device, instead of opacus' noise from a torch generator (an MT19937)."""
 
     params: list[Any]  # parameters carrying opacus' summed_grad
-    generator: torch.Generator | None
     noise_multiplier: float
     max_grad_norm: float
-    secure_mode: bool
+    noise_stream: RandomStream
+    original_optimizer: torch.optim.Optimizer
+    scale_grad: Callable[[], None]  # opacus' (DPOptimizer's, after this class in the MRO)
 
     def add_noise(self) -> None:
-        generator_device = self.generator.device if self.generator is not None else torch.device("cpu")
+        std = self.noise_multiplier * self.max_grad_norm
         for p in self.params:
             _check_processed_flag(p.summed_grad)
-            reference = torch.empty(p.summed_grad.shape, dtype=p.summed_grad.dtype, device=generator_device)
-            noise = _generate_noise(
-                std=self.noise_multiplier * self.max_grad_norm,
-                reference=reference,
-                generator=self.generator,
-                secure_mode=self.secure_mode,
-            )
-            p.grad = (p.summed_grad + noise.to(p.summed_grad.device)).view_as(p)
+            summed = p.summed_grad.detach().to("cpu").reshape(-1).contiguous()
+            noisy = add_gaussian_noise(summed, 1.0, std, torch.empty_like(summed), self.noise_stream)
+            p.grad = noisy.to(p.summed_grad.device).view_as(p)
             _mark_as_processed(p.summed_grad)
 
+    def noise_only_step(self) -> None:
+        """The step of an empty Poisson batch: its clipped sum is 0, the noise is added to it and
+        the optimizer steps, as for any other batch (the accountant counts every step)."""
+        for p in self.params:
+            p.summed_grad = torch.zeros_like(p)
+        self.add_noise()
+        self.scale_grad()
+        self.original_optimizer.step()
 
-class _CPUNoiseGhostOptimizer(_CPUNoiseMixin, DPOptimizerFastGradientClipping):
-    """Ghost clipping with CPU-drawn noise."""
+
+class _StreamNoiseGhostOptimizer(_StreamNoise, DPOptimizerFastGradientClipping):  # type: ignore[misc]
+    """Ghost clipping with stream noise."""
 
 
-class _CPUNoiseDPOptimizer(_CPUNoiseMixin, DPOptimizer):
-    """Materialized per-sample gradients (augmentation multiplicity) with CPU-drawn noise."""
+class _StreamNoiseDPOptimizer(_StreamNoise, DPOptimizer):  # type: ignore[misc]
+    """Materialized per-sample gradients (convolutions, augmentation multiplicity) with stream noise."""
 
 
 @torch.no_grad()

@@ -13,10 +13,10 @@ what the peer holds every time it is read, so a blob fetched later drops every s
 The steps, in order (`Agreement.run`):
 
 1. `fetch_round_set`: every blob of the on-chain set, while `watch_attestations` learns holders
-   (an attester holds the blobs it included, so a blob unreachable at its committer is fetched
-   from them); ends when every blob is settled (fetched or malformed) or at the deadline. No
-   attestation cuts this step short: a set that leaves a slow blob out must not stop us waiting
-   for it.
+   (an attester holds the blobs it included, so a blob unreachable at its committer, or that its
+   committer served corrupted, is fetched from them: node/peer/fetching.py); ends when every blob
+   is settled (fetched or malformed) or at the deadline. No attestation cuts this step short: a
+   set that leaves a slow blob out must not stop us waiting for it.
 2. `complete_focal_set`: what of the focal set is still missing, from its attesters, for at most
    one more `fetch_timeout`: this is how peers that missed a blob converge on the set of those
    that hold it.
@@ -37,13 +37,12 @@ import torch
 import trio
 
 from node.chain.records import Attestation, Commitment
-from node.peer.ports import HostPort, StorePort
+from node.peer.fetching import REQUEST_SHARE, RETRY_INTERVAL, BlobUnavailable, Holders, Obtain, fetch_from_holders
 from node.protocol.blob import BlobError
 from node.protocol.wire import decode_bitmap
 
 log = logging.getLogger("swarm.peer")
 
-RETRY_INTERVAL = 0.5  # seconds between two tries of one blob (other holders may have appeared)
 WATCH_INTERVAL = 0.5  # seconds between two reads of the round's attestations
 
 
@@ -141,7 +140,8 @@ class RoundBlobs:
                     self.holders[i].append(attester)
 
     def providers(self, i: int, announced: list[str]) -> list[str]:
-        """Whom to ask for blob i: its committer, the attesters that hold it, then whoever announced it."""
+        """Who holds blob i: its committer, the attesters that included it, and whoever announced
+        it (asked in a random order, around those that failed: node/peer/fetching.py)."""
         found = [self.peer_ids[i], *self.holders[i]]
         return found + [p for p in announced if p not in found]
 
@@ -150,16 +150,6 @@ class RoundBlobs:
 
 
 # ------------------------------------------------------------------ waiting (trio)
-
-
-async def obtain(
-    store: StorePort, host: HostPort, digest_hex: str, providers: list[str], *, max_size: int, timeout: float
-) -> bytes:
-    """A blob from our store, else fetched from `providers` (then anyone who announced it)."""
-    data = store.get(digest_hex)
-    if data is not None:
-        return data
-    return await host.fetch(digest_hex, providers=providers, max_size=max_size, timeout=timeout)
 
 
 class Agreement:
@@ -173,7 +163,7 @@ class Agreement:
         *,
         me: str,
         fetch_timeout: float,
-        obtain: Callable[[str, list[str]], Awaitable[bytes]],
+        obtain: Obtain,
         announced: Callable[[str], list[str]],
         read_update: Callable[[bytes], torch.Tensor],
         read_attestations: Callable[[], Awaitable[list[Attestation]]],
@@ -189,6 +179,12 @@ class Agreement:
                 self.blobs.malformed[i] = True
                 self.blobs.left_out[i] = f"round {round}: {self._who(i)} is refused unfetched: {why}"
         self.fetch_timeout = fetch_timeout
+        # who failed each blob, kept over both fetch steps: a committer that served us bad bytes
+        # or nothing is asked again only after the attesters that hold its blob
+        self._holders = [
+            Holders(f"round {round}: blob {bytes(c.digest).hex()[:16]} of {self._who(i)}")
+            for i, c in enumerate(commitments)
+        ]
         self._obtain = obtain
         self._announced = announced
         self._read_update = read_update
@@ -227,17 +223,24 @@ class Agreement:
             async with trio.open_nursery() as nursery:
                 for i in range(self.blobs.n):
                     if wanted[i] and not self.blobs.is_settled(i):
-                        nursery.start_soon(self.fetch_blob, i, wanted, nursery.cancel_scope)
+                        nursery.start_soon(self.fetch_blob, i, wanted, nursery.cancel_scope, deadline)
                 nursery.start_soon(self.watch_attestations, wanted, nursery.cancel_scope)
 
-    async def fetch_blob(self, i: int, wanted: list[bool], scope: trio.CancelScope) -> None:
+    async def fetch_blob(self, i: int, wanted: list[bool], scope: trio.CancelScope, deadline: float) -> None:
         """Fetch blob i until we have it or it proves malformed (or the deadline cancels us),
-        asking again every RETRY_INTERVAL: holders learnt meanwhile are asked too."""
+        from its holders (node/peer/fetching.py): those learnt meanwhile are asked too."""
         blobs = self.blobs
         digest_hex = bytes(self.commitments[i].digest).hex()
         while not blobs.is_settled(i):
             try:
-                data = await self._obtain(digest_hex, blobs.providers(i, self._announced(digest_hex)))
+                data = await fetch_from_holders(
+                    self._obtain,
+                    digest_hex,
+                    self._holders[i],
+                    lambda: blobs.providers(i, self._announced(digest_hex)),
+                    deadline=deadline,
+                    request_timeout=REQUEST_SHARE * self.fetch_timeout,
+                )
                 blobs.vectors[i] = self._read_update(data)
             except BlobError as exc:  # right digest, unusable content: nobody can use it
                 # every decode failure is a BlobError (node.protocol.blob, wire.read_vector), and so
@@ -248,8 +251,10 @@ class Agreement:
                 log.warning("%s", why)
                 blobs.left_out[i] = why
                 blobs.malformed[i] = True
-            except Exception as exc:  # P2P errors: try again (other holders) until cancelled
-                log.info("round %d: fetch of %s failed: %s", self.round, digest_hex[:12], exc)
+            except BlobUnavailable:  # the step's deadline, which ends this step anyway
+                return
+            except Exception as exc:  # not the holders': try again until cancelled
+                log.info("round %d: reading blob %s failed: %s", self.round, digest_hex[:12], exc)
                 await trio.sleep(RETRY_INTERVAL)
         if blobs.settled(wanted):
             scope.cancel()

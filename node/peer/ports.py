@@ -8,14 +8,24 @@ Protocols structurally; the unit tests (tests/node/peer/fakes.py) satisfy them i
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeVar
 
 from node.chain.records import Attestation, Commitment, RoundInfo, SwarmParams
+
+T = TypeVar("T")
 
 Receipt: TypeAlias = Mapping[str, Any]  # a mined transaction's receipt; the peer reads "gasUsed"
 
 # Runs a blocking call without blocking the trio loop: `trio.to_thread.run_sync` in production.
 RunSync: TypeAlias = Callable[[Callable[[], Any]], Awaitable[Any]]
+
+
+class OffLoop(Protocol):
+    """`fn(*args, **kwargs)`, a blocking call, run without blocking the trio loop: how the peer's
+    rooms reach the ledger and run their computations (`Peer.chain`, which also waits out an RPC
+    outage)."""
+
+    def __call__(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]: ...
 
 
 class Account(Protocol):

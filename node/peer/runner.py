@@ -7,7 +7,6 @@ import getpass
 import logging
 import os
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,15 +18,14 @@ from eth_account.signers.local import LocalAccount
 from node.chain.client import LedgerClient, connect
 from node.chain.keys import load_account
 from node.chain.liveness import watch_chain
-from node.chain.registration import Registration, resolve
 from node.config import Config
 from node.derive import load_shard, peer_settings
 from node.peer.addresses import advertised_addrs, tcp_problem
 from node.peer.faults import WrongBytesStore
 from node.peer.peer import Peer, RoundOutcome
+from node.peer.registry import RegistryCache
 from node.protocol import wire
 from node.runfiles import MetricsWriter, write_json_atomic
-from p2p import peer_id_from_bytes
 from p2p.host import HostConfig, SwarmHost, open_host
 from p2p.identity import load_or_create_identity
 from p2p.store import DiskBlobStore
@@ -97,74 +95,6 @@ async def require_bootstrap(host: SwarmHost, bootstrap: list[str], timeout: floa
         await trio.sleep(poll)
 
 
-class RegistryCache:
-    """The admission predicate p2p asks on every stream and message: is this libp2p peer
-    registered on the ledger, with a registration its own key signed, by an account the allowlist
-    has not removed? Refreshed from the chain in the background, reading only the blocks after the
-    last one it scanned (Registered and AllowlistChanged logs); unknown peers are refused until the
-    next refresh sees them. A peer id is admitted once some registration of it verifies
-    (`node.chain.registration.resolve`: the first such registration owns it); squatters'
-    registrations, which cannot be signed by the peer id's key, are ignored. `disallow` refuses
-    the owner's peer id from the next refresh on, `allow` admits it again."""
-
-    def __init__(self, ledger: LedgerClient) -> None:
-        self.ledger = ledger
-        self.allowed: set[str] = set()
-        self.owners: dict[bytes, Registration] = {}  # peer id -> the registration that owns it
-        self.removed: set[str] = set()  # accounts (lower case) the allowlist removed, until allowed again
-        self.ignored = 0  # registrations whose signature does not verify
-        self.scanned_to: int | None = None  # last block whose logs were read
-        self._lock = threading.Lock()  # the background refresh and `owns` (from the peer's threads)
-
-    def __call__(self, peer_id: str) -> bool:
-        return peer_id in self.allowed
-
-    def owns(self, address: str, peer_id: bytes) -> bool:
-        """Whether `address` holds the registration that owns `peer_id` (blocking). A committer's
-        registration precedes its commit, so one refresh makes the answer final."""
-        if bytes(peer_id) not in self.owners:
-            self.refresh()
-        owner = self.owners.get(bytes(peer_id))
-        return owner is not None and owner.address.lower() == address.lower()
-
-    def refresh(self) -> None:
-        with self._lock:
-            self._refresh()
-
-    def _refresh(self) -> None:
-        latest = self.ledger.block_number()
-        start = self.ledger.params().deploy_block if self.scanned_to is None else self.scanned_to + 1
-        if latest < start:
-            return
-        chain_id = self.ledger.chain_id()
-        for reg in self.ledger.registrations(start, latest):
-            if reg.peer_id in self.owners:
-                continue
-            if resolve([reg], chain_id, self.ledger.address):
-                self.owners[reg.peer_id] = reg
-            else:
-                self.ignored += 1
-                log.warning(
-                    "ignoring the registration of %s: its signature does not verify for peer id 0x%s",
-                    reg.address,
-                    reg.peer_id.hex(),
-                )
-        for account, allowed in self.ledger.allowlist_changes(start, latest):
-            (self.removed.discard if allowed else self.removed.add)(account.lower())
-        self.allowed = {
-            peer_id_from_bytes(pid) for pid, reg in self.owners.items() if reg.address.lower() not in self.removed
-        }
-        self.scanned_to = latest
-
-    async def keep_fresh(self, interval: float = 2.0) -> None:
-        while True:  # ends when the owning nursery is cancelled at shutdown
-            try:
-                await trio.to_thread.run_sync(self.refresh)
-            except Exception as exc:  # a transient RPC error must not take the peer down
-                log.warning("registry refresh failed: %s", exc)
-            await trio.sleep(interval)
-
-
 async def run_node(config: Config, options: NodeOptions) -> int:
     """Run one peer until the configured number of rounds is over. Returns an exit status."""
 
@@ -217,7 +147,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 on_status=on_status,
                 accountant_path=workdir / "privacy-accountant.json",
                 identity=key_pair.private_key,
-                registration_ok=registry.owns,
+                ownership=registry.ownership,
             )
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(registry.keep_fresh)

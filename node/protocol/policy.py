@@ -1,12 +1,12 @@
 """What a commit must record under the swarm's privacy policy, as pure functions of what is on
 chain: the policy (in the genesis blob, whose digest the ledger holds) and the sample count of
-each round the peer committed. The peer uses them to commit, every other peer to leave out a
-commit that records anything else, `swarm verify` to check the record.
+each round the peer committed. The peer uses them to commit; the rulebook (node/rules.py) holds
+every commit to them, for every other peer and `swarm verify`.
 
 Two figures per commit (docs/PRIVACY-MODEL.md):
 - the local mechanism's whole-update eps: d x eps per round for a pure coordinate mechanism (the
   contract itself requires exactly that step, `eps_step_micro`), RDP over the rounds for the
-  Gaussian (not a constant step: checked here);
+  Gaussian (not a constant step: the rulebook checks it);
 - DP-SGD's record-level eps (`mechanisms.record_level`), 0 without DP-SGD.
 """
 
@@ -23,7 +23,7 @@ from mechanisms.accounting import Spend, cumulative_spend
 from mechanisms.gaussian import Gaussian
 from mechanisms.record_level import record_level_spend
 from node.protocol.settings import PrivacyPolicy
-from node.protocol.wire import canonical, eps_from_micro, eps_to_micro
+from node.protocol.wire import canonical, eps_to_micro
 
 _spend_lock = threading.Lock()  # see privacy_spend
 
@@ -90,35 +90,3 @@ def tolerance(expected: int) -> int:
     digits may differ across machines and math libraries. One part in a million, at least 1
     micro-eps. A pure mechanism's figure is an exact multiple of its step and gets none."""
     return max(1, expected // 1_000_000)
-
-
-def commit_violation(
-    policy: PrivacyPolicy,
-    num_params: int,
-    mechanism: bytes,
-    eps_micro: int,
-    record_eps_micro: int,
-    sample_counts: Sequence[int],
-    *,
-    one_sided: bool = False,
-) -> tuple[str, str] | None:
-    """(which check, why) a commit breaks the policy, or None; the check is "mechanism", "eps" or
-    "record-eps". `sample_counts` ends with this commit's count. `one_sided` (verify): recording
-    more than the policy spends is not a failure, less is."""
-    want = canonical(dict(policy.mechanism))
-    if bytes(mechanism) != want.encode():
-        shown = bytes(mechanism[:200]).decode("utf-8", "replace")
-        return "mechanism", f"committed mechanism {shown} is not the swarm's policy {want}"
-    eps, record = expected_micro(policy, num_params, sample_counts)
-    exact = eps_step_micro(dict(policy.mechanism), num_params) > 0  # integer multiples of the step: no slack
-    for check, what, given, expected, slack in (
-        ("eps", "whole-update eps", eps_micro, eps, 0 if exact else tolerance(eps)),
-        ("record-eps", "record-level eps", record_eps_micro, record, tolerance(record) if policy.dp_sgd else 0),
-    ):
-        low, high = expected - slack, expected + slack
-        if given < low or (not one_sided and given > high):
-            return check, (
-                f"records {what} {eps_from_micro(given):.6f} where the policy spends "
-                f"{eps_from_micro(expected):.6f} after {len(sample_counts)} release(s)"
-            )
-    return None

@@ -38,7 +38,9 @@ def check_release(vector: torch.Tensor, mechanism: mechanisms.Mechanism | None) 
 def read_update(data: bytes, num_params: int, mechanism: mechanisms.Mechanism | None) -> torch.Tensor:
     """An update blob's vector, if it decodes (`read_vector`, kind "update": the value bound
     included) and is a possible output of the swarm's `mechanism` (`check_release`); else
-    BlobError. What a peer aggregates only."""
+    BlobError. For re-reading blobs a finalized round included (a peer's rebuild of the model,
+    checked against the finalized digest); whether a blob counts is the rulebook's
+    (`node.rules.Rulebook.read_update`)."""
     vector, _ = wire.read_vector(data, num_params, kind="update")
     check_release(vector, mechanism)
     return vector

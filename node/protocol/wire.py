@@ -61,10 +61,12 @@ def genesis_blob(vector: torch.Tensor, swarm: dict[str, object]) -> bytes:
     return blob.encode_blob({VECTOR: vector}, {"kind": "genesis", "swarm": canonical(swarm)})
 
 
-def update_blob(vector: torch.Tensor, round_number: int, mechanism_json: str) -> bytes:
-    return blob.encode_blob(
-        {VECTOR: vector}, {"kind": "update", "round": str(round_number), "mechanism": mechanism_json}
-    )
+def update_blob(vector: torch.Tensor, round_number: int, mechanism_json: str, committer: str) -> bytes:
+    """A peer's release for one round. The round and the committer's address (lower case) are in
+    the blob, so in its digest: the blob counts only in a commit of that round by that account
+    (node/rules.py, rule "binding"), so replaying or copying it gains nothing."""
+    meta = {"kind": "update", "round": str(round_number), "mechanism": mechanism_json, "committer": committer.lower()}
+    return blob.encode_blob({VECTOR: vector}, meta)
 
 
 def model_blob(vector: torch.Tensor, round_number: int) -> bytes:

@@ -30,8 +30,10 @@ class LedgerTerms:
     """The swarm parameters fixed at deployment (the genesis digest comes from the genesis blob)."""
 
     min_peers: int
-    commit_window: int
-    attest_window: int
+    commit_window: int  # blocks
+    attest_window: int  # blocks
+    commit_window_seconds: int  # the window ends once its blocks and its seconds have passed
+    attest_window_seconds: int
     eps_cap_micro: int
     delta: float
     eps_step_micro: int = 0  # what one release spends under the policy (0: not a constant)
@@ -67,6 +69,8 @@ class RunChain:
                 min_peers=terms.min_peers,
                 commit_window=terms.commit_window,
                 attest_window=terms.attest_window,
+                commit_window_seconds=terms.commit_window_seconds,
+                attest_window_seconds=terms.attest_window_seconds,
                 eps_cap_micro=terms.eps_cap_micro,
                 delta=terms.delta,
                 genesis_digest=sha256(genesis_blob),

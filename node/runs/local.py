@@ -36,7 +36,7 @@ from node.chain.anvil import find_anvil, free_port
 from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
 from node.chain.registration import sign_registration
-from node.config import Config, quorum
+from node.config import Config, quorum, window_seconds
 from node.derive import eps_cap_micro, eps_step_micro, genesis, mechanism_params, record_eps_cap_micro
 from node.peer.runner import P2P_PASSWORD_ENV
 from node.runfiles import read_metrics
@@ -81,6 +81,34 @@ def default_out_dir() -> Path:
     return Path("runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
+def _check_fetch_fits_attestation(config: Config) -> None:
+    block_seconds = config.chain.attest_window * config.chain.block_time
+    seconds = window_seconds(config)[1]
+    attest_seconds = max(block_seconds, seconds)  # the window ends once its blocks and its seconds have passed
+    if config.chain.fetch_timeout * 2 > attest_seconds:
+        raise ValueError(
+            f"chain.fetch_timeout ({config.chain.fetch_timeout} s) must be at most half the "
+            f"attestation window ({config.chain.attest_window} blocks x {config.chain.block_time} s and "
+            f"{seconds} s: {attest_seconds:g} s), or a round that waits for a missing blob is aborted"
+        )
+
+
+def _ledger_terms(config: Config) -> LedgerTerms:
+    """What the run's ledger is deployed with, from the swarm's settings."""
+    return LedgerTerms(
+        min_peers=quorum(config),
+        commit_window=config.chain.commit_window,
+        attest_window=config.chain.attest_window,
+        commit_window_seconds=window_seconds(config)[0],
+        attest_window_seconds=window_seconds(config)[1],
+        eps_cap_micro=eps_cap_micro(config),
+        delta=config.privacy.delta,
+        eps_step_micro=eps_step_micro(config),
+        record_eps_cap_micro=record_eps_cap_micro(config),
+        record_delta=config.train.dp_delta if config.train.dp_sgd else 0.0,
+    )
+
+
 class LocalSwarm:
     """Anvil, the deployed ledger and N peer processes in one run folder. `swarm up` and the
     end-to-end tests drive swarms through this one class."""
@@ -108,30 +136,13 @@ class LocalSwarm:
 
     def __enter__(self) -> LocalSwarm:
         config, out = self.config, self.out
-        attest_seconds = config.chain.attest_window * config.chain.block_time
-        if config.chain.fetch_timeout * 2 > attest_seconds:
-            raise ValueError(
-                f"chain.fetch_timeout ({config.chain.fetch_timeout} s) must be at most half the "
-                f"attestation window ({config.chain.attest_window} blocks x {config.chain.block_time} s "
-                f"= {attest_seconds:g} s), or a round that waits for a missing blob is aborted"
-            )
+        _check_fetch_fits_attestation(config)
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.toml").write_text(config.to_toml())
-        n = config.swarm.peers
-        terms = LedgerTerms(
-            min_peers=quorum(config),
-            commit_window=config.chain.commit_window,
-            attest_window=config.chain.attest_window,
-            eps_cap_micro=eps_cap_micro(config),
-            delta=config.privacy.delta,
-            eps_step_micro=eps_step_micro(config),
-            record_eps_cap_micro=record_eps_cap_micro(config),
-            record_delta=config.train.dp_delta if config.train.dp_sgd else 0.0,
-        )
         # Transactions are mined at once; the empty blocks that make windows pass come from the
         # ticker, held at a slow pace while the peers start (node/runs/ticker.py: round 1's window
         # opened at deployment, and 16 peers take over a minute to import and load).
-        self.chain = RunChain(out, genesis(config), terms, peers=n)
+        self.chain = RunChain(out, genesis(config), _ledger_terms(config), peers=config.swarm.peers)
         try:
             self.ticker = BlockTicker(self.chain.anvil.url, config.chain.block_time, self._peers_ready)
         except BaseException:
@@ -146,19 +157,7 @@ class LocalSwarm:
         )
         try:
             self.say(f"ledger {self.ledger.address} on {self.anvil.url} (chain id {self.chain.chain_id})")
-            keys = []
-            for i in range(n):
-                workdir = out / "peers" / str(i)
-                workdir.mkdir(parents=True)
-                key_pair = load_or_create_identity(workdir / "p2p.key", self._password.encode())
-                keys.append(key_pair.private_key)
-                peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
-                multiaddr = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"
-                self.peers.append(PeerProcess(i, workdir, self.chain.peer_account(i).address, peer_id, multiaddr))
-            for p in self.peers:  # registered up front: a round may close as soon as all committed
-                client = LedgerClient(self.w3, self.ledger.address, self.chain.peer_account(p.index))
-                signature = sign_registration(keys[p.index], client.chain_id(), client.address, p.address)
-                client.register(peer_id_to_bytes(p.peer_id), signature)
+            self._create_and_register_peers(config.swarm.peers)
             self.run_info = self.chain.write_run_info(
                 peers=[{"index": p.index, "address": p.address, "peer_id": p.peer_id} for p in self.peers],
                 config=config.to_dict(),
@@ -169,6 +168,22 @@ class LocalSwarm:
             self.chain.close()
             raise
         return self
+
+    def _create_and_register_peers(self, n: int) -> None:
+        """Each peer's workdir, libp2p identity and address, then its registration on the ledger."""
+        keys = []
+        for i in range(n):
+            workdir = self.out / "peers" / str(i)
+            workdir.mkdir(parents=True)
+            key_pair = load_or_create_identity(workdir / "p2p.key", self._password.encode())
+            keys.append(key_pair.private_key)
+            peer_id = ID.from_pubkey(key_pair.public_key).to_base58()
+            multiaddr = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"
+            self.peers.append(PeerProcess(i, workdir, self.chain.peer_account(i).address, peer_id, multiaddr))
+        for p in self.peers:  # registered up front: a round may close as soon as all committed
+            client = LedgerClient(self.w3, self.ledger.address, self.chain.peer_account(p.index))
+            signature = sign_registration(keys[p.index], client.chain_id(), client.address, p.address)
+            client.register(peer_id_to_bytes(p.peer_id), signature)
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -240,7 +255,7 @@ class LocalSwarm:
     def start(self) -> None:
         self.say(
             f"starting {len(self.peers)} peers; until all are up and trained once, the chain mines a block "
-            f"every {self.ticker.hold_pace:g} s (round windows count blocks), then every {self.ticker.block_time:g} s"
+            f"every {self.ticker.hold_pace:g} s (windows need blocks too), then every {self.ticker.block_time:g} s"
         )
         for i in range(len(self.peers)):
             self.start_peer(i)

@@ -65,6 +65,9 @@ class DigestOnly:
         return None
 
 
+WINDOW_SECONDS = 1  # the recorded ledger's windows in seconds: the recorder moves its chain's clock past them
+
+
 class ChainRecorder:
     """Records a simulated run on a real Anvil exactly as `swarm up` would: one funded account
     per simulated peer (registered when first sampled), per round each participant's update blob
@@ -72,9 +75,10 @@ class ChainRecorder:
     closed, and every participant attesting the aggregate's digest with the all-included bitmap.
     The run folder (run.json, chain/state.json, archive/) comes from `RunChain`, as for `swarm up`.
 
-    The contract counts windows in blocks and Anvil mines one block per transaction: `window`
-    must fit every registration and commit of a round, and the recorder mines empty blocks up to
-    the window's end before closing."""
+    The contract's windows last blocks and seconds, and Anvil mines one block per transaction:
+    `window` (blocks) must fit every registration and commit of a round, and before closing the
+    recorder moves its own chain's clock past the window's WINDOW_SECONDS (a simulation has no
+    one to wait for) and mines empty blocks up to the window's end."""
 
     def __init__(self, out: Path, *, window: int) -> None:
         self.out = Path(out)
@@ -96,6 +100,8 @@ class ChainRecorder:
             min_peers=1,
             commit_window=self.window,
             attest_window=self.window,
+            commit_window_seconds=WINDOW_SECONDS,
+            attest_window_seconds=WINDOW_SECONDS,
             eps_cap_micro=max(cap, 1),
             delta=c.privacy.delta,
             eps_step_micro=step,
@@ -144,7 +150,8 @@ class ChainRecorder:
         if self.ledger.current_round() != r:
             raise RuntimeError(f"ledger is in round {self.ledger.current_round()}, the simulation in round {r}")
         for i, vector, samples in zip(chosen, vectors, weights):
-            digest = self.chain.archive.put(wire.update_blob(vector, r, self.mechanism_json))
+            committer = self.chain.peer_account(i).address
+            digest = self.chain.archive.put(wire.update_blob(vector, r, self.mechanism_json, committer))
             counts = [len(sim.peers[i].y)] * sim.peers[i].commits  # this commit included
             eps_micro, record_micro = policy.expected_micro(self.privacy, sim.num_params, counts)
             receipt = self._client(i).commit(
@@ -152,8 +159,10 @@ class ChainRecorder:
             )
             self._add_gas("commit", receipt)
         last_block = self.ledger.round_info(r).opened_block + self.window
-        # One past the window's last block: the close must already hold when it is estimated.
-        self.chain.anvil.mine(max(0, last_block + 1 - self.ledger.block_number()))
+        # One past the window's last block, WINDOW_SECONDS later on the chain's clock (at least one
+        # block carries it): the close must already hold when it is estimated.
+        self.chain.anvil.rpc("evm_increaseTime", [WINDOW_SECONDS])
+        self.chain.anvil.mine(max(1, last_block + 1 - self.ledger.block_number()))
         self._add_gas("close", self.ledger.close_round(r))
         digest = self.chain.archive.put(wire.model_blob(global_vector, r))
         included = wire.encode_bitmap([True] * len(chosen))

@@ -71,19 +71,31 @@ def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
     return rows
 
 
+ENDED_STATES = ("finalized", "aborted")
+
+
+def stopped_after(rounds_ended: int, rounds_wanted: int) -> str | None:
+    """ "stopped after N of M rounds" when fewer rounds ended than the run asked for, else None:
+    what report.md and `swarm verify` both say of a run that did not finish."""
+    if rounds_ended >= rounds_wanted:
+        return None
+    return f"stopped after {rounds_ended} of {rounds_wanted} rounds"
+
+
 def run_failure(rows: list[dict], rounds_wanted: int, interrupted: bool) -> str | None:
     """Why a finished run failed, or None: no round finalized, more than half of the rounds that
     ended were aborted, or (not interrupted) fewer rounds ended than were asked for. A run that
     learnt nothing must not look like a success."""
-    ended = [r for r in rows if r["state"] in ("finalized", "aborted")]
+    ended = [r for r in rows if r["state"] in ENDED_STATES]
     finalized = sum(r["state"] == "finalized" for r in ended)
     aborted = len(ended) - finalized
     if not finalized:
         return f"no round finalized ({aborted} aborted, {len(rows) - len(ended)} never ended): the swarm learnt nothing"
     if 2 * aborted > len(ended):
         return f"{aborted} of {len(ended)} rounds were aborted (no majority agreed on an aggregate in time)"
-    if not interrupted and len(ended) < rounds_wanted:
-        return f"only {len(ended)} of the {rounds_wanted} rounds asked for ended"
+    stopped = stopped_after(len(ended), rounds_wanted)
+    if not interrupted and stopped:
+        return f"{stopped}: the peers ended before the last round"
     return None
 
 
@@ -114,8 +126,6 @@ def write_report(
             metrics.write(row)
     if rows and run_info["config"]["output"]["plot"]:
         plot(rows, out / "progress.png")
-    mechanism = run_info["config"]["privacy"]["mechanism"]
-    protects = run_info["protects"]  # from the mechanism's guarantee (node.runs.local)
     eps_spent: dict[str, float | None] = {}
     record_eps_spent: dict[str, float | None] = {}
     for p in peers:
@@ -125,36 +135,57 @@ def write_report(
         except Exception:  # the chain may be gone after a hard stop; metrics still hold the figures
             eps_spent[p.address] = record_eps_spent[p.address] = None
     dp_sgd = bool(run_info["config"]["train"]["dp_sgd"])
-    verify_cmd = f"swarm verify --run {out}"
-    failure = run_failure(rows, int(run_info["config"]["swarm"]["rounds"]), interrupted)
+    wanted = int(run_info["config"]["swarm"]["rounds"])
+    try:  # what `swarm verify` counts: the rounds the ledger ended (it opens the next one as one ends)
+        ended = min(ledger.current_round() - 1, wanted)
+    except Exception:  # the chain is gone after a hard stop: what the peers recorded
+        ended = sum(r["state"] in ENDED_STATES for r in rows)
     report = {
         "run": str(out),
         "ledger": run_info["ledger"],
         "chain_id": run_info["chain_id"],
         "interrupted": interrupted,
-        "failure": failure,
+        "failure": run_failure(rows, wanted, interrupted),
+        "stopped": stopped_after(ended, wanted),
+        "rounds_wanted": wanted,
         "rounds": rows,
         "eps_spent": eps_spent,
         "record_eps_spent": record_eps_spent if dp_sgd else None,
-        "mechanism": mechanism,
-        "protects": protects,
+        "mechanism": run_info["config"]["privacy"]["mechanism"],
+        "protects": run_info["protects"],  # from the mechanism's guarantee (node.runs.local)
         "peer_exit_codes": [p.returncode for p in peers],
-        "verify_command": verify_cmd,
+        "verify_command": f"swarm verify --run {out}",
         "finished": time.time(),
     }
     write_json_atomic(out / "report.json", report)
+    (out / "report.md").write_text("\n".join(render_markdown(out, report, run_info["config"])) + "\n")
+    return report
+
+
+def render_markdown(out: Path, report: dict, config: dict) -> list[str]:
+    rows, failure, stopped = report["rounds"], report["failure"], report["stopped"]
+    dp_sgd = report["record_eps_spent"] is not None
+    if failure:
+        verdict = [f"**FAILED: {failure}.** See the peers' logs: `{out}/peers/*/peer.log`.", ""]
+    elif stopped:
+        why = "interrupted" if report["interrupted"] else "the peers ended early"
+        verdict = [f"**{stopped.capitalize()} ({why}).** The rounds that ended verify; the others never ran.", ""]
+    else:
+        verdict = []
     lines = [
         f"# Swarm run {out.name}",
         "",
-        *([f"**FAILED: {failure}.** See the peers' logs: `{out}/peers/*/peer.log`.", ""] if failure else []),
-        f"- ledger: `{run_info['ledger']}` (chain id {run_info['chain_id']})",
-        f"- mechanism: `{mechanism}`; its eps (whole shared update) protects {protects}",
+        *verdict,
+        f"- ledger: `{report['ledger']}` (chain id {report['chain_id']})",
+        *_figures(report, config),
+        f"- mechanism: `{report['mechanism']}`; its eps (whole shared update) protects {report['protects']}",
         f"- record-level eps: each training record (DP-SGD), replace-one neighbours, at delta "
-        f"{run_info['config']['train']['dp_delta']:g}"
+        f"{config['train']['dp_delta']:g}"
         if dp_sgd
         else "- record-level eps: none (no DP-SGD: the training records have no guarantee of their own)",
-        f"- peers: {len(peers)}, exit codes {report['peer_exit_codes']}" + (" (interrupted)" if interrupted else ""),
-        f"- verify: `{verify_cmd}`",
+        f"- peers: {len(report['peer_exit_codes'])}, exit codes {report['peer_exit_codes']}"
+        + (" (interrupted)" if report["interrupted"] else ""),
+        f"- verify: `{report['verify_command']}`",
         "",
         "| round | state | accuracy | max eps per peer (delta), whole update | max record-level eps (delta), "
         "each training record | gas | bytes fetched |",
@@ -163,7 +194,31 @@ def write_report(
     for r in rows:
         acc = f"{r['accuracy']:.4f}" if r["accuracy"] is not None else "-"
         eps = f"{max(r['eps'].values()):.6g} ({r['delta']:g})" if r["eps"] else "-"
-        rec = f"{max(r['record_eps'].values()):.4g} ({r['record_delta']:g})" if r["record_eps"] else "-"
+        rec = f"{max(r['record_eps'].values()):.6g} ({r['record_delta']:g})" if r["record_eps"] else "-"
         lines.append(f"| {r['round']} | {r['state']} | {acc} | {eps} | {rec} | {r['gas']:,} | {r['bytes_fetched']:,} |")
-    (out / "report.md").write_text("\n".join(lines) + "\n")
-    return report
+    return lines
+
+
+def _figures(report: dict, config: dict) -> list[str]:
+    """The run's outcome in two lines: the last finalized model's accuracy, and the privacy each
+    peer spent (the largest over peers) with its delta and what it protects."""
+    finalized = [r for r in report["rounds"] if r["state"] == "finalized" and r["accuracy"] is not None]
+    lines = [
+        f"- test accuracy: {finalized[-1]['accuracy']:.4f} after round {finalized[-1]['round']}"
+        if finalized
+        else "- test accuracy: none (no round finalized)"
+    ]
+    spent = [r for r in report["rounds"] if r.get("eps")]  # cumulative: the last such round holds the totals
+    last = spent[-1] if spent else {}
+    if last:
+        privacy = (
+            f"- privacy spent (largest per peer): eps {max(last['eps'].values()):.6g} at delta {last['delta']:g} "
+            f"for the whole shared update, protecting {report['protects']}"
+        )
+        if last.get("record_eps"):
+            privacy += (
+                f"; eps {max(last['record_eps'].values()):.4g} at delta {config['train']['dp_delta']:g} "
+                "for each training record (DP-SGD)"
+            )
+        lines.append(privacy)
+    return lines

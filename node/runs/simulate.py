@@ -19,20 +19,22 @@ the per-coordinate figure; `protects` says what it covers ("sign" for PNPM).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from matplotlib.figure import Figure
 
 import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
-from mechanisms.randomness import secret_generator
+from mechanisms.randomness import PrivacyGenerator, secret_generator, seeded_generator
 from mechanisms.record_level import ACCOUNTANT as RECORD_ACCOUNTANT
 from mechanisms.record_level import PROTECTS as RECORD_PROTECTS
 from mechanisms.record_level import record_level_spend
@@ -53,6 +55,10 @@ from node.runs.recorder import ChainRecorder, DigestOnly
 SEEDED_NOISE = "noise reproducible from the seed: a simulation, not a private run"
 SECRET_NOISE = "noise from the OS CSPRNG (as a real peer draws it): not reproducible"
 NO_MECHANISM = "none"  # the non-private baseline: simulate only, never on a ledger
+PRIVACY_FIGURES = (  # what progress.png plots of each round's record besides the accuracy
+    ("eps_max", "eps per peer, whole update (max)"),
+    ("record_eps_max", "record-level eps per peer, DP-SGD (max)"),
+)
 DIVERGENCE_BOUND = 1e6  # a global model with a weight beyond this has exploded (the PNPM paper's "gradient explosion")
 
 
@@ -93,7 +99,8 @@ class _Peer:
     x: torch.Tensor
     y: torch.Tensor
     commits: int = 0
-    eps: float | None = None
+    eps: float | None = None  # cumulative whole-update eps of the local mechanism
+    record_eps: float | None = None  # cumulative record-level eps (DP-SGD)
 
 
 @dataclass
@@ -104,6 +111,15 @@ class _Timing:
     ledger: float = 0.0
     rounds: list[float] = field(default_factory=list)  # wall time of each round, evaluation included
     evaluations: list[float] = field(default_factory=list)  # the test evaluation's share of each round
+
+    @contextlib.contextmanager
+    def spent(self, part: str) -> Iterator[None]:
+        """Adds the block's wall time to `part` (train, aggregate, evaluate or ledger)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, part, getattr(self, part) + time.perf_counter() - t0)
 
 
 def simulation_settings(config: Config, mechanism_params: dict | None = None) -> PeerSettings:
@@ -206,13 +222,14 @@ class Simulation:
             self.peers.append(_Peer(peer_name(i), train_x[index].contiguous(), train.y[index].contiguous()))
         self.test_x, self.test_y = model_inputs(sh.model, test.x), test.y
         self._spend_cache: dict[int, Spend] = {}
+        self._record_cache: dict[tuple[int, int], float] = {}
 
-    def _noise(self, seed: int, peer: str, round_number: int) -> torch.Generator:
+    def _noise(self, seed: int, peer: str, round_number: int) -> PrivacyGenerator:
         """The generator of one contribution's privacy draws: secret as in a real peer, or (the
         default, for reproducible experiments) seeded from the public round seed."""
         if self.secret_noise:
             return secret_generator()
-        return torch.Generator().manual_seed(round_seed(seed, peer, round_number) ^ 0x5EED)
+        return seeded_generator(round_seed(seed, peer, round_number) ^ 0x5EED)
 
     def _spend(self, commits: int) -> Spend | None:
         """Cumulative spend after `commits` contributions: depends on k only, so computed once per k."""
@@ -222,6 +239,16 @@ class Simulation:
             self._spend_cache[commits] = cumulative_spend(self.mechanism_params, self.num_params, commits)
         return self._spend_cache[commits]
 
+    def _record_spend(self, samples: int, commits: int) -> float | None:
+        """Record-level eps of a peer with `samples` records after `commits` DP-SGD rounds (None
+        without DP-SGD); computed once per (samples, commits)."""
+        if self.settings.dp is None:
+            return None
+        key = (samples, commits)
+        if key not in self._record_cache:
+            self._record_cache[key] = record_level_spend(self.settings.dp, [samples] * commits).epsilon
+        return self._record_cache[key]
+
     # -------------------------------------------------------------------- run
     def run(self) -> SimulationResult:
         previous_threads = torch.get_num_threads()
@@ -229,99 +256,109 @@ class Simulation:
             torch.set_num_threads(self.threads)
         try:
             self.prepare()
-            c = self.config
-            seed = c.swarm.seed
-            timing = _Timing()
-            records: list[dict] = []
-            recorder = self._recorder()
-            metrics = None
-            if self.out is not None:
-                self.out.mkdir(parents=True, exist_ok=True)
-                (self.out / "config.toml").write_text(c.to_toml())
-                metrics = MetricsWriter(self.out / "metrics.jsonl")
-            started = time.perf_counter()
-            try:
-                t0 = time.perf_counter()
-                recorder.start(self)
-                timing.ledger += time.perf_counter() - t0
-                global_vector = self.genesis_vector.clone()
-                stop_reason = None
-                for r in range(1, c.swarm.rounds + 1):
-                    round_start = time.perf_counter()
-                    chosen = sample_peers(seed, r, len(self.peers), self.fraction)
-                    vectors, weights, losses = [], [], []
-                    diverged = None
-                    for done, i in enumerate(chosen, start=1):
-                        peer = self.peers[i]
-                        t0 = time.perf_counter()
-                        try:
-                            contribution = contribute(
-                                self.model,
-                                self.spec,
-                                global_vector,
-                                peer.x,
-                                peer.y,
-                                settings=self.settings,
-                                mechanism=self.mechanism,
-                                round_number=r,
-                                seed=round_seed(seed, peer.name, r),
-                                noise=self._noise(seed, peer.name, r),
-                            )
-                        except ValueError as exc:
-                            if "nan" not in str(exc).lower() and "inf" not in str(exc).lower():
-                                raise
-                            contribution, diverged = None, f"peer {i}: {exc}"
-                        timing.train += time.perf_counter() - t0
-                        if contribution is not None and not bool(torch.isfinite(contribution.vector).all()):
-                            diverged = f"peer {i}: non-finite contribution"
-                        if diverged or contribution is None:  # None only when diverged
-                            break
-                        vectors.append(contribution.vector)
-                        weights.append(contribution.num_samples)
-                        losses.append(contribution.mean_loss)
-                        peer.commits += 1
-                        spend = self._spend(peer.commits)
-                        peer.eps = None if spend is None else float(spend.epsilon)
-                        self.on_progress({"round": r, "done": done, "of": len(chosen)})
-                    if diverged:
-                        stop_reason = f"diverged in round {r} ({diverged})"
-                        records.append(self._record(r, chosen, None, None, losses, None, diverged=True))
-                        if metrics:
-                            metrics.write(records[-1])
-                        break
-                    t0 = time.perf_counter()
-                    global_vector = aggregate.next_global(self.settings.shared, global_vector, vectors, weights)
-                    timing.aggregate += time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    model_digest = recorder.round(self, r, chosen, vectors, weights, global_vector)
-                    timing.ledger += time.perf_counter() - t0
-                    t0 = time.perf_counter()
-                    self.model.load_state_dict(unflatten(global_vector, self.spec))
-                    accuracy, loss = evaluate(self.model, self.test_x, self.test_y, device=self.settings.device)
-                    timing.evaluations.append(time.perf_counter() - t0)
-                    timing.evaluate += timing.evaluations[-1]
-                    exploded = (not np.isfinite(loss)) or float(global_vector.abs().max()) > DIVERGENCE_BOUND
-                    records.append(self._record(r, chosen, accuracy, loss, losses, model_digest, diverged=exploded))
-                    if metrics:
-                        metrics.write(records[-1])
-                    timing.rounds.append(time.perf_counter() - round_start)
-                    self.on_progress({"round": r, "accuracy": accuracy, "finished": True})
-                    if exploded:
-                        stop_reason = f"diverged in round {r} (global model exploded)"
-                        break
-                t0 = time.perf_counter()
-                recorder.finish(self)
-                timing.ledger += time.perf_counter() - t0
-            finally:
-                recorder.close()
-                if metrics:
-                    metrics.close()
-            summary = self._summary(records, timing, time.perf_counter() - started, stop_reason, recorder)
-            if self.out is not None:
-                write_json_atomic(self.out / "summary.json", summary)
-            return SimulationResult(records, summary, self.out)
+            return self._run()
         finally:
             torch.set_num_threads(previous_threads)
+
+    def _run(self) -> SimulationResult:
+        timing, records = _Timing(), []
+        recorder = self._recorder()
+        metrics = None
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "config.toml").write_text(self.config.to_toml())
+            metrics = MetricsWriter(self.out / "metrics.jsonl")
+        started = time.perf_counter()
+        try:
+            with timing.spent("ledger"):
+                recorder.start(self)
+            stop_reason = None
+            global_vector = self.genesis_vector.clone()
+            for r in range(1, self.config.swarm.rounds + 1):
+                record, global_vector, stop_reason = self._round(r, global_vector, recorder, timing)
+                records.append(record)
+                if metrics:
+                    metrics.write(record)
+                if stop_reason:
+                    break
+            with timing.spent("ledger"):
+                recorder.finish(self)
+        finally:
+            recorder.close()
+            if metrics:
+                metrics.close()
+        summary = self._summary(records, timing, time.perf_counter() - started, stop_reason, recorder)
+        if self.out is not None:
+            write_json_atomic(self.out / "summary.json", summary)
+            plot_run(records, self.out / "progress.png")
+        return SimulationResult(records, summary, self.out)
+
+    def _round(
+        self, r: int, global_vector: torch.Tensor, recorder: ChainRecorder | DigestOnly, timing: _Timing
+    ) -> tuple[dict, torch.Tensor, str | None]:
+        """One round: the sampled peers contribute, the aggregate becomes the global model, which is
+        evaluated. Returns the round's record, the next global model and why the run stops (None)."""
+        round_start = time.perf_counter()
+        chosen = sample_peers(self.config.swarm.seed, r, len(self.peers), self.fraction)
+        vectors, weights, losses, diverged = self._contributions(r, chosen, global_vector, timing)
+        if diverged:
+            record = self._record(r, chosen, None, None, losses, None, diverged=True)
+            return record, global_vector, f"diverged in round {r} ({diverged})"
+        with timing.spent("aggregate"):
+            global_vector = aggregate.next_global(self.settings.shared, global_vector, vectors, weights)
+        with timing.spent("ledger"):
+            model_digest = recorder.round(self, r, chosen, vectors, weights, global_vector)
+        t0 = time.perf_counter()
+        self.model.load_state_dict(unflatten(global_vector, self.spec))
+        accuracy, loss = evaluate(self.model, self.test_x, self.test_y, device=self.settings.device)
+        timing.evaluations.append(time.perf_counter() - t0)
+        timing.evaluate += timing.evaluations[-1]
+        exploded = (not np.isfinite(loss)) or float(global_vector.abs().max()) > DIVERGENCE_BOUND
+        record = self._record(r, chosen, accuracy, loss, losses, model_digest, diverged=exploded)
+        timing.rounds.append(time.perf_counter() - round_start)
+        self.on_progress({"round": r, "accuracy": accuracy, "finished": True})
+        return record, global_vector, f"diverged in round {r} (global model exploded)" if exploded else None
+
+    def _contributions(
+        self, r: int, chosen: list[int], global_vector: torch.Tensor, timing: _Timing
+    ) -> tuple[list[torch.Tensor], list[int], list[float], str | None]:
+        """The chosen peers' contributions to round `r` in ledger order (vectors, sample counts,
+        training losses), and which peer diverged (then the round stops there), else None."""
+        seed = self.config.swarm.seed
+        vectors: list[torch.Tensor] = []
+        weights: list[int] = []
+        losses: list[float] = []
+        for done, i in enumerate(chosen, start=1):
+            peer = self.peers[i]
+            try:
+                with timing.spent("train"):
+                    contribution = contribute(
+                        self.model,
+                        self.spec,
+                        global_vector,
+                        peer.x,
+                        peer.y,
+                        settings=self.settings,
+                        mechanism=self.mechanism,
+                        round_number=r,
+                        seed=round_seed(seed, peer.name, r),
+                        noise=self._noise(seed, peer.name, r),
+                    )
+            except ValueError as exc:
+                if "nan" not in str(exc).lower() and "inf" not in str(exc).lower():
+                    raise
+                return vectors, weights, losses, f"peer {i}: {exc}"
+            if not bool(torch.isfinite(contribution.vector).all()):
+                return vectors, weights, losses, f"peer {i}: non-finite contribution"
+            vectors.append(contribution.vector)
+            weights.append(contribution.num_samples)
+            losses.append(contribution.mean_loss)
+            peer.commits += 1
+            spend = self._spend(peer.commits)
+            peer.eps = None if spend is None else float(spend.epsilon)
+            peer.record_eps = self._record_spend(len(peer.y), peer.commits)
+            self.on_progress({"round": r, "done": done, "of": len(chosen)})
+        return vectors, weights, losses, None
 
     def _recorder(self) -> ChainRecorder | DigestOnly:
         if self.use_ledger:
@@ -345,6 +382,7 @@ class Simulation:
     ) -> dict:
         """One metrics line: only deterministic values (timings go to summary.json)."""
         eps = [p.eps for p in self.peers if p.eps is not None]
+        record = [p.record_eps for p in self.peers if p.record_eps is not None]
         spend = self._spend(1)
         finite = [v for v in train_losses if np.isfinite(v)]
         return {
@@ -357,6 +395,7 @@ class Simulation:
             "model_digest": model_digest,
             "diverged": bool(diverged),
             "eps_max": max(eps) if eps else None,  # largest cumulative whole-update eps of any peer so far
+            "record_eps_max": max(record) if record else None,  # the same for the record-level eps (DP-SGD)
             "eps_per_contribution": None if spend is None else float(spend.epsilon),
             "protects": self._protects(spend),
             "noise": self.noise_label,
@@ -491,3 +530,21 @@ def summary_line(summary: dict) -> str:
         f"(per contribution {p['per_contribution_eps']:.6g}; per coordinate {p['per_coordinate_eps']}); "
         f"protects {p['mechanism_protects']}{note}{records}{noise}"
     )
+
+
+def plot_run(records: list[dict], path: Path) -> None:
+    """progress.png of a simulated run: test accuracy and each privacy figure per round (the largest
+    cumulative eps of any peer: whole update, and record-level with DP-SGD), each in its own panel."""
+    figures = [("accuracy", "test accuracy")]
+    figures += [(key, label) for key, label in PRIVACY_FIGURES if any(r.get(key) is not None for r in records)]
+    fig = Figure(figsize=(4.0 * len(figures), 3.4))
+    for ax, (key, label) in zip(fig.subplots(1, len(figures), squeeze=False)[0], figures):
+        points = [(r["round"], r[key]) for r in records if r.get(key) is not None]
+        ax.plot([x for x, _ in points], [y for _, y in points], "o-")
+        ax.set_xlabel("round")
+        ax.set_title(label, fontsize=10)
+        if key == "accuracy":
+            ax.set_ylim(0, 1)
+    fig.suptitle(f"{records[0]['noise']}" if records else "", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

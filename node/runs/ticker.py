@@ -1,17 +1,17 @@
 """The block clock of a `swarm up` chain, held while the peers start.
 
-Round windows count blocks, and round 1's opens when the ledger is deployed. Anvil's own interval
-mining would tick from then on at `chain.block_time`, while N processes import torch, opacus, web3
-and py-libp2p and load their data: 16 peers on 2 cores take over a minute, longer than the demo's
-commit window (240 blocks of 0.25 s), so round 1 closed with the peers that happened to be up and
-the rest joined in round 2 (a 6-peer test swarm with a 10 s window: 2 of 6 in round 1). Anvil's
-RPC cannot set a sub-second interval (evm_setIntervalMining takes whole seconds), so the run's
-chain mines on transactions only and this thread makes its empty blocks instead: one every
-HOLD_PACE seconds (under the peers' 3 s stall limit, node/chain/liveness.py, so nobody nudges or
-warns) until `ready()` says every started peer has got through start-up and its first training,
-then one every `block_time`. The switch is one-way; HOLD_LIMIT bounds the wait for a peer that
-never gets going, and the window itself still passes at the slow pace (HOLD_PACE / block_time
-times later).
+Round windows last blocks (and seconds: both must pass), and round 1's opens when the ledger is
+deployed. Anvil's own interval mining would tick from then on at `chain.block_time`, while N
+processes import torch, opacus, web3 and py-libp2p and load their data: 16 peers on 2 cores take
+over a minute, longer than the demo's commit window (240 blocks of 0.25 s), so round 1 closed with
+the peers that happened to be up and the rest joined in round 2 (a 6-peer test swarm with a 10 s
+window: 2 of 6 in round 1). Anvil's RPC cannot set a sub-second interval (evm_setIntervalMining
+takes whole seconds), so the run's chain mines on transactions only and this thread makes its empty
+blocks instead: one every HOLD_PACE seconds (under the peers' 3 s stall limit,
+node/chain/liveness.py, so nobody nudges or warns) until `ready()` says every started peer has got
+through start-up and its first training, then one every `block_time`. The switch is one-way;
+HOLD_LIMIT bounds the wait for a peer that never gets going, and the window itself still passes at
+the slow pace (HOLD_PACE / block_time times later).
 """
 
 from __future__ import annotations

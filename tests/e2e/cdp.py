@@ -117,6 +117,15 @@ class Browser:
                 raise TimeoutError(f"{expression} stayed falsy for {timeout:g} s")
             time.sleep(interval)
 
+    def resize(self, width: int, height: int) -> None:
+        """Lay the page out as in a window of `width` x `height` CSS pixels."""
+        metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+        self._send("Emulation.setDeviceMetricsOverride", metrics, self.session)
+
+    def reload(self) -> None:
+        """Reload the page (its open connections are dropped, as when a tab is closed)."""
+        self._send("Page.reload", {"ignoreCache": True}, self.session)
+
     def screenshot(self, path: Path) -> None:
         data = self._send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, self.session)
         path.write_bytes(base64.b64decode(data["data"]))

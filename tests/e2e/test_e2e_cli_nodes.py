@@ -45,6 +45,7 @@ SETS = [
 
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIG = Path("examples/swarm.toml")  # what the README's block passes as --config, from the checkout
 README_URL = "http://127.0.0.1:8545"
 README_LEDGER = "0xLEDGER"
 README_BOOTSTRAP = "/ip4/HOST/tcp/4001/p2p/ID"
@@ -98,8 +99,9 @@ def test_deploy_from_config_then_nodes_from_the_cli(tmp_path):
     port (and --json to read its URL), the deployed address for 0xLEDGER, a free loopback port for
     each node's 0.0.0.0:4001, node 0's address for the bootstrap placeholder, and the address the
     newcomer's first start printed for 0xNEWCOMER."""
-    (tmp_path / "swarm.toml").write_text(load_config(None, SETS).to_toml())
-    config = load_config(tmp_path / "swarm.toml")
+    (tmp_path / "examples").mkdir()  # the README's --config examples/swarm.toml, cut down by SETS
+    (tmp_path / CONFIG).write_text(load_config(README.parent / CONFIG, SETS).to_toml())
+    config = load_config(tmp_path / CONFIG)
     env = {k: v for k, v in os.environ.items() if k not in ("SWARM_PRIVATE_KEY", "SWARM_KEYSTORE_PASSWORD")}
     chain = None
     url = ledger_address = ""
@@ -254,7 +256,7 @@ def _start_unfunded(url: str, ledger: str, tmp_path: Path, env: dict) -> subproc
     --keystore: it creates node2/eth-keystore.json, has no ETH and no --partition, and fails at
     registration."""
     return subprocess.Popen(
-        [*_node_cmd(url, ledger, Path("swarm.toml"), Path("node2")), "--bootstrap", _bootstrap_of(tmp_path / "node0")],
+        [*_node_cmd(url, ledger, CONFIG, Path("node2")), "--bootstrap", _bootstrap_of(tmp_path / "node0")],
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,
@@ -333,7 +335,7 @@ def _node_cmd(rpc_url: str, ledger: str, config_file: Path, workdir: Path) -> li
 def _run_node(url: str, ledger: str, tmp_path: Path, name: str, env: dict, *extra: str) -> subprocess.CompletedProcess:
     """A node with the deployer's dev keystore (refused before any transaction)."""
     return subprocess.run(
-        [*_node_cmd(url, ledger, tmp_path / "swarm.toml", tmp_path / name), "--partition", "0/3"]
+        [*_node_cmd(url, ledger, tmp_path / CONFIG, tmp_path / name), "--partition", "0/3"]
         + ["--keystore", str(tmp_path / "keys" / "dev-0.json"), *extra],
         env=env,
         capture_output=True,

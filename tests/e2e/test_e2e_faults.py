@@ -1,4 +1,4 @@
-"""The fault suite (issue 13, item 8): real Anvil, real `swarm node` processes, real SIGKILLs and a
+"""The fault suite: real Anvil, real `swarm node` processes, real SIGKILLs and a
 real RPC outage. Two swarm runs hold every scenario, to keep the suite cheap:
 
 1. six peers, six rounds: two peers killed at once (a third of the swarm) while one of them

@@ -1,4 +1,4 @@
-"""The across-hosts workflow on Ganache, the pinned npm one (issue 16: a cancun build died there at
+"""The across-hosts workflow on Ganache, the pinned npm one (a cancun build once died there at
 the first call with "invalid opcode"): `swarm deploy`, three `swarm node` processes, `swarm verify`.
 Ganache is started plainly, as a newcomer would (`npx ganache`): it mines only on transactions.
 The same flow on Anvil is tests/e2e/test_e2e_cli_nodes.py, whose settings and helpers this reuses."""
@@ -37,7 +37,7 @@ def test_deploy_nodes_and_verify_on_ganache(tmp_path, monkeypatch, capsys):
     with start_ganache(GANACHE, accounts=4, log_path=tmp_path / "ganache.log") as chain:
         w3 = connect(chain.url)  # the artifact's EVM (shanghai) runs here: no error
         with pytest.raises(UnsupportedEVM, match="no MCOPY opcode"):
-            check_evm_target(w3, chain.url, "cancun")  # the build issue 16 met would be refused up front
+            check_evm_target(w3, chain.url, "cancun")  # that cancun build would be refused up front
         # deploy and verify run in this process (the same CLI code, two interpreter starts saved)
         monkeypatch.setenv("SWARM_PRIVATE_KEY", chain.private_keys[0])
         assert main(["deploy", "--rpc-url", chain.url, "--config", str(config_file), "--json"]) == 0

@@ -16,6 +16,7 @@ import torch
 import mechanisms as M
 from mechanisms import accounting as A
 from mechanisms.audit import audit_pair, clopper_pearson
+from mechanisms.randomness import seeded_generator
 
 N = 120_000
 U64 = 2.0**-53  # float64 unit roundoff
@@ -26,7 +27,7 @@ U64 = 2.0**-53  # float64 unit roundoff
 
 
 def _max_log_ratio_excess(mech, x0, x1, eps, bins=30):
-    g = torch.Generator().manual_seed(7)
+    g = seeded_generator(7)
     a = mech.perturb_independent(torch.full((N,), x0, dtype=torch.float64), generator=g)
     b = mech.perturb_independent(torch.full((N,), x1, dtype=torch.float64), generator=g)
     lo, hi = float(torch.minimum(a.min(), b.min())), float(torch.maximum(a.max(), b.max()))

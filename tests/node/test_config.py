@@ -8,7 +8,7 @@ from node.config import ConfigError, load_config
 def test_defaults_load_and_round_trip_through_toml(tmp_path):
     config = load_config(None, [])
     assert config.swarm.peers == 4 and config.aggregation.rule == "fedavg" and config.data.data_dir is None
-    assert config.model_name == "digits-cnn"
+    assert config.model_name == "logreg" and config.data.dataset == "fashion-mnist" and config.train.dp_sgd
     path = tmp_path / "swarm.toml"
     config.privacy.params["k"] = 3.0
     path.write_text(config.to_toml())

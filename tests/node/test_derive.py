@@ -46,14 +46,15 @@ def test_auto_cap_is_exactly_the_configured_rounds_and_quorum_two_thirds():
 
 
 def test_genesis_depends_on_the_shared_settings_only():
-    base = genesis(load_config(None, []))
-    assert genesis(load_config(None, ["train.lr=0.01", "swarm.peers=9"])) == base  # local choices
-    assert genesis(load_config(None, ["aggregation.rule=median"])) != base  # shared: anchored on chain
-    assert genesis(load_config(None, ["swarm.seed=1"])) != base
+    no_dp = ["train.dp_sgd=false"]
+    base = genesis(load_config(None, no_dp))
+    assert genesis(load_config(None, [*no_dp, "train.lr=0.01", "swarm.peers=9"])) == base  # local choices
+    assert genesis(load_config(None, [*no_dp, "aggregation.rule=median"])) != base  # shared: anchored on chain
+    assert genesis(load_config(None, [*no_dp, "swarm.seed=1"])) != base
     # the privacy policy is the swarm's: the mechanism, its parameters, and DP-SGD's settings
     for shared in (
-        ["privacy.epsilon=2"],
-        ["privacy.mechanism=duchi"],
+        [*no_dp, "privacy.epsilon=2"],
+        [*no_dp, "privacy.mechanism=duchi"],
         ["train.dp_sgd=true"],
         ["train.dp_sgd=true", "train.dp_noise_multiplier=2"],
     ):
@@ -61,4 +62,4 @@ def test_genesis_depends_on_the_shared_settings_only():
     dp = genesis(load_config(None, ["train.dp_sgd=true"]))
     for shared in (["train.dp_max_grad_norm=2"], ["train.batch_size=64"], ["train.epochs=1"], ["train.dp_delta=1e-6"]):
         assert genesis(load_config(None, ["train.dp_sgd=true", *shared])) != dp, shared
-    assert genesis(load_config(None, ["train.batch_size=64"])) == base  # without DP-SGD: a local choice
+    assert genesis(load_config(None, [*no_dp, "train.batch_size=64"])) == base  # without DP-SGD: a local choice

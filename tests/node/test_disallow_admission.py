@@ -1,8 +1,8 @@
-"""`disallow` refuses a peer at the p2p layer too (issue 13, item 6), and `allow` admits it again:
+"""`disallow` refuses a peer at the p2p layer too, and `allow` admits it again:
 on a real Anvil with an allowlist, two real libp2p hosts on 127.0.0.1, the holder admitting
-streams through `RegistryCache`. Also the predicate that leaves a squatter's commit out
-(`RegistryCache.owns`): only the account that holds a peer id's first verifying registration
-owns it."""
+streams through `RegistryCache`. Also the rule that leaves a squatter's commit out
+(`RegistryCache.ownership`, rule 1 of node/rules.py): only the account that holds a peer id's
+first verifying registration owns it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from libp2p.peer.id import ID
 from node.chain.anvil import start_anvil
 from node.chain.client import LedgerClient, connect
 from node.chain.registration import sign_registration
-from node.peer.runner import RegistryCache
+from node.peer.registry import RegistryCache
 from p2p import BlobNotFound
 from p2p.host import HostConfig, open_host
 from p2p.store import MemoryBlobStore
@@ -64,6 +64,8 @@ def test_a_disallowed_peer_is_refused_on_the_stream_path_and_allow_readmits_it()
             min_peers=2,
             commit_window=50,
             attest_window=50,
+            commit_window_seconds=60,
+            attest_window_seconds=60,
             eps_cap_micro=10**9,
             delta=1e-5,
             genesis_digest=GENESIS,
@@ -80,10 +82,10 @@ def test_a_disallowed_peer_is_refused_on_the_stream_path_and_allow_readmits_it()
         registry.refresh()
 
         # the squatter's commits would be left out: it does not own the peer id it registered
-        assert registry.owns(banned_account.address, banned_id)
-        assert not registry.owns(squatter_account.address, banned_id)
-        assert registry.owns(member_account.address, holder_id)
-        assert not registry.owns(member_account.address, banned_id)
+        assert registry.ownership(banned_account.address, banned_id) is None
+        assert registry.ownership(squatter_account.address, banned_id).check == "registration"
+        assert registry.ownership(member_account.address, holder_id) is None
+        assert registry.ownership(member_account.address, banned_id).check == "registration"
 
         async def main() -> None:
             store = MemoryBlobStore()
@@ -108,11 +110,11 @@ def test_a_disallowed_peer_is_refused_on_the_stream_path_and_allow_readmits_it()
 
         trio.run(main)
         # a disallowed owner still owns its peer id: its past commits stay valid (docs/THREATS.md)
-        assert registry.owns(banned_account.address, banned_id)
+        assert registry.ownership(banned_account.address, banned_id) is None
 
 
 def test_a_disallowed_peers_gossip_is_refused_and_allow_readmits_it():
-    """The gossip path (issue 13, item 6): after `disallow` (and the registry's refresh), the
+    """The gossip path: after `disallow` (and the registry's refresh), the
     holder delivers none of the removed peer's announcements and records none of its HAVEs as a
     provider, on the mesh link it already has; after `allow` both go through again. Real Anvil
     with an allowlist, two real libp2p hosts, the holder admitting through `RegistryCache`."""
@@ -125,6 +127,8 @@ def test_a_disallowed_peers_gossip_is_refused_and_allow_readmits_it():
             min_peers=2,
             commit_window=50,
             attest_window=50,
+            commit_window_seconds=60,
+            attest_window_seconds=60,
             eps_cap_micro=10**9,
             delta=1e-5,
             genesis_digest=GENESIS,

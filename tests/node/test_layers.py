@@ -19,6 +19,7 @@ BELOW_PEER = {
     "node.protocol",
     "node.learning",
     "node.chain",
+    "node.rules",
     "node.derive",
     "node.config",
     "node.runfiles",
@@ -31,9 +32,10 @@ ALLOWED: dict[str, set[str]] = {
     "node.protocol": {"mechanisms"},
     "node.learning": {"mechanisms", "node.protocol"},
     "node.chain": {"mechanisms", "node.protocol"},
+    "node.rules": {"mechanisms", "node.protocol", "node.chain"},  # the rulebook: peers and verify apply it
     "node.config": {"mechanisms", "node.protocol", "node.learning"},
     "node.derive": {"mechanisms", "node.protocol", "node.learning", "node.config"},
-    "node.verify": {"mechanisms", "node.protocol", "node.chain"},
+    "node.verify": {"mechanisms", "node.protocol", "node.chain", "node.rules"},
     "node.peer": BELOW_PEER,
     "node.runs": BELOW_PEER | {"node.peer"},
     "node.dashboard": {"node.chain", "node.runfiles", "node.runs"},  # reads run folders; round_rows from runs

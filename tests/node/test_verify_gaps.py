@@ -13,6 +13,8 @@ import torch
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
+import mechanisms
+from mechanisms.randomness import seeded_generator
 from node.chain.anvil import start_anvil
 from node.chain.client import LedgerClient, connect, load_artifact
 from node.chain.registration import sign_registration
@@ -44,9 +46,15 @@ def anvil():
         yield chain
 
 
-def malformed_blob(r: int, mech_json: str) -> bytes:
+def genuine(seed: int) -> torch.Tensor:
+    """A genuine release of the swarm's mechanism (seeded: a test's noise, reproducible)."""
+    update = torch.randn(D, generator=torch.Generator().manual_seed(seed)) * 0.01
+    return mechanisms.from_params(dict(SHARED.privacy.mechanism)).perturb(update, generator=seeded_generator(seed))
+
+
+def malformed_blob(r: int, mech_json: str, committer: str) -> bytes:
     """An update blob with the right digest on chain but unusable content: one value too many."""
-    return wire.update_blob(torch.zeros(D + 1), r, mech_json)
+    return wire.update_blob(torch.zeros(D + 1), r, mech_json, committer)
 
 
 def run_swarm(anvil, rounds: int = 2, *, malformed: tuple[int, int] | None = None, include_malformed: bool = False):
@@ -72,6 +80,8 @@ def run_swarm(anvil, rounds: int = 2, *, malformed: tuple[int, int] | None = Non
         min_peers=2,
         commit_window=50,
         attest_window=50,
+        commit_window_seconds=60,
+        attest_window_seconds=60,
         eps_cap_micro=EPS_CAP * 1000,
         delta=1e-5,
         genesis_digest=sha256(genesis),
@@ -87,10 +97,10 @@ def run_swarm(anvil, rounds: int = 2, *, malformed: tuple[int, int] | None = Non
         eps = wire.eps_to_micro(cumulative_spend(params, D, r).epsilon)
         vectors, digests, flags = [], [], [True, True, True]
         for i, client in enumerate(clients):
-            vector = (torch.randn(D, generator=torch.Generator().manual_seed(100 * r + i)) * 0.01).to(torch.float32)
-            data = wire.update_blob(vector, r, mech_json)
+            vector = genuine(100 * r + i).to(torch.float32)
+            data = wire.update_blob(vector, r, mech_json, client.account.address)
             if malformed == (r, i):
-                data, flags[i] = malformed_blob(r, mech_json), include_malformed
+                data, flags[i] = malformed_blob(r, mech_json, client.account.address), include_malformed
             else:
                 vectors.append(vector)
             digests.append(archive.put(data))
@@ -246,15 +256,15 @@ def test_an_eps_total_that_cannot_be_read_names_its_peer_and_the_others_are_chec
 
 
 def test_a_policy_check_that_raises_names_the_committer(anvil, monkeypatch):
-    """Peers leave out a commit whose policy check raises (peer.py `_policy_violation`: a pure
+    """Peers leave out a commit whose policy check raises (`rules.Rulebook.commit_verdict`: a pure
     function of chain data, so it raises alike everywhere); verify names the committer, checks the
     round's other commits, and fails the aggregate that includes it."""
-    from node.protocol import policy
+    from node import rules
 
     ledger, archive, _ = run_swarm(anvil)
     peers = [c.peer for c in ledger.commitments(2)]
     calls = []
-    original = policy.commit_violation
+    original = rules.policy_verdict
 
     def flaky(*args, **kwargs):
         calls.append(args)
@@ -262,7 +272,7 @@ def test_a_policy_check_that_raises_names_the_committer(anvil, monkeypatch):
             raise ArithmeticError("accountant overflow")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(policy, "commit_violation", flaky)
+    monkeypatch.setattr(rules, "policy_verdict", flaky)
     report = verify(ledger, archive)
     assert [(f.round, f.peer, f.check) for f in report.failures] == [
         (2, peers[1], "policy"),
@@ -276,7 +286,7 @@ def test_a_policy_check_that_raises_names_the_committer(anvil, monkeypatch):
 def test_a_release_check_that_raises_names_the_committer(anvil, monkeypatch):
     ledger, archive, _ = run_swarm(anvil, rounds=1)
     peers = [c.peer for c in ledger.commitments(1)]
-    target = (torch.randn(D, generator=torch.Generator().manual_seed(100 + 2)) * 0.01).to(torch.float32)
+    target = genuine(100 + 2).to(torch.float32)
     original = release.check_release
 
     def flaky(vector, mechanism):

@@ -1,4 +1,4 @@
-"""The addresses a host gossips (issue 16): never a wildcard (`/ip4/0.0.0.0`, `/ip6/::`), which no
+"""The addresses a host gossips: never a wildcard (`/ip4/0.0.0.0`, `/ip6/::`), which no
 other host can dial; a wildcard listener advertises this machine's interface addresses instead.
 Tests bind loopback only: the replacement is checked on the pure function, the host's envelope on
 loopback listeners (and a wildcard another peer sends is dropped by the receiver)."""

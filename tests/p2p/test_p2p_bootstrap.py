@@ -1,4 +1,4 @@
-"""Bootstrap dial retry (issue 16): peers started together dial their bootstrap node before it
+"""Bootstrap dial retry: peers started together dial their bootstrap node before it
 listens; py-libp2p then refuses to dial that peer again for 60 s (its negative cache), and the swarm
 used to split. The host retries its bootstrap peers with backoff and lifts that cache entry first."""
 

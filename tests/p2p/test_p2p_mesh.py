@@ -1,4 +1,4 @@
-"""GossipSub mesh settings on real hosts (issue 15, item 6): mesh churn between honest peers never trips
+"""GossipSub mesh settings on real hosts: mesh churn between honest peers never trips
 py-libp2p's GRAFT-flood penalty, and every host still receives every message.
 
 14 hosts on 127.0.0.1 in one process. The churn that made honest peers GRAFT-flood each other is

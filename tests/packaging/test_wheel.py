@@ -166,7 +166,8 @@ def test_installed_package_loads_and_deploys_its_artifact(venv, empty):
         account = Account.from_key("0x" + "11" * 32)
         w3.eth.send_transaction({"from": w3.eth.accounts[0], "to": account.address, "value": 10**20})
         ledger = client.LedgerClient.deploy(
-            w3, account, min_peers=2, commit_window=5, attest_window=5, eps_cap_micro=7,
+            w3, account, min_peers=2, commit_window=5, attest_window=5,
+            commit_window_seconds=60, attest_window_seconds=60, eps_cap_micro=7,
             delta=1e-5, genesis_digest=bytes.fromhex("ab" * 32),
         )
         print(json.dumps({

@@ -20,6 +20,15 @@ function num(value) {
   return typeof value === "number" && isFinite(value) ? value.toLocaleString("en") : "-";
 }
 
+// Every eps on the page in one format: up to 6 significant digits, thousands grouped (8,714 and 17,428, never 8714.00).
+function epsNum(value) {
+  return typeof value === "number" && isFinite(value) ? value.toLocaleString("en", { maximumSignificantDigits: 6 }) : "-";
+}
+
+function epsCell(value, delta) {
+  return typeof value === "number" && isFinite(value) ? `${epsNum(value)} (δ ${delta ?? 0})` : "-";
+}
+
 function short(address) {
   return typeof address === "string" && address.length > 12 ? address.slice(0, 8) + "…" + address.slice(-4) : address || "-";
 }
@@ -49,8 +58,8 @@ function renderRounds(state) {
         [r.committed ?? "-", "num"],
         [fmt(r.accuracy, 4), "num"],
         [fmt(r.loss, 4), "num"],
-        [eps === null ? "-" : `${eps.toPrecision(6)} (${r.delta ?? 0})`, "num"],
-        [record === null ? "-" : `${record.toPrecision(4)} (${r.record_delta ?? 0})`, "num"],
+        [epsCell(eps, r.delta), "num eps"],
+        [epsCell(record, r.record_delta), "num eps"],
         [num(r.gas), "num"],
         [num(r.bytes_fetched), "num"],
       ];
@@ -58,11 +67,6 @@ function renderRounds(state) {
       return tr;
     }),
   );
-}
-
-function epsText(value, scope, delta, digits) {
-  if (typeof value !== "number") return "-";
-  return `${value.toPrecision(digits)} (${scope || "?"}, delta ${delta ?? 0})`;
 }
 
 function renderPeers(state) {
@@ -74,14 +78,17 @@ function renderPeers(state) {
       tr.dataset.peer = String(p.index);
       for (const [text, cls] of [
         [p.index, "num"],
-        [p.address || "-"],
+        [short(p.address), "address"],
         [p.round ?? "-", "num"],
         [p.phase],
         [fmt(p.accuracy, 4), "num"],
-        [epsText(last.eps_cumulative, last.eps_protects, last.delta_cumulative, 6)],
-        [epsText(last.record_eps_cumulative, last.record_protects, last.record_delta, 4)],
+        [epsCell(last.eps_cumulative, last.delta_cumulative), "num eps"],
+        [epsCell(last.record_eps_cumulative, last.record_delta), "num eps"],
       ])
         tr.append(el("td", text, cls));
+      tr.children[1].title = p.address || "";
+      if (last.eps_protects) document.getElementById("peers-eps-scope").textContent = `protects ${last.eps_protects}`;
+      if (last.record_protects) document.getElementById("peers-record-scope").textContent = last.record_protects;
       return tr;
     }),
   );
@@ -202,12 +209,39 @@ function render(state) {
   renderCharts(state);
 }
 
-const stream = new EventSource("/events");
-stream.addEventListener("state", (event) => {
-  document.getElementById("connection").textContent = "connected: updates as the run's files change";
-  render(JSON.parse(event.data));
-});
-stream.onerror = () => {
-  // EventSource reconnects by itself; the page keeps what it last showed.
-  document.getElementById("connection").textContent = "not connected (the run may have ended): showing the last state";
-};
+let rendered = false;
+
+function show(state) {
+  render(state);
+  if (!rendered) {
+    rendered = true;
+    performance.mark("first-data"); // when the page first showed the run (the browser test reads it)
+  }
+}
+
+function connected(yes) {
+  document.getElementById("connection").textContent = yes
+    ? "connected: updates as the run's files change"
+    : "not connected (the run may have ended): showing the last state, reconnecting…";
+}
+
+// The first data comes from one plain request, at once; the stream then pushes every change.
+fetch("/api/state", { cache: "no-store" })
+  .then((response) => (response.ok ? response.json() : null))
+  .then((state) => state && !rendered && show(state))
+  .catch(() => {});
+
+// EventSource reconnects by itself after a dropped connection (the server asks for 1 s); when the
+// browser gives up (an error status, a server that was gone too long), a new one is opened.
+function listen() {
+  const stream = new EventSource("/events");
+  stream.addEventListener("state", (event) => {
+    connected(true);
+    show(JSON.parse(event.data));
+  });
+  stream.onerror = () => {
+    connected(false);
+    if (stream.readyState === EventSource.CLOSED) setTimeout(listen, 2000);
+  };
+}
+listen();

@@ -71,7 +71,14 @@ class Swarm:
         self.w3 = connect(anvil.url)
         self.accounts = [Account.from_key(k) for k in anvil.private_keys[:n_accounts]]
         defaults = dict(
-            min_peers=2, commit_window=20, attest_window=20, eps_cap_micro=5_000_000, delta=1e-5, genesis_digest=GENESIS
+            min_peers=2,
+            commit_window=20,
+            attest_window=20,
+            commit_window_seconds=60,  # both must pass: the pass_* helpers move the chain's clock
+            attest_window_seconds=60,
+            eps_cap_micro=5_000_000,
+            delta=1e-5,
+            genesis_digest=GENESIS,
         )
         self.params = defaults | params
         self.deployer = LedgerClient.deploy(self.w3, self.accounts[0], tx_timeout=30, **self.params)
@@ -91,9 +98,26 @@ class Swarm:
             peer.commit(round, digest(f"r{round}-p{i}"), 100 + i, eps_micro, MECHANISM)
 
     def pass_commit_window(self, round: int) -> None:
-        """Mine until the commit window of `round` has passed."""
+        """Mine and move the chain's clock until the commit window of `round` has passed."""
         info = self.reader.round_info(round)
-        self.mine_to(info.opened_block + self.params["commit_window"] + 1)
+        self.pass_window(
+            info.opened_block + self.params["commit_window"], info.opened_at + self.params["commit_window_seconds"]
+        )
+
+    def pass_attest_window(self, round: int) -> None:
+        """Mine and move the chain's clock until the attestation window of `round` (closed) has passed."""
+        info = self.reader.round_info(round)
+        self.pass_window(
+            info.closed_block + self.params["attest_window"], info.closed_at + self.params["attest_window_seconds"]
+        )
+
+    def pass_window(self, last_block: int, ends_at: int) -> None:
+        """Until the next transaction lands after block `last_block` at a timestamp >= `ends_at`: the
+        chain's clock moved on (evm_increaseTime, for every later block) rather than waited for."""
+        behind = ends_at - int(self.w3.eth.get_block("latest")["timestamp"])
+        if behind > 0:
+            self.anvil.rpc("evm_increaseTime", [behind])
+        self.mine_to(last_block + 1)
 
     def mine_to(self, block: int) -> None:
         """Mine until the *next* transaction lands after `block` - 1, i.e. in block >= `block`."""

@@ -1,4 +1,4 @@
-"""The cheap reads a waiting peer polls (issue 15, item 3): the block number past web3's
+"""The cheap reads a waiting peer polls: the block number past web3's
 middleware, and whether the ledger emitted anything in a range of blocks; on a real Anvil."""
 
 from __future__ import annotations

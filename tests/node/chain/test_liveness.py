@@ -1,6 +1,7 @@
 """The chain-liveness watcher (node/chain/liveness.py) on real Anvil chains started without
---block-time, which mine only on transactions: a round with a missing peer stalls for real, and
-the watcher's nudges let it close; off a dev chain it warns instead of mining."""
+--block-time, which mine only on transactions: a round with a missing peer stalls for real (its
+window's blocks and its seconds both wait for a block), and the watcher's nudges let it close;
+off a dev chain it warns instead of mining."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from node.chain.client import connect
 from node.chain.errors import CommitWindowOpen
 from node.chain.liveness import WAITING_PHASES, ChainLiveness, watch_chain
 from node.peer.peer import Phase
+from node.peer.watch import ChainWatcher
 
 
 def test_a_stalled_round_closes_once_the_watcher_nudges_the_chain(kit, caplog):
     with start_anvil(accounts=3) as anvil:  # automine only: a block per transaction, none otherwise
-        swarm = kit.Swarm(anvil, 3, min_peers=1, commit_window=5, attest_window=5)
+        swarm = kit.Swarm(anvil, 3, min_peers=1, commit_window=5, attest_window=5, commit_window_seconds=3)
         swarm.register(2)  # two registered peers; only one commits: the other is "missing"
         swarm.peers[0].commit(1, kit.digest("only"), 100, 1_000_000, kit.MECHANISM)
         stalled_at = anvil.block_number()
@@ -45,18 +47,63 @@ def test_a_stalled_round_closes_once_the_watcher_nudges_the_chain(kit, caplog):
                         try:
                             await trio.to_thread.run_sync(swarm.peers[0].close_round, 1)
                             break
-                        except CommitWindowOpen:
+                        except CommitWindowOpen:  # the window's blocks, or its seconds, are still running
                             await trio.sleep(0.3)
                 closed_after.append(trio.current_time() - started)
                 nursery.cancel_scope.cancel()
 
         with caplog.at_level(logging.WARNING, logger="swarm.chain"):
             trio.run(peer_waiting_close)
-        assert swarm.reader.round_info(1).state.name == "CLOSED"
+        closed = swarm.reader.round_info(1)
+        assert closed.state.name == "CLOSED"
+        assert closed.closed_block > closed.opened_block + 5 and closed.closed_at >= closed.opened_at + 3  # both passed
         assert closed_after[0] < 20
         warnings = [r.getMessage() for r in caplog.records if r.name == "swarm.chain"]
         assert len(warnings) == 1, warnings  # one warning, not one per nudge
         assert anvil.url in warnings[0] and "swarm chain" in warnings[0] and "evm_mine" in warnings[0]
+
+
+def test_a_waiting_peer_retries_a_close_refused_for_the_seconds_until_the_window_ends(kit):
+    """The peer's own wait (node/peer/watch.py, `ChainWatcher.closed`) on a chain that mines only on
+    transactions: the window's blocks pass first, and its closeRound is refused for the seconds
+    (CommitWindowOpen) without ending the wait; the liveness nudges bring the blocks whose
+    timestamps end the window, and the peer closes it."""
+    with start_anvil(accounts=3) as anvil:
+        swarm = kit.Swarm(anvil, 3, min_peers=1, commit_window=2, commit_window_seconds=4)
+        swarm.register(2)  # the second peer never commits: no early close
+        closer = swarm.peers[0]
+        closer.commit(1, kit.digest("only"), 100, 1_000_000, kit.MECHANISM)
+        refused_at: list[int] = []  # the head block at each refusal
+        close_round = closer.close_round
+
+        def close_and_record(r: int):
+            try:
+                return close_round(r)
+            except CommitWindowOpen:
+                refused_at.append(anvil.block_number())
+                raise
+
+        closer.close_round = close_and_record  # type: ignore[method-assign]
+
+        async def off_loop(fn, *args):
+            return await trio.to_thread.run_sync(lambda: fn(*args))
+
+        async def wait_for_close():
+            watcher = ChainWatcher(closer, off_loop, poll_interval=0.1, chain_timeout=30)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watcher.run)
+                nursery.start_soon(
+                    lambda: watch_chain(
+                        swarm.w3, anvil.url, lambda: "waiting-close", interval=0.1, stall_after=0.5, nudge_every=0.3
+                    )
+                )
+                info = await watcher.closed(1)
+                nursery.cancel_scope.cancel()
+            return info
+
+        closed = trio.run(wait_for_close)
+    assert closed.state.name == "CLOSED" and closed.closed_at >= closed.opened_at + 4
+    assert any(block > closed.opened_block + 2 for block in refused_at), refused_at  # refused for the seconds only
 
 
 def test_the_watcher_mines_only_while_the_peer_waits():

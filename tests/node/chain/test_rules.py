@@ -35,18 +35,34 @@ def test_constructor_rejects_bad_params(automine_chain, kit):
     artifact = client.load_artifact()
     factory = swarm.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
     tx = sender.TransactionSender(swarm.w3, swarm.accounts[0], decoder.RevertDecoder(artifact["abi"]), 30)
+    seconds = (60, 60)  # commitWindowSeconds, attestWindowSeconds
     with pytest.raises(errors.InvalidParams, match="minPeers"):
-        tx.send(factory.constructor((0, 5, 5, 10, 0, 0, 0, 0, 0), GENESIS, []), "deploy")
+        tx.send(factory.constructor((0, 5, 5, 10, 0, 0, 0, 0, 0, *seconds), GENESIS, []), "deploy")
     with pytest.raises(errors.InvalidParams, match="genesisDigest"):
-        tx.send(factory.constructor((1, 5, 5, 10, 0, 0, 0, 0, 0), bytes(32), []), "deploy")
+        tx.send(factory.constructor((1, 5, 5, 10, 0, 0, 0, 0, 0, *seconds), bytes(32), []), "deploy")
     with pytest.raises(errors.InvalidParams, match="epsStepMicro"):  # one release would pass the cap
-        tx.send(factory.constructor((1, 5, 5, 10, 0, 11, 0, 0, 0), GENESIS, []), "deploy")
+        tx.send(factory.constructor((1, 5, 5, 10, 0, 11, 0, 0, 0, *seconds), GENESIS, []), "deploy")
     for record_cap, record_delta in ((10, 0), (0, 10**13), (10, 10**18)):  # a record cap needs a delta in (0, 1)
         with pytest.raises(errors.InvalidParams, match="recordDeltaE18"):
-            tx.send(factory.constructor((1, 5, 5, 10, 0, 0, record_cap, record_delta, 0), GENESIS, []), "deploy")
-    base = dict(min_peers=1, commit_window=1, attest_window=1, eps_cap_micro=1, delta=0.0, genesis_digest=GENESIS)
+            settings = (1, 5, 5, 10, 0, 0, record_cap, record_delta, 0, *seconds)
+            tx.send(factory.constructor(settings, GENESIS, []), "deploy")
+    for name, wrong_seconds in (("commitWindowSeconds", (0, 60)), ("attestWindowSeconds", (60, 0))):
+        with pytest.raises(errors.InvalidParams, match=name):  # blocks alone: a window anyone can stuff
+            tx.send(factory.constructor((1, 5, 5, 10, 0, 0, 0, 0, 0, *wrong_seconds), GENESIS, []), "deploy")
+    base = dict(
+        min_peers=1,
+        commit_window=1,
+        attest_window=1,
+        commit_window_seconds=1,
+        attest_window_seconds=1,
+        eps_cap_micro=1,
+        delta=0.0,
+        genesis_digest=GENESIS,
+    )
     for wrong, match in (
         ({"min_peers": 0}, "min_peers"),
+        ({"commit_window_seconds": 0}, "commit_window_seconds"),
+        ({"attest_window_seconds": 2**32}, "attest_window_seconds"),
         ({"max_samples": -1}, "max_samples"),
         (
             {"max_samples": 2**32},
@@ -287,7 +303,8 @@ def test_abort_after_window_opens_next_round_from_last_finalized(make_swarm):
         p[1].abort_round(1)
     info = swarm.reader.round_info(1)
     assert early.value.fields["lastBlock"] == info.closed_block + 6
-    swarm.mine_to(info.closed_block + 7)
+    assert early.value.fields["endsAt"] == info.closed_at + swarm.params["attest_window_seconds"]
+    swarm.pass_attest_window(1)
     p[1].abort_round(1)
     info = swarm.reader.round_info(1)
     assert info.state is RoundState.ABORTED and info.finalized_digest is None

@@ -51,6 +51,8 @@ def test_in_process_provider_smoke():
         min_peers=2,
         commit_window=10,
         attest_window=2,
+        commit_window_seconds=30,
+        attest_window_seconds=30,
         eps_cap_micro=10,
         delta=1e-5,
         genesis_digest=genesis,

@@ -50,12 +50,10 @@ def test_bad_values_are_refused_naming_the_key(bad):
         load_config(overrides=[f"train.device={bad}"])
 
 
-def test_cuda_without_cuda_is_a_config_error():
-    if CUDA:
-        assert load_config(overrides=["train.device=cuda"]).train.device == "cuda"
-    else:
-        with pytest.raises(ConfigError, match="train.device needs CUDA"):
-            load_config(overrides=["train.device=cuda"])
+def test_cuda_is_a_valid_config_value_on_any_machine():
+    """Whether this machine has CUDA is checked where training starts (resolve_device above; the CLI
+    before any work: tests/node/cli/test_fast_answers.py), so a config stays checkable without torch."""
+    assert load_config(overrides=["train.device=cuda"]).train.device == "cuda"
 
 
 def test_device_is_per_peer_not_in_the_genesis():

@@ -1,4 +1,4 @@
-"""The DP-SGD model options (issue 14): tanh and group-norm CNN variants, ScatterNet features with
+"""The DP-SGD model options: tanh and group-norm CNN variants, ScatterNet features with
 a linear or small-CNN head, and ghost clipping, checked against what each must compute."""
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ machine's event orders only (the real chain and network are exercised by tests/e
 `FakeChain` keeps the SwarmLedger's round rules (contracts/SwarmLedger.sol): OPEN -> CLOSED ->
 FINALIZED or ABORTED, commitments in order, a strict majority of participants attesting the same
 (digest, bitmap) finalizes, refusals raise the client's `node.chain.errors` classes. Blocks follow
-a clock (`now`, trio's mock clock in the tests). `FakeLedger` is one account's client on it.
+a clock (`now`, trio's mock clock in the tests), and so do their timestamps: a window's seconds
+(block_time x its blocks) pass with its blocks. `FakeLedger` is one account's client on it.
 
 `FakeNetwork` connects `FakeHost`s: a fetch asks the providers it is given, then those that
 announced the digest (a fake host dials nobody else), and every transfer takes the digest's
@@ -88,6 +89,8 @@ class FakeChain:
             "0x0",
             0,
             max_samples,
+            math.ceil(commit_window * block_time),
+            math.ceil(attest_window * block_time),
         )
         self.accounts: dict[str, _Account] = {}
         self.signatures: dict[str, bytes] = {}  # registration signatures, unchecked like on chain
@@ -97,6 +100,10 @@ class FakeChain:
 
     def block_number(self) -> int:
         return int(self._now() / self._block_time)
+
+    def _time(self, block: int) -> int:
+        """A block's timestamp (0 for block 0: a round not closed yet)."""
+        return int(block * self._block_time)
 
     @property
     def live(self) -> _Round:
@@ -185,7 +192,8 @@ class FakeChain:
                 raise errors.RoundNotOpen(round=r, state=live.state.name)
             last_block = live.opened_block + self.params.commit_window
             if self.block_number() <= last_block and len(live.commitments) < len(self.accounts):
-                raise errors.CommitWindowOpen(round=r, lastBlock=last_block)
+                ends_at = self._time(live.opened_block) + self.params.commit_window_seconds
+                raise errors.CommitWindowOpen(round=r, lastBlock=last_block, endsAt=ends_at)
             if len(live.commitments) < self.params.min_peers:
                 raise errors.QuorumNotMet(round=r, committed=len(live.commitments), minPeers=self.params.min_peers)
             live.state, live.closed_block = RoundState.CLOSED, self.block_number()
@@ -228,7 +236,8 @@ class FakeChain:
                 raise errors.RoundNotClosed(round=r, state=past.name)
             last_block = self.live.closed_block + self.params.attest_window
             if self.block_number() <= last_block:
-                raise errors.AbortTooEarly(round=r, lastBlock=last_block)
+                ends_at = self._time(self.live.closed_block) + self.params.attest_window_seconds
+                raise errors.AbortTooEarly(round=r, lastBlock=last_block, endsAt=ends_at)
             self.live.state = RoundState.ABORTED
             receipt = self._mined(sender, "abortRound", r)
             self._open_next(base_round=self.live.base_round)
@@ -252,7 +261,10 @@ class FakeChain:
     def round_info(self, r: int) -> RoundInfo:
         rnd = self.round(r)
         n = len(rnd.commitments)
-        return RoundInfo(r, rnd.state, rnd.opened_block, rnd.closed_block, rnd.ended_block, n, rnd.outcome)
+        opened_at, closed_at = self._time(rnd.opened_block), self._time(rnd.closed_block)
+        return RoundInfo(
+            r, rnd.state, rnd.opened_block, rnd.closed_block, rnd.ended_block, n, rnd.outcome, opened_at, closed_at
+        )
 
     def last_finalized(self) -> tuple[int, bytes]:
         base = self.live.base_round

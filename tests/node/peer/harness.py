@@ -85,9 +85,15 @@ def update_vector(seed: int) -> torch.Tensor:
     return (genesis_vector() + 0.05 * noise).to(torch.float32)
 
 
-def update_blob(seed: int, r: int = 1) -> bytes:
-    """A real update blob, as a peer that trained and perturbed would publish it."""
-    return wire.update_blob(update_vector(seed), r, wire.canonical(MECHANISM))
+def member_address(i: int) -> str:
+    """The account of a FakeSwarm's member i."""
+    return f"0x{0xA11CE0 + i:040x}"
+
+
+def update_blob(seed: int, r: int = 1, committer: str | None = None) -> bytes:
+    """A real update blob, as member `seed` (or `committer`) would publish it in round r after
+    training and perturbing."""
+    return wire.update_blob(update_vector(seed), r, wire.canonical(MECHANISM), committer or member_address(seed))
 
 
 def model_digest(r: int, previous: torch.Tensor, blobs: list[bytes], samples: list[int]) -> bytes:
@@ -150,7 +156,7 @@ class FakeSwarm:
         self.network = FakeNetwork()
         self.members = []
         for i in range(n):
-            address = f"0x{0xA11CE0 + i:040x}"
+            address = member_address(i)
             store = MemoryBlobStore()
             self.members.append(
                 Member(i, address, FakeLedger(self.chain, address), self.network.join(b"peer-%d" % i, store), store)

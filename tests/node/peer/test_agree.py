@@ -9,12 +9,15 @@ while scripted participants attest at chosen times."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import trio
 
 from node.chain.records import Attestation
 from node.peer.agree import Agreement, RoundBlobs, choose_focal, decide_inclusion
+from node.peer.faults import WrongBytesStore
 from node.protocol import wire
 from node.protocol.wire import encode_bitmap
 from tests.node.peer.harness import (
@@ -22,6 +25,7 @@ from tests.node.peer.harness import (
     FakeSwarm,
     closed_round,
     digest_of,
+    member_address,
     run_virtual,
     update_blob,
     update_vector,
@@ -157,7 +161,7 @@ def test_b_a_blob_that_never_arrives_is_left_out_after_fetch_timeout(how):
     [
         b"\x00" * 64,  # not safetensors at all
         wire.model_blob(update_vector(2), 1),  # a well-formed blob of the wrong kind
-        wire.update_blob(torch.zeros(7), 1, "{}"),  # an update of the wrong size
+        wire.update_blob(torch.zeros(7), 1, "{}", member_address(2)),  # an update of the wrong size
     ],
     ids=["garbage", "wrong-kind", "wrong-size"],
 )
@@ -266,3 +270,31 @@ def test_d_a_focal_set_we_cannot_complete_falls_back_to_what_we_fetched():
         assert elapsed == pytest.approx(2 * FETCH_TIMEOUT)  # "twice at most"
 
     run_virtual(main)
+
+
+def test_a_committer_that_serves_us_other_bytes_is_skipped_for_the_attester_that_holds_its_blob(caplog):
+    """2 served 1 its real blob (1 attested all three) but serves us bytes that do not hash to its
+    commitment: we blame it, ask 1, and include the blob. (Peers used to ask the committer first
+    on every try, so they never got it and attested without it: a committer could split the vote.)"""
+
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        p = [m.peer_id for m in swarm.members]
+        swarm.members[1].store.put(blobs[2])
+        liar = WrongBytesStore(swarm.members[2].store)  # type: ignore[arg-type]  # any store will do
+        liar.poison(digests[2])
+        swarm.members[2].host.store = liar  # type: ignore[assignment]
+        everyone = [T, T, T]
+
+        agreement, included, elapsed = await agree(swarm, (0.25, 1, digest_of(blobs, everyone), everyone))
+
+        assert included == everyone and torch.equal(agreement.blobs.vectors[2], update_vector(2))
+        assert swarm.network.providers_of(digests[2], p[0]) == [p[1]]
+        assert elapsed < FETCH_TIMEOUT / 2  # at once, not at the end of the fetch
+        return p[2]
+
+    with caplog.at_level(logging.WARNING, logger="swarm.peer"):
+        liar_id = run_virtual(main)
+    (blame,) = [r.getMessage() for r in caplog.records if "asking the others first" in r.getMessage()]
+    assert blame.startswith("round 1: blob ") and "participant 2" in blame
+    assert f"holder {liar_id} served bytes that do not hash to the digest" in blame

@@ -24,6 +24,7 @@ from tests.node.peer.harness import (
     FakeSwarm,
     closed_round,
     genesis_vector,
+    member_address,
     run_virtual,
     samples_of,
     update_blob,
@@ -38,7 +39,7 @@ def huge_blob(seed: int) -> bytes:
     """A real update, but one coordinate is 1e30: finite, canonical, the right size and kind."""
     vector = update_vector(seed)
     vector[7] = 1e30
-    return wire.update_blob(vector, 1, wire.canonical(MECHANISM))
+    return wire.update_blob(vector, 1, wire.canonical(MECHANISM), member_address(seed))
 
 
 def next_model_digest(shared: SharedSettings, blobs: list[bytes], samples: list[int]) -> bytes:
@@ -65,8 +66,8 @@ def test_a_blob_holding_1e30_is_left_out_and_the_rest_is_aggregated(rule, caplog
         assert included == [T, T, F]  # left out, as a malformed blob is
         assert agreement.blobs.malformed[2] and agreement.blobs.vectors[2] is None
         digest = await peer._aggregate(1, genesis_vector(), agreement.commitments, agreement.blobs.vectors, included)
-        assert digest == next_model_digest(shared, honest, [samples_of(0), samples_of(1)]).hex()
-        assert swarm.members[0].store.get(digest) is not None  # stored (and announced) for the others
+        assert digest == next_model_digest(shared, honest, [samples_of(0), samples_of(1)])
+        assert swarm.members[0].store.get(digest.hex()) is not None  # stored (and announced) for the others
 
     with caplog.at_level(logging.WARNING, logger="swarm.peer"):
         run_virtual(main)

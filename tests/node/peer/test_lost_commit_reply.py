@@ -49,7 +49,7 @@ def test_a_commit_mined_behind_a_lost_reply_is_served_and_attested():
         assert all(o[0].included == [T, T, T] for o in outcomes)
         digest = next(c.digest.hex() for c in ledger.commitments(1) if c.peer == swarm.members[2].address)
         assert swarm.members[2].store.get(digest) is not None  # stored and served
-        assert peers[2]._commits == 1
+        assert peers[2].spending.commits == 1
 
     run_virtual(main)
 
@@ -68,7 +68,7 @@ def test_a_refused_commit_is_still_a_refusal():
         peers = [swarm.peer(i) for i in range(3)]
         outcomes = await run_peers(peers)
         (refused,) = outcomes[2]
-        assert not refused.committed and peers[2]._commits == 0
+        assert not refused.committed and peers[2].spending.commits == 0
         assert swarm.members[2].address not in swarm.members[0].ledger.participants(1)
 
     run_virtual(main)

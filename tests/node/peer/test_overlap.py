@@ -1,4 +1,4 @@
-"""What a peer overlaps with waiting (issue 15): it fetches the blobs of an open round as their
+"""What a peer overlaps with waiting: it fetches the blobs of an open round as their
 commits land, and trains the next round on its own aggregate while the majority forms, keeping
 that training only if the chain finalizes exactly that model. Real `Peer`s on the fakes, in
 trio's virtual time."""
@@ -8,15 +8,19 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import pytest
 import torch
 import trio
 
 from node.chain.errors import LedgerError
 from node.chain.records import RoundState
-from node.peer.peer import REREAD_AFTER, Peer, RoundOutcome
+from node.peer.peer import Peer
+from node.peer.watch import REREAD_AFTER
 from node.protocol import aggregate, wire
+from node.protocol.blob import sha256
 from node.protocol.settings import SharedSettings
 from tests.node.peer.harness import (
+    FETCH_TIMEOUT,
     SHARED,
     FakeSwarm,
     closed_round,
@@ -25,6 +29,7 @@ from tests.node.peer.harness import (
     run_virtual,
     samples_of,
     update_blob,
+    update_vector,
 )
 from tests.node.peer.test_peer_round import run_all
 
@@ -200,16 +205,13 @@ def test_a_dropped_speculation_still_training_never_shares_the_model_with_the_ne
 
         peer._train_and_perturb = slow  # type: ignore[method-assign]
         async with trio.open_nursery() as background:
-            peer._background = background
-            peer._own_aggregate = (1, "ab" * 32, genesis_vector())
-            peer._speculate(2)  # trains from an aggregate the chain will not finalize
+            # trains from an aggregate the chain will not finalize
+            peer.training.speculate(background, 2, (1, b"\xab" * 32, genesis_vector()))
             await trio.sleep(0.05)
-            peer._model_digest = "cd" * 32
-            out = RoundOutcome(round=2, state="open")
-            await peer._trained(2, genesis_vector(), out)
+            trained = await peer.training.trained(2, genesis_vector(), b"\xcd" * 32)
 
         assert most == [1, 1]  # both ran, never at once
-        assert out.train_started is not None and out.train_ended - out.train_started >= 0.3
+        assert trained.ended - trained.started >= 0.3
 
     trio.run(main)
 
@@ -285,3 +287,49 @@ def test_a_rebuild_that_is_not_the_finalized_model_is_not_taken():
 def model_vector(blobs: list[bytes], shared: SharedSettings = SHARED) -> torch.Tensor:
     vectors = [wire.read_vector(b, genesis_vector().numel(), kind="update")[0] for b in blobs]
     return aggregate.next_global(shared, genesis_vector(), vectors, [samples_of(i) for i in range(len(blobs))])
+
+
+def test_a_peer_that_cannot_fetch_the_finalized_model_follows_the_next_round_and_catches_up():
+    """Every holder of round 1's model is gone when peer 0, a follower, asks for it: the fetch
+    gives up at its deadline without ending the peer, which follows round 2 (it commits nothing:
+    it has no model to train from) and takes round 2's model once that round finalizes."""
+
+    async def main():
+        swarm = FakeSwarm(3, min_peers=2)
+        swarm.register(1, 2)
+        others = swarm.members[1:]
+
+        def finalize(r: int, model: bytes) -> None:  # members 1 and 2 play round r without peer 0
+            for m in others:
+                swarm.commit(m.index, update_blob(m.index, r), r=r)
+            others[0].ledger.close_round(r)
+            for m in others:
+                m.store.put(model)
+                m.ledger.attest_flags(r, sha256(model), [True, True])
+
+        first, second = wire.model_blob(update_vector(5), 1), wire.model_blob(update_vector(6), 2)
+        finalize(1, first)
+        swarm.network.unreachable.update(m.peer_id for m in others)
+        peer = swarm.peer(0, rounds=2)
+        started = trio.current_time()
+
+        outcome, vector = await peer.play_round(1, genesis_vector())
+
+        assert outcome.state == "finalized" and vector is None and outcome.global_digest is None
+        assert trio.current_time() - started == pytest.approx(3 * FETCH_TIMEOUT, abs=1.0)
+        swarm.network.unreachable.clear()
+
+        async def round_two_later():
+            await trio.sleep(1.0)
+            finalize(2, second)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(round_two_later)
+            outcome, vector = await peer.play_round(2, None)
+
+        assert outcome.state == "finalized" and not outcome.committed
+        assert [c.peer for c in swarm.members[0].ledger.commitments(2)] == [m.address for m in others]
+        assert vector is not None and vector.equal(update_vector(6))
+        assert outcome.global_digest == sha256(second).hex()
+
+    run_virtual(main)

@@ -107,7 +107,7 @@ def test_a_restarted_peer_continues_its_record_level_accountant(tmp_path, caplog
             if stale is not None:
                 path.write_text(json.dumps(stale))
             peer = swarm.peer(0, shared=shared)
-            peer.accountant_path = path
+            peer.spending.accountant_path = path
             await peer.start()
             saved = json.loads(path.read_text())
             assert saved["history"] == [[1.0, 16 / 48, 3]]  # one round of 48 records: q = 16/48, 3 steps
@@ -121,16 +121,16 @@ def test_a_commit_whose_policy_check_raises_is_left_out_not_a_crash(monkeypatch)
     """The policy check is a pure function of chain data (the committer's history), so whatever
     a hostile history makes it raise, it raises alike on every peer: each leaves the commit out
     (named) instead of ending its round."""
-    from node.protocol import policy
+    from node import rules
 
-    original = policy.commit_violation
+    original = rules.policy_verdict
 
-    def fragile(privacy, num_params, mechanism, eps_micro, record_eps_micro, counts, **kwargs):
+    def fragile(privacy, num_params, mechanism, eps_micro, record_eps_micro, counts):
         if counts[-1] == samples_of(2):
             raise ArithmeticError("accountant overflow")
-        return original(privacy, num_params, mechanism, eps_micro, record_eps_micro, counts, **kwargs)
+        return original(privacy, num_params, mechanism, eps_micro, record_eps_micro, counts)
 
-    monkeypatch.setattr(policy, "commit_violation", fragile)
+    monkeypatch.setattr(rules, "policy_verdict", fragile)
 
     async def main():
         swarm = FakeSwarm(3)

@@ -19,6 +19,7 @@ import torch
 import trio
 
 import mechanisms
+from mechanisms.randomness import seeded_generator
 from node.chain.records import RoundState
 from node.config import load_config
 from node.derive import mechanism_params
@@ -27,7 +28,15 @@ from node.protocol import aggregate, release, wire
 from node.protocol.aggregate import VALUE_BOUND
 from node.protocol.blob import BlobError, sha256
 from node.protocol.settings import PrivacyPolicy, SharedSettings
-from tests.node.peer.harness import SHARED, FakeSwarm, genesis_vector, run_virtual, samples_of, update_vector
+from tests.node.peer.harness import (
+    SHARED,
+    FakeSwarm,
+    genesis_vector,
+    member_address,
+    run_virtual,
+    samples_of,
+    update_vector,
+)
 
 T, F = True, False
 D = genesis_vector().numel()
@@ -42,7 +51,7 @@ def swarm_settings(privacy: PrivacyPolicy, share: str = "weights") -> SharedSett
 def genuine(privacy: PrivacyPolicy, seed: int) -> torch.Tensor:
     """A real release of the policy's mechanism (of a scripted member's weights)."""
     mech = mechanisms.from_params(dict(privacy.mechanism))
-    return mech.perturb(update_vector(seed), generator=torch.Generator().manual_seed(seed)).to(torch.float32)
+    return mech.perturb(update_vector(seed), generator=seeded_generator(seed)).to(torch.float32)
 
 
 def one_moved(privacy: PrivacyPolicy, seed: int) -> torch.Tensor:
@@ -58,13 +67,13 @@ FORGERIES: dict[str, Callable[[PrivacyPolicy, int], torch.Tensor]] = {
 }
 
 
-def blob(privacy: PrivacyPolicy, vector: torch.Tensor, r: int = 1) -> bytes:
-    return wire.update_blob(vector, r, wire.canonical(dict(privacy.mechanism)))
+def blob(privacy: PrivacyPolicy, vector: torch.Tensor, member: int, r: int = 1) -> bytes:
+    return wire.update_blob(vector, r, wire.canonical(dict(privacy.mechanism)), member_address(member))
 
 
 def forged_blob(privacy: PrivacyPolicy, forgery: str, seed: int) -> bytes:
     """A well-formed update blob inside the value bound that the mechanism cannot have output."""
-    data = blob(privacy, FORGERIES[forgery](privacy, seed))
+    data = blob(privacy, FORGERIES[forgery](privacy, seed), seed)
     vector, _ = wire.read_vector(data, D, kind="update")  # the decoding and the value bound let it through
     assert float(vector.abs().max()) < VALUE_BOUND
     return data
@@ -84,7 +93,7 @@ def deploy(swarm: FakeSwarm, shared: SharedSettings) -> None:
 @pytest.mark.parametrize("forgery", list(FORGERIES))
 def test_a_release_outside_the_output_set_is_left_out_and_named(forgery):
     shared = swarm_settings(DUCHI)
-    honest = [blob(DUCHI, genuine(DUCHI, 0)), blob(DUCHI, genuine(DUCHI, 1))]
+    honest = [blob(DUCHI, genuine(DUCHI, 0), 0), blob(DUCHI, genuine(DUCHI, 1), 1)]
 
     async def main():
         swarm = FakeSwarm(3)
@@ -107,7 +116,7 @@ def test_a_release_outside_the_output_set_is_left_out_and_named(forgery):
         assert "not a possible output of the swarm's mechanism Duchi(epsilon=1.0, clip=True)" in why, why
         assert "duchi(eps 1)'s output set" in why, why
         digest = await peer._aggregate(1, genesis_vector(), agreement.commitments, agreement.blobs.vectors, included)
-        assert digest == model_digest(shared, honest, [samples_of(0), samples_of(1)]).hex()
+        assert digest == model_digest(shared, honest, [samples_of(0), samples_of(1)])
 
     run_virtual(main)
 
@@ -119,7 +128,7 @@ def test_the_same_release_is_included_when_it_is_genuine():
         swarm = FakeSwarm(3)
         swarm.register(0, 1, 2)
         for i in range(3):
-            swarm.commit(i, blob(DUCHI, genuine(DUCHI, i)), privacy=DUCHI)
+            swarm.commit(i, blob(DUCHI, genuine(DUCHI, i), i), privacy=DUCHI)
         swarm.members[0].ledger.close_round(1)
         agreement = await swarm.peer(0, shared=swarm_settings(DUCHI))._agreement(1)
         assert await agreement.run() == [T, T, T]
@@ -198,7 +207,7 @@ def test_honest_releases_of_every_mechanism_are_never_refused(name, epsilon, sha
         peers = [swarm.peer(i, shared=shared) for i in range(3)]
         for i, p in enumerate(peers):
             vector, num_samples = p._train_and_perturb(1, genesis_vector())
-            swarm.commit(i, blob(privacy, vector), num_samples=num_samples, privacy=privacy)
+            swarm.commit(i, blob(privacy, vector, i), num_samples=num_samples, privacy=privacy)
             if checks:  # the check has teeth here: one value past the output set is refused
                 forged = vector.clone()
                 forged[0] = 1000.0
@@ -216,8 +225,8 @@ def test_honest_releases_of_every_mechanism_are_never_refused(name, epsilon, sha
 def test_read_update_is_read_vector_plus_the_release_check():
     vector = genuine(DUCHI, 0)
     mech = mechanisms.from_params(dict(DUCHI.mechanism))
-    assert torch.equal(release.read_update(blob(DUCHI, vector), D, mech), vector)
-    forged = blob(DUCHI, vector * 1.01)
+    assert torch.equal(release.read_update(blob(DUCHI, vector, 0), D, mech), vector)
+    forged = blob(DUCHI, vector * 1.01, 0)
     with pytest.raises(release.ReleaseError) as caught:
         release.read_update(forged, D, mech)
     assert isinstance(caught.value, BlobError)  # so every caller leaves it out like a malformed blob

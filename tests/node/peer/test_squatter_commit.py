@@ -1,13 +1,15 @@
 """A commit from an account that does not own its peer id (a squatter: its registration does not
 verify, so the peer id belongs to someone else or to nobody) is left out by every honest peer
 before any fetch, the way a commit that breaks the privacy policy is: peers read registrations
-from the chain, so they all decide alike. The predicate itself, `RegistryCache.owns`, is tried on
-a real Anvil in tests/node/test_disallow_admission.py."""
+from the chain, so they all decide alike. The rule itself (`rules.PeerIdOwners`, through
+`RegistryCache.ownership`) is tried on a real Anvil in tests/node/test_disallow_admission.py and
+tests/node/test_rulebook_parity.py."""
 
 from __future__ import annotations
 
 from node.protocol import wire
 from node.protocol.policy import expected_micro
+from node.rules import Verdict
 from tests.node.peer.harness import (
     MECHANISM,
     SHARED,
@@ -39,14 +41,14 @@ def test_a_squatters_commit_is_left_out_unfetched_by_every_honest_peer():
 
         asked: list[tuple[str, bytes]] = []
 
-        def owns(address: str, peer_id: bytes) -> bool:  # what RegistryCache.owns answers on a real chain
+        def ownership(address: str, peer_id: bytes) -> Verdict | None:  # RegistryCache.ownership on a real chain
             asked.append((address, peer_id))
-            return address != squatter.address
+            return Verdict("registration", "a squatter") if address == squatter.address else None
 
         decided = []
         for i in range(3):
             peer = swarm.peer(i)
-            peer.registration_ok = owns
+            peer.vetting.ownership = ownership
             agreement = await peer._agreement(1)
             decided.append(await agreement.run())
             assert agreement.blobs.malformed == [F, F, F, T] and agreement.blobs.vectors[3] is None

@@ -28,6 +28,7 @@ from node.protocol.blob import MAX_HEADER_BYTES, MAX_HEADER_DEPTH, BlobError, ch
 
 D = 5  # parameters of the vectors below
 MECHANISM = wire.canonical({"epsilon": 1.0, "name": "pnpm"})
+COMMITTER = "0x" + "a1" * 20
 BOUND = agg.VALUE_BOUND
 BELOW = float(np.nextafter(np.float32(BOUND), np.float32(0)))  # the largest float32 inside the bound
 # Bounded examples and a deadline (generous: the machine is busy): a hang fails, it cannot pass.
@@ -37,7 +38,7 @@ HOSTILE = settings(
 
 
 def update(values: list[float] | torch.Tensor) -> bytes:
-    return wire.update_blob(torch.as_tensor(values, dtype=torch.float32), 1, MECHANISM)
+    return wire.update_blob(torch.as_tensor(values, dtype=torch.float32), 1, MECHANISM, COMMITTER)
 
 
 def with_header(text: bytes, data: bytes = b"") -> bytes:
@@ -218,10 +219,10 @@ def hostile_blobs(draw: st.DrawFn) -> bytes:
         return with_header(text.encode(), draw(st.binary(max_size=40)))
     if kind == "dtype":
         dtype = draw(st.sampled_from([torch.float64, torch.int64, torch.int32, torch.uint8]))
-        return wire.update_blob(torch.zeros(D, dtype=dtype), 1, MECHANISM)
+        return wire.update_blob(torch.zeros(D, dtype=dtype), 1, MECHANISM, COMMITTER)
     if kind == "shape":
         shape = draw(st.sampled_from([(0,), (D - 1,), (D + 1,), (1, D), (D, 1)]))
-        return wire.update_blob(torch.zeros(shape), 1, MECHANISM)
+        return wire.update_blob(torch.zeros(shape), 1, MECHANISM, COMMITTER)
     if kind == "values":
         return update(draw(st.lists(values, min_size=D, max_size=D)))
     # a hand-written header: any dtype name the format (or not) knows, with a shape and offsets

@@ -15,6 +15,11 @@ from node.runs.simulate import SECRET_NOISE, SEEDED_NOISE, Simulation, Simulatio
 # Small and fast: 6 peers on 8x8 digits (1,347 training images), 2 rounds, PNPM at eps 1.
 SMALL = [
     "data.dataset=digits",
+    "model.name=auto",  # digits' CNN, without DP-SGD: the local mechanism's figure alone
+    "train.dp_sgd=false",
+    "train.momentum=0",
+    "train.lr_decay=1",
+    "privacy.perturb=weights",
     "swarm.peers=6",
     "swarm.rounds=2",
     "train.epochs=1",

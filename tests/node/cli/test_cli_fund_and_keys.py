@@ -98,7 +98,7 @@ def test_deploy_v_to_an_unreachable_chain(monkeypatch, capsys):
     url = f"http://127.0.0.1:{free_port()}"
     assert main(["deploy", "--rpc-url", url, "-v"]) == 2
     err = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in err and "LedgerUnavailable" in err, err
+    assert "Traceback (most recent call last)" in err and "ConnectionRefusedError" in err, err
     assert err.strip().splitlines()[-1] == (
         f"swarm deploy: error: cannot reach the chain at {url} (Connection refused): start it or fix --rpc-url"
     )
@@ -113,6 +113,6 @@ def test_up_v_prints_the_trace_of_an_expected_failure(tmp_path, capsys):
     assert line.strip() == f"swarm up: error: --out {out} exists and is not empty: choose a new folder", line
     assert main(["up", "--out", str(out), "-v"]) == 2
     verbose = capsys.readouterr().err
-    assert "Traceback (most recent call last)" in verbose and "FileExistsError" in verbose, verbose
+    assert "Traceback (most recent call last)" in verbose and "_checked_config" in verbose, verbose  # where
     assert verbose.strip().splitlines()[-1] == line.strip()
     assert [p.name for p in out.iterdir()] == ["run.json"]  # nothing written into it, no events file

@@ -11,10 +11,13 @@ from eth_account import Account
 from node.chain.client import LedgerClient, connect
 from node.cli import deploy, main
 
+GENESIS = hashlib.sha256(b"genesis model").digest()
+MECHANISM = json.dumps({"name": "pnpm", "epsilon": 1.0}, separators=(",", ":")).encode()
 
-def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
+
+def test_deploy_then_show(automine_chain, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("SWARM_PRIVATE_KEY", automine_chain.private_keys[5])
-    genesis = kit.GENESIS.hex()
+    genesis = GENESIS.hex()
     assert (
         main(
             [
@@ -27,6 +30,8 @@ def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
                 "1",
                 "--eps-cap",
                 "40000",
+                "--set",
+                "train.dp_sgd=false",  # PNPM's figure alone: the commit below records no record-level eps
                 "--json",
             ]
         )
@@ -43,8 +48,8 @@ def test_deploy_then_show(automine_chain, kit, monkeypatch, capsys, tmp_path):
     )
     peer.register(b"cli-peer", b"")
     step = deployed["eps_step"]  # what one round of the default policy (PNPM, d x eps) spends
-    assert step > 0 and deployed["record_eps_cap"] is None  # no DP-SGD in the default policy
-    peer.commit(1, kit.digest("cli"), 9, round(step * 1e6), kit.MECHANISM)
+    assert step > 0 and deployed["record_eps_cap"] is None  # no DP-SGD in this policy
+    peer.commit(1, hashlib.sha256(b"cli").digest(), 9, round(step * 1e6), MECHANISM)
     assert main(["ledger", "--rpc-url", automine_chain.url, "--ledger", deployed["address"]]) == 0
     text = capsys.readouterr().out
     assert "protects: sign only" in text and f"eps spent {step:g}" in text and "eps cap 40000" in text
@@ -108,3 +113,16 @@ def test_max_samples_defaults_to_the_config(automine_chain, monkeypatch, capsys)
     assert (deployed["admission"], deployed["max_samples"]) == ("open", 250) and "warning" not in out.err
     assert _deploy(automine_chain, "--set", "chain.max_samples=-1") == 2
     assert "chain.max_samples" in capsys.readouterr().err
+
+
+def test_window_seconds_come_from_the_flags_or_the_blocks_at_the_block_time(automine_chain, monkeypatch, capsys):
+    monkeypatch.setenv("SWARM_PRIVATE_KEY", automine_chain.private_keys[5])
+    flags = ("--commit-window", "100", "--set", "chain.block_time=0.5", "--attest-window-seconds", "90")
+    assert _deploy(automine_chain, *flags) == 0
+    deployed = json.loads(capsys.readouterr().out)
+    params = LedgerClient(connect(automine_chain.url), deployed["address"]).params()
+    assert (params.commit_window, params.commit_window_seconds) == (100, 50)  # derived: 100 blocks x 0.5 s
+    assert params.attest_window_seconds == 90  # given
+    assert deployed["commit_window"] == [100, 50] and deployed["attest_window"] == [params.attest_window, 90]
+    assert _deploy(automine_chain, "--commit-window-seconds", "-1") == 2
+    assert "chain.commit_window_seconds" in capsys.readouterr().err

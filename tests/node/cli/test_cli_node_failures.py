@@ -70,10 +70,10 @@ def deployed(chain, tmp_path_factory):
     return config_file, json.loads(printed.getvalue())["address"]
 
 
-def test_no_p2p_password_without_a_terminal_is_one_line(tmp_path):
+def test_no_p2p_password_without_a_terminal_is_one_line(chain, tmp_path):
     proc = _node(
         "--rpc-url",
-        "http://127.0.0.1:1",  # never reached: the password is asked for first
+        chain.url,  # answers (checked first, at once); the password is asked for before the ledger is read
         "--ledger",
         "0x" + "11" * 20,
         "--workdir",

@@ -21,7 +21,7 @@ def rows(*states: str) -> list[dict]:
         (("aborted", "aborted"), 2, False, "no round finalized"),
         (("open",), 1, False, "no round finalized"),
         (("finalized", "aborted", "aborted"), 3, False, "2 of 3 rounds were aborted"),
-        (("finalized",), 3, False, "only 1 of the 3 rounds"),
+        (("finalized",), 3, False, "stopped after 1 of 3 rounds"),
         (("finalized",), 3, True, None),  # Ctrl-C: fewer rounds is what the user asked for
     ],
 )

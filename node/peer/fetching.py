@@ -1,0 +1,113 @@
+"""Fetching one blob from the peers that hold it, around those that lie or say nothing.
+
+Holders are asked one per try, in a random order: no holder, a liar included, is always asked
+first (the order is no secret: it only spreads the asking). A holder whose try failed, because
+it served bytes that do not hash to the digest or served nothing in time, is blamed in the log
+and skipped for that blob while other holders are left to ask. A try gets `request_timeout`
+while other holders wait their turn, and the time left when it asks the last of them: a silent
+holder costs one short try, an honest sole holder on a slow link is never cut short.
+
+The host (p2p.host) checks the digest of the whole blob and may add holders of its own (those
+that announced it) to a try; for a blob of one piece the blame falls on the holder that served
+it. A blob of several pieces is striped over several holders, so one liar among them spoils a
+try whoever is asked first: per-piece hashes bound to the digest, in p2p, are what would name it.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from node.peer.ports import HostPort, StorePort
+from p2p import DigestMismatch
+
+log = logging.getLogger("swarm.peer")
+
+RETRY_INTERVAL = 0.5  # seconds between two passes over a blob's holders (others may have appeared)
+REQUEST_SHARE = 0.5  # of fetch_timeout: the longest one holder is asked while other holders wait their turn
+
+# Asks `providers` (the first of them first) for a blob by hex digest, within `timeout` seconds.
+Obtain = Callable[[str, list[str], float], Awaitable[bytes]]
+
+_ORDER = random.SystemRandom()
+
+
+def shuffled(holders: list[str]) -> list[str]:
+    """`holders` in a random order."""
+    return _ORDER.sample(holders, len(holders))
+
+
+async def obtain(
+    store: StorePort, host: HostPort, digest_hex: str, providers: list[str], *, max_size: int, timeout: float
+) -> bytes:
+    """A blob from our store, else fetched from `providers` (then anyone who announced it)."""
+    data = store.get(digest_hex)
+    if data is not None:
+        return data
+    return await host.fetch(digest_hex, providers=providers, max_size=max_size, timeout=timeout)
+
+
+class BlobUnavailable(Exception):
+    """No holder served the blob before the deadline."""
+
+
+class Holders:
+    """Who failed one blob (`what` names it in the log), and whom to ask next."""
+
+    def __init__(self, what: str, *, order: Callable[[list[str]], list[str]] = shuffled) -> None:
+        self.what = what
+        self.blamed: dict[str, str] = {}  # holder -> what it did, skipped while others are left
+        self.ever_blamed: set[str] = set()  # logged as a warning once, then quietly
+        self._order = order
+
+    def fresh(self, known: list[str]) -> list[str]:
+        """The holders of `known` not blamed, in a random order."""
+        return self._order([h for h in dict.fromkeys(known) if h not in self.blamed])
+
+    def next(self, known: list[str]) -> tuple[str | None, int]:
+        """The holder to ask next and how many unblamed holders there are, itself included. Once
+        every known holder is blamed they are all asked again: a busy holder may answer now, and a
+        blob of several pieces may have failed for another holder's piece."""
+        fresh = self.fresh(known)
+        if not fresh:
+            self.blamed.clear()
+            fresh = self.fresh(known)
+        return (fresh[0] if fresh else None), len(fresh)
+
+    def blame(self, holder: str, exc: Exception) -> None:
+        deed = "served bytes that do not hash to the digest" if isinstance(exc, DigestMismatch) else "served nothing"
+        self.blamed[holder] = f"{deed}: {exc}"
+        level = logging.INFO if holder in self.ever_blamed else logging.WARNING
+        self.ever_blamed.add(holder)
+        log.log(level, "%s: holder %s %s (%s); asking the others first", self.what, holder, deed, exc)
+
+
+async def fetch_from_holders(
+    obtain: Obtain,
+    digest_hex: str,
+    holders: Holders,
+    known: Callable[[], list[str]],
+    *,
+    deadline: float,
+    request_timeout: float,
+) -> bytes:
+    """The blob `digest_hex` from the holders `known()` names (read again before every try),
+    asked as the module says, until trio time `deadline`; BlobUnavailable after it."""
+    while True:
+        left = deadline - trio.current_time()
+        candidates = known()
+        holder, unblamed = holders.next(candidates)
+        if left <= 0:
+            raise BlobUnavailable(f"{holders.what}: no holder of {len(candidates)} served it in time")
+        if holder is None:  # nobody known yet: announcements or attestations may name one
+            await trio.sleep(min(RETRY_INTERVAL, left))
+            continue
+        try:
+            return await obtain(digest_hex, [holder], left if unblamed == 1 else min(request_timeout, left))
+        except Exception as exc:  # P2PError from the host; anything else a holder caused counts alike
+            holders.blame(holder, exc)
+        if not holders.fresh(candidates):  # a whole pass failed: give holders a moment
+            await trio.sleep(min(RETRY_INTERVAL, max(0.0, deadline - trio.current_time())))

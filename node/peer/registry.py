@@ -1,0 +1,85 @@
+"""The peer's view of the ledger's registrations: who may talk to it, and who owns which peer id
+(rule 1 of the rulebook, node/rules.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import trio
+
+from node.chain.client import LedgerClient
+from node.chain.registration import Registration
+from node.rules import PeerIdOwners, Verdict
+from p2p import peer_id_from_bytes
+
+log = logging.getLogger("swarm.node")
+
+
+class RegistryCache:
+    """The admission predicate p2p asks on every stream and message: is this libp2p peer
+    registered on the ledger, with a registration its own key signed, by an account the allowlist
+    has not removed? Refreshed from the chain in the background, reading only the blocks after the
+    last one it scanned (Registered and AllowlistChanged logs); unknown peers are refused until the
+    next refresh sees them. A peer id is admitted once it has an owner (`rules.PeerIdOwners`: the
+    first registration of it whose signature verifies); squatters' registrations, which cannot be
+    signed by the peer id's key, own nothing. `disallow` refuses the owner's peer id from the next
+    refresh on, `allow` admits it again. `ownership` answers rule 1 for the peer's vetting."""
+
+    def __init__(self, ledger: LedgerClient) -> None:
+        self.ledger = ledger
+        self.allowed: set[str] = set()
+        self.book: PeerIdOwners | None = None  # from the first refresh (it needs the chain id)
+        self.removed: set[str] = set()  # accounts (lower case) the allowlist removed, until allowed again
+        self.ignored = 0  # registrations that own nothing
+        self.scanned_to: int | None = None  # last block whose logs were read
+        self._lock = threading.Lock()  # the background refresh and `ownership` (from the peer's threads)
+
+    def __call__(self, peer_id: str) -> bool:
+        return peer_id in self.allowed
+
+    @property
+    def owners(self) -> dict[bytes, Registration]:
+        """peer id -> the registration that owns it, as of the last refresh."""
+        return self.book.owners if self.book is not None else {}
+
+    def ownership(self, address: str, peer_id: bytes) -> Verdict | None:
+        """Rule 1 for a commit from `address` with registered peer id `peer_id` (blocking). A
+        committer's registration precedes its commit, so one refresh makes the answer final."""
+        if self.book is None or not self.book.knows(address):
+            self.refresh()
+        assert self.book is not None  # made by the refresh
+        return self.book.verdict(address, peer_id)
+
+    def refresh(self) -> None:
+        with self._lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        latest = self.ledger.block_number()
+        start = self.ledger.params().deploy_block if self.scanned_to is None else self.scanned_to + 1
+        if latest < start:
+            return
+        if self.book is None:
+            self.book = PeerIdOwners(self.ledger.chain_id(), self.ledger.address)
+        for reg in self.book.add(self.ledger.registrations(start, latest)):
+            self.ignored += 1
+            log.warning(
+                "ignoring the registration of %s: it does not own peer id 0x%s (not signed by its key, or not first)",
+                reg.address,
+                reg.peer_id.hex(),
+            )
+        for account, allowed in self.ledger.allowlist_changes(start, latest):
+            (self.removed.discard if allowed else self.removed.add)(account.lower())
+        self.allowed = {
+            peer_id_from_bytes(pid) for pid, reg in self.book.owners.items() if reg.address.lower() not in self.removed
+        }
+        self.scanned_to = latest
+
+    async def keep_fresh(self, interval: float = 2.0) -> None:
+        while True:  # ends when the owning nursery is cancelled at shutdown
+            try:
+                await trio.to_thread.run_sync(self.refresh)
+            except Exception as exc:  # a transient RPC error must not take the peer down
+                log.warning("registry refresh failed: %s", exc)
+            await trio.sleep(interval)

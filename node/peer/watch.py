@@ -1,0 +1,166 @@
+"""Watching the chain: the peer's one poller of the ledger, its waits on a round's state, and the
+transactions that move a round along (close, abort) once the round's windows allow them.
+
+A waiter re-reads the ledger only after the ledger emitted an event (every change of a round's
+state does), as the poller reports: it reads the cheap block number, and on a new block whether
+the ledger emitted anything in it. So a peer with nothing to do stays idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from node.chain.errors import LedgerError
+from node.chain.records import RoundInfo, RoundState
+from node.peer.ports import LedgerPort, OffLoop
+
+log = logging.getLogger("swarm.peer")
+
+T = TypeVar("T")
+
+RPC_RETRY_INTERVAL = 1.0  # seconds between two calls while the chain's RPC does not answer
+QUICK_WAIT = 2.0  # seconds after the ledger's last event during which the chain is polled every poll_interval
+IDLE_POLL = 0.5  # seconds between two polls once the ledger has been quiet that long (a waiting peer is idle)
+# An RPC's logs may lag its blocks (node/chain/client.py, LOG_LAG_RETRIES): an event missed that way
+# would leave a waiter waiting for the next one, and after a round's last event there is none. So a
+# new block after this many seconds without an event is taken as one: the waiters re-read the ledger.
+REREAD_AFTER = 5.0
+
+
+class ChainWatcher:
+    """What a peer knows of the chain's progress: the last block and round state read, and a count
+    of the ledger's events (`moves`) that waiters compare to know when to read again."""
+
+    def __init__(self, ledger: LedgerPort, call: OffLoop, *, poll_interval: float, chain_timeout: float) -> None:
+        self.ledger = ledger
+        self._call = call  # the peer's `chain`
+        self.poll_interval = poll_interval
+        self.chain_timeout = chain_timeout
+        self.info: RoundInfo | None = None  # the round's state as last read
+        self.block = 0  # the chain's block number as last read
+        self.moves = 0  # ledger events seen so far: waiters re-read on a change
+        self.windows = (0, 0)  # (commit, attest) windows in blocks, from the ledger's params (`Peer.start`)
+        self._last_move = 0.0  # trio time of the last move
+        self._last_reread = 0.0  # trio time of the last re-read without an event (REREAD_AFTER)
+        self._tick = trio.Event()  # set on every new block
+        self._watching = False  # `run` runs
+        self._nudged_at = (0, 0)  # (round, participant count) at our last try to close a round
+
+    async def run(self) -> None:
+        """The peer's one poller of the chain, for its whole life (ends when cancelled): after
+        QUICK_WAIT of quiet on the ledger it polls every IDLE_POLL only."""
+        self._watching = True
+        try:
+            while True:
+                quiet = trio.current_time() - self._last_move
+                try:
+                    await self.poll(pause=self.poll_interval if quiet < QUICK_WAIT else IDLE_POLL)
+                except Exception as exc:  # an RPC that fails or lies: the waiters' own deadlines decide
+                    round_now = self.info.round if self.info is not None else 0
+                    log.warning("round %d: watching the chain failed, trying again: %s", round_now, exc)
+                    await trio.sleep(RPC_RETRY_INTERVAL)
+        finally:
+            self._watching = False
+
+    async def poll(self, *, pause: float) -> None:
+        """One poll after `pause`: on a new block, wake the waiters, and count a move if the ledger
+        emitted an event since the last block seen."""
+        await trio.sleep(pause)
+        block = await self._call(self.ledger.block_number)
+        if block <= self.block:
+            return
+        seen, self.block = self.block, block
+        now = trio.current_time()
+        if not seen or await self._call(self.ledger.activity, seen + 1, block):
+            self.moves += 1
+            self._last_move = now
+        elif now - max(self._last_move, self._last_reread) > REREAD_AFTER:
+            self.moves += 1
+            self._last_reread = now  # not a move: the poller stays at its idle pace
+        self._tick.set()
+        self._tick = trio.Event()
+
+    async def next_tick(self) -> None:
+        """Until the chain has a new block (read by `run` when it runs, else here)."""
+        if self._watching:
+            await self._tick.wait()
+        else:  # a round played without Peer.run: poll here, as `run` would
+            await self.poll(pause=self.poll_interval)
+
+    async def moved_since(self, moves: int) -> None:
+        """Until the ledger emitted an event after `moves` were counted."""
+        while self.moves == moves:
+            await self.next_tick()
+
+    async def closed(self, r: int) -> RoundInfo:
+        """Round r once it is no longer open, closing it ourselves as soon as the chain would take it."""
+        return await self._wait_for(
+            lambda: self._state_past(r, RoundState.OPEN), r=r, what="close", nudge=lambda: self._nudge_close(r)
+        )
+
+    async def ended(self, r: int) -> RoundInfo:
+        """Round r once it is finalized or aborted, aborting it ourselves once its attestation window is over."""
+        return await self._wait_for(
+            lambda: self._state_past(r, RoundState.OPEN, RoundState.CLOSED),
+            r=r,
+            what="finalization",
+            nudge=lambda: self._nudge_abort(r),
+        )
+
+    async def _wait_for(
+        self,
+        predicate: Callable[[], T | None],
+        *,
+        r: int,
+        what: str,
+        nudge: Callable[[], Awaitable[None]],
+    ) -> T:
+        """Watch the chain until predicate() is truthy; `nudge` may send a transaction that moves
+        the round along (close or abort), and decides itself whether the chain would take it.
+        The predicate is re-read only after the ledger emitted an event; `nudge` is offered every
+        new block (the round's windows count blocks)."""
+        with trio.move_on_after(self.chain_timeout):
+            while True:
+                moves = self.moves
+                value = await self._call(predicate)
+                if value:
+                    return value
+                while self.moves == moves:
+                    await nudge()
+                    await self.next_tick()
+        raise TimeoutError(f"round {r}: no {what} on chain within {self.chain_timeout:.0f} s")
+
+    def _state_past(self, r: int, *states: RoundState) -> RoundInfo | None:
+        """Round r's state (blocking), if it is none of `states` any more."""
+        info = self.info = self.ledger.round_info(r)
+        return None if info.state in states else info
+
+    async def _nudge_close(self, r: int) -> None:
+        """Close round r when the chain would take it: its commit window is over, or a commit came
+        since our last try (the last registered peer's commit lets anyone close it at once)."""
+        info = self.info
+        if info is None or info.round != r:
+            return
+        window_over = self.block > info.opened_block + self.windows[0]
+        if window_over or (r, info.participant_count) != self._nudged_at:
+            self._nudged_at = (r, info.participant_count)
+            await self._try(self.ledger.close_round, r)
+
+    async def _nudge_abort(self, r: int) -> None:
+        """Abort round r once its attestation window is over without a majority."""
+        info = self.info
+        if info is None or info.round != r or info.state != RoundState.CLOSED:
+            return
+        if self.block > info.closed_block + self.windows[1]:
+            await self._try(self.ledger.abort_round, r)
+
+    async def _try(self, fn: Callable[..., object], *args: Any) -> None:
+        """Close or abort when the chain allows it; refusals (window still open, quorum not
+        met, someone else was first) are the normal case and are ignored."""
+        with contextlib.suppress(LedgerError):
+            await self._call(fn, *args)

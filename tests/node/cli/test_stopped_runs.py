@@ -1,0 +1,68 @@
+"""A run that stopped before its last round says so in the same words in report.md and in `swarm
+verify` ("stopped after N of M rounds"), and neither exit status calls it complete: `swarm up`
+exits 130 (Ctrl-C) or 1, `swarm verify` 3 when every check of the rounds that ended holds. The
+interrupted `swarm up` itself is tests/e2e/test_e2e_budget_and_interrupt.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from node.cli import main
+from node.cli.verify import STOPPED
+from node.config import load_config
+from node.runs.report import render_markdown, stopped_after
+from node.runs.simulate import Simulation
+
+# 3 peers on 8x8 digits, 2 rounds, recorded on a local Anvil ledger: a verifiable folder in seconds.
+SETS = [
+    "data.dataset=digits",
+    "model.name=logreg",
+    "train.dp_sgd=false",
+    "train.batch_size=32",
+    "train.lr=0.3",
+    "swarm.peers=3",
+    "swarm.rounds=2",
+]
+
+
+def test_stopped_after_names_what_ended_of_what_was_asked():
+    assert stopped_after(2, 5) == "stopped after 2 of 5 rounds"
+    assert stopped_after(0, 1) == "stopped after 0 of 1 rounds"
+    assert stopped_after(5, 5) is None and stopped_after(6, 5) is None
+
+
+def test_verify_says_a_run_stopped_and_exits_3(tmp_path, capsys):
+    out = tmp_path / "sim"
+    Simulation(load_config(None, SETS), out=out, ledger=True).run()
+    capsys.readouterr()
+    assert main(["verify", "--run", str(out), "--json"]) == 0  # all of its 2 rounds: complete
+    assert json.loads(capsys.readouterr().out)["stopped"] is None
+    # the same ledger read as a swarm that was to run 5 rounds: the 2 that ended hold, the run stopped
+    assert main(["verify", "--run", str(out), "--rounds", "5", "--json"]) == STOPPED
+    checked = json.loads(capsys.readouterr().out)
+    assert checked["ok"] and checked["stopped"] == "stopped after 2 of 5 rounds" and checked["rounds_wanted"] == 5
+    assert main(["verify", "--run", str(out), "--rounds", "5"]) == STOPPED
+    text = " ".join(capsys.readouterr().out.split())
+    assert "every check holds for the rounds that ended, but the run stopped after 2 of 5 rounds" in text, text
+
+
+def test_report_md_says_the_same_words():
+    report = {
+        "rounds": [{"round": 1, "state": "finalized", "accuracy": 0.5, "eps": {"0xA": 2.0}, "delta": 0.0}],
+        "failure": None,
+        "stopped": "stopped after 1 of 5 rounds",
+        "interrupted": True,
+        "record_eps_spent": None,
+        "ledger": "0xLEDGER",
+        "chain_id": 31337,
+        "mechanism": "pnpm",
+        "protects": "sign only",
+        "peer_exit_codes": [0],
+        "verify_command": "swarm verify --run runs/x",
+    }
+    report["rounds"][0] |= {"record_eps": {}, "record_delta": None, "gas": 1, "bytes_fetched": 2}
+    config = {"train": {"dp_delta": 1e-5}}
+    text = "\n".join(render_markdown(Path("runs/x"), report, config))
+    assert "**Stopped after 1 of 5 rounds (interrupted).** The rounds that ended verify" in text, text
+    assert "FAILED" not in text and "test accuracy: 0.5000 after round 1" in text
