@@ -214,6 +214,8 @@ def exponential_error(scale: float) -> float:
     its own error is LOG_ULPS units of |log| <= 2/b; times b; plus 4 units for the product, the sum
     with t and the clamp. So rho <= 2^-53 ((2b + 16 b) e^(2/b) + 2 LOG_ULPS + 4), doubled."""
     b = scale
+    if 2.0 / b > 700.0:
+        return math.inf
     return 2.0 * 2.0**-53 * (18.0 * b * math.exp(2.0 / b) + 2.0 * LOG_ULPS + 4.0)
 
 
@@ -223,6 +225,8 @@ def exponential_excess(epsilon: float, scale: float) -> float:
     w >= h/2 widened or shrunk by rho at both ends changes its mass by a factor within
     1 +- 2 rho/w times the density ratio across w + rho, at most e^(eps (w + rho)/4))."""
     rho, h = exponential_error(scale), EXPONENTIAL_GRID
+    if not rho < h / 16.0:
+        return math.inf
     lam = 4.0 * rho / h * math.exp(epsilon * (h + rho) / 4.0)
     if not lam < _LAMBDA_LIMIT:
         return math.inf

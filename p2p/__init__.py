@@ -1,4 +1,4 @@
-"""libp2p transport: identity, gossip announcements, chunked content-addressed blob exchange.
+"""libp2p transport: identity, gossip announcements, content-addressed blob exchange in verified pieces.
 Knows nothing of models, DP or the chain: it moves bytes named by sha256 digests.
 
 Import the submodules directly (`p2p.host`, `p2p.store`, `p2p.identity`, `p2p.errors`); the names

@@ -16,7 +16,8 @@ class BlobNotFound(P2PError):
 
 
 class DigestMismatch(P2PError):
-    """The bytes received do not hash to the digest asked for; nothing was stored."""
+    """No holder served bytes that hash to the digest asked for, and some holder served or declared
+    (piece hashes) other bytes; nothing was stored."""
 
 
 class BlobTooLarge(P2PError):

@@ -1,4 +1,4 @@
-"""The swarm's libp2p host: GossipSub announcements and `/swarm/blob/1.0.0` chunked blob exchange.
+"""The swarm's libp2p host: GossipSub announcements and `/swarm/blob/2.0.0` blob exchange in verified pieces.
 
 `open_host(config, store, allowed)` starts a py-libp2p host (TCP, Noise, Yamux; optional private
 network via a pre-shared key), joins the swarm's GossipSub topic, serves blobs from `store`, keeps
@@ -12,7 +12,6 @@ delivered nor forwarded).
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import math
 import random
@@ -40,6 +39,7 @@ from . import pubsub_records, wire, yamux_window
 from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
 from .errors import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
 from .gossip import MESH_DEGREE, swarm_gossipsub
+from .pieces import HolderFailed, HolderLied, PieceFetch, piece_hashes
 from .store import BlobStore, check_digest
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,8 @@ _ADDR_TTL = 3600  # seconds an announced address stays in the peerstore
 _RELEARN_AFTER = 600.0
 _OWN_ADDRS_TTL = 1.0
 _MAX_LEARNED = 4096
+_MAX_PIECE_LISTS = 256  # blobs whose piece hashes a host keeps (about 32 bytes per MiB each)
+_MAX_BLAMES = 1024  # blames a host remembers (`SwarmHost.blames`)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,15 @@ class Announcement:
 
     peer_id: str
     payload: bytes
+
+
+@dataclass(frozen=True)
+class Blame:
+    """A holder caught lying during a fetch of `digest` (what it did: `reason`), dropped from that fetch."""
+
+    digest: str
+    holder: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -78,9 +89,8 @@ class HostConfig:
     bootstrap: Sequence[str] = ()
     psk: bytes | None = None
     max_blob_size: int = 512 * MiB
-    chunk_size: int = MiB
-    pipeline_depth: int = 8  # READs in flight per holder
-    parallel_providers: int = 3  # holders a fetch downloads from at once (chunks striped over them)
+    pipeline_depth: int = 8  # READs (one piece each) in flight per holder
+    parallel_providers: int = 3  # holders a fetch downloads from at once (pieces striped over them)
     request_timeout: float = 10.0
     connect_timeout: float = 5.0
     reconnect_interval: float = 2.0  # how often connected bootstrap peers are checked for a drop
@@ -101,10 +111,8 @@ class HostConfig:
     def __post_init__(self) -> None:
         if not self.topic:
             raise ValueError("topic must be a non-empty string")
-        if not 0 < self.chunk_size <= wire.MAX_CHUNK:
-            raise ValueError(f"chunk_size must be in (0, {wire.MAX_CHUNK}], got {self.chunk_size}")
-        if self.max_blob_size <= 0:
-            raise ValueError(f"max_blob_size must be positive, got {self.max_blob_size}")
+        if not 0 < self.max_blob_size <= wire.MAX_BLOB:
+            raise ValueError(f"max_blob_size must be in (0, {wire.MAX_BLOB}], got {self.max_blob_size}")
         if not 0 <= self.announce_delay <= self.announce_max_delay:
             raise ValueError(
                 f"need 0 <= announce_delay <= announce_max_delay, got {self.announce_delay}, {self.announce_max_delay}"
@@ -146,14 +154,6 @@ def peer_id_to_bytes(peer_id: str) -> bytes:
     return ID.from_base58(peer_id).to_bytes()
 
 
-class _ProviderFailed(Exception):
-    """One provider could not serve the blob; the fetch moves on to the next one."""
-
-    def __init__(self, reason: str, declared_size: int | None = None) -> None:
-        super().__init__(reason)
-        self.declared_size = declared_size
-
-
 class SwarmHost:
     """A running host. Create it with `open_host`; do not construct directly."""
 
@@ -193,8 +193,12 @@ class SwarmHost:
         self._learned: collections.OrderedDict[ID, tuple[tuple[str, ...], float, list[multiaddr.Multiaddr]]] = (
             collections.OrderedDict()
         )
-        self.bytes_served = 0  # blob bytes sent to other peers (chunk payloads)
-        self.bytes_fetched = 0  # blob bytes received from other peers (chunk payloads)
+        self.bytes_served = 0  # blob bytes sent to other peers (piece payloads)
+        self.bytes_fetched = 0  # blob bytes received from other peers (piece payloads)
+        # digest -> (size, piece hashes) of blobs served or fetched, least recently used first
+        self._piece_lists: collections.OrderedDict[str, tuple[int, bytes]] = collections.OrderedDict()
+        self._hashing = trio.Lock()  # one piece list computed at a time: a blob asked for at once is hashed once
+        self.blames: collections.deque[Blame] = collections.deque(maxlen=_MAX_BLAMES)  # newest last
 
     # ---- identity and addresses -------------------------------------------------------------
     @property
@@ -273,11 +277,11 @@ class SwarmHost:
         except Exception:
             addrs = []
         if not addrs:
-            raise _ProviderFailed("no known address")
+            raise HolderFailed("no known address")
         try:
             await self._dial(PeerInfo(peer, addrs))
         except P2PError as exc:
-            raise _ProviderFailed(str(exc)) from None
+            raise HolderFailed(str(exc)) from None
 
     async def _keep_bootstrap_connected(self) -> None:
         """Keep every bootstrap peer connected: one that is not is re-dialed after
@@ -557,12 +561,13 @@ class SwarmHost:
             with trio.fail_after(timeout):
                 digest = wire.parse_open(await wire.read_frame(stream, wire.OPEN_SIZE))
             size = self.store.size(digest)
-            if size is None:
+            hashes = None if size is None or size > wire.MAX_BLOB else await self._piece_hashes(digest, size)
+            if size is None or hashes is None:
                 with trio.fail_after(timeout):
                     await wire.write_frame(stream, wire.NOT_FOUND + digest.encode())
                 return
             with trio.fail_after(timeout):
-                await wire.write_frame(stream, wire.size_response(size))
+                await wire.write_frame(stream, wire.size_response(size, hashes))
             # Each READ returns >= 1 byte, so a well-behaved client needs at most `size` requests;
             # the bound stops a client from keeping a stream busy forever.
             for _ in range(max(1, math.ceil(size / 1024)) + 8):
@@ -571,13 +576,13 @@ class SwarmHost:
                 if idle.cancelled_caught:
                     return
                 offset, length = wire.parse_read(body)
-                if length == 0 or length > self.config.chunk_size or offset + length > size:
+                if length == 0 or length > wire.PIECE_SIZE or offset + length > size:
                     with trio.move_on_after(timeout):
                         await wire.write_frame(
                             stream,
                             wire.ERROR
                             + f"bad range {offset}+{length} (size {size}, "
-                            f"chunk limit {self.config.chunk_size})".encode(),
+                            f"pieces of at most {wire.PIECE_SIZE} bytes)".encode(),
                         )
                     return
                 chunk = self.store.read(digest, offset, length)
@@ -600,6 +605,28 @@ class SwarmHost:
                 with suppress(Exception):
                     await stream.close()
 
+    async def _piece_hashes(self, digest: str, size: int) -> bytes | None:
+        """The sha256 of each piece of a blob we hold, as SIZE declares them; None if the store no
+        longer holds all of it. Kept for the last _MAX_PIECE_LISTS blobs served or fetched; otherwise
+        the blob is read once (in a thread: a large blob on disk takes a while)."""
+        async with self._hashing:
+            known = self._piece_lists.get(digest)
+            if known is None or known[0] != size:
+                hashes = await trio.to_thread.run_sync(
+                    piece_hashes, lambda offset, length: self.store.read(digest, offset, length), size
+                )
+                if hashes is None:
+                    return None
+                known = (size, hashes)
+            self._remember_pieces(digest, *known)
+            return known[1]
+
+    def _remember_pieces(self, digest: str, size: int, hashes: bytes) -> None:
+        self._piece_lists[digest] = (size, hashes)
+        self._piece_lists.move_to_end(digest)
+        while len(self._piece_lists) > _MAX_PIECE_LISTS:
+            self._piece_lists.popitem(last=False)
+
     # ---- fetching blobs ---------------------------------------------------------------------
     async def fetch(
         self,
@@ -612,11 +639,13 @@ class SwarmHost:
     ) -> bytes:
         """Fetch a blob by sha256 digest, verify it, store it, and (by default) announce we hold it.
 
-        Its chunks are striped over up to `config.parallel_providers` holders at once: the first of
+        Its pieces are striped over up to `config.parallel_providers` holders at once: the first of
         `providers` (the caller's first choice, e.g. the committer), then the others of `providers`
         and the peers that announced the digest in random order (so that no single holder uploads
-        every copy), then other connected peers as a last resort. A holder that fails hands its
-        unfinished chunks to the others and the next candidate takes its place.
+        every copy), then other connected peers as a last resort. Each piece is checked as it arrives
+        against the piece hashes its holder declared (p2p/pieces.py): a holder caught lying is blamed
+        (logged, added to `blames`) and dropped, and its pieces are asked of the others; a holder that
+        fails hands its unfinished pieces to the others and the next candidate takes its place.
         Raises BlobNotFound, DigestMismatch, BlobTooLarge or FetchTimeout (all P2PError)."""
         check_digest(digest)
         limit = self.config.max_blob_size if max_size is None else max_size
@@ -643,36 +672,50 @@ class SwarmHost:
     async def _fetch_verified(
         self, digest: str, candidates: tuple[list[str], list[str]], limit: int, timeout: float
     ) -> bytes:
-        """The blob's bytes from `candidates`, hash checked; raises as `fetch` documents."""
+        """The blob's bytes from `candidates`, every piece and the whole checked; raises as `fetch` documents."""
         holders, fallback = candidates
         spread = max(1, min(self.config.parallel_providers, len(holders)))
-        fetch = _StripedFetch(digest, limit, self.config.chunk_size, spread)
+
+        def blamed(holder: str, reason: str) -> None:
+            self.blames.append(Blame(digest, holder, reason))
+            log.warning("blob %s: holder %s %s; dropped from this fetch", digest[:16], holder, reason)
+
+        fetch = PieceFetch(digest, limit, spread, blamed)
+        data: bytes | None = None
         try:
             with trio.fail_after(timeout):
                 async with trio.open_nursery() as nursery:
                     untried = collections.deque(holders)
-                    finished_ok: collections.deque[str] = collections.deque()  # may serve again
+                    # Holders that declared a list and stopped: finished their share, or waiting for the
+                    # fetch to follow their list. Asked again when it does and pieces wait.
+                    idle: dict[str, None] = {}
                     active = 0
 
                     async def run(peer: str) -> None:
                         nonlocal active
                         try:
                             await self._fetch_from(peer, fetch)
-                            finished_ok.append(peer)
-                        except _ProviderFailed as exc:
-                            fetch.failures[peer] = str(exc)
-                            if exc.declared_size is not None:
-                                fetch.declared[peer] = exc.declared_size
+                            idle[peer] = None
+                        except HolderFailed as exc:
+                            fetch.fail(peer, exc)
                         finally:
                             active -= 1
                             fetch.changed.set()
 
-                    while not fetch.complete:
-                        # One holder until the size is known (it may be refused); then up to
-                        # parallel_providers while chunks wait to be handed out.
-                        wanted = 1 if fetch.size is None else (self.config.parallel_providers if fetch.pending else 0)
-                        while active < wanted and (untried or finished_ok):
-                            peer = untried.popleft() if untried else finished_ok.popleft()
+                    while True:
+                        if fetch.complete:
+                            data = fetch.finish()  # None: the followed list was refuted, its holders blamed
+                            if data is not None:
+                                break
+                            continue
+                        # One holder until a list is followed (its answer may be refused); then up to
+                        # parallel_providers while pieces wait to be handed out.
+                        spreading = self.config.parallel_providers if fetch.pending else 0
+                        wanted = 1 if fetch.current is None else spreading
+                        ready = collections.deque(p for p in idle if fetch.follows(p))
+                        while active < wanted and (ready or untried):
+                            peer = ready.popleft() if ready else untried.popleft()
+                            idle.pop(peer, None)
                             active += 1
                             nursery.start_soon(run, peer)
                         if active == 0 and fallback:  # every known holder failed: ask the others
@@ -680,33 +723,33 @@ class SwarmHost:
                             fallback = []
                             continue
                         if active == 0:
-                            break  # every candidate failed or finished, and chunks are missing
+                            break  # every candidate failed, lied or finished, and pieces are missing
                         await fetch.changed.wait()
                         fetch.changed = trio.Event()
                     nursery.cancel_scope.cancel()  # complete: stop holders still waiting on duplicates
         except trio.TooSlowError:
             raise FetchTimeout(
-                f"blob {digest[:16]}: fetch did not finish within {timeout}s "
-                f"({fetch.received} bytes received; failures: {fetch.failures or 'none'})"
+                f"blob {digest[:16]}: fetch did not finish within {timeout}s ({fetch.received} bytes received; "
+                f"blamed: {self._describe(fetch.blamed)}; failures: {self._describe(fetch.failures)})"
             ) from None
-        if not fetch.complete:
-            if fetch.declared and all(d > limit for d in fetch.declared.values()):
+        if data is None:
+            if fetch.declared and not fetch.claims:
                 raise BlobTooLarge(
                     f"blob {digest[:16]} is {max(fetch.declared.values())} bytes, above the limit of {limit}"
                 )
+            if fetch.blamed:
+                raise DigestMismatch(
+                    f"blob {digest[:16]}: no holder served bytes that hash to it (blamed: "
+                    f"{self._describe(fetch.blamed)}; failures: {self._describe(fetch.failures)}); nothing stored"
+                )
             raise BlobNotFound(f"blob {digest[:16]}: no provider served it ({self._describe(fetch.failures)})")
-        data = bytes(fetch.buffer)
-        actual = hashlib.sha256(data).hexdigest()
-        if actual != digest:
-            raise DigestMismatch(
-                f"blob {digest[:16]}: received {len(data)} bytes hashing to {actual[:16]} "
-                f"from {', '.join(fetch.contributors)}; nothing stored"
-            )
+        assert fetch.current is not None
+        self._remember_pieces(digest, fetch.current.size, fetch.current.hashes)
         return data
 
     @staticmethod
     def _describe(failures: dict[str, str]) -> str:
-        return "; ".join(f"{p[-8:]}: {r}" for p, r in failures.items()) or "none tried"
+        return "; ".join(f"{p[-8:]}: {r}" for p, r in failures.items()) or "none"
 
     def _candidates(self, digest: str, providers: list[str] | None) -> tuple[list[str], list[str]]:
         """Whom to ask: (holders, fallback). Holders: the caller's first provider, then the caller's
@@ -722,55 +765,57 @@ class SwarmHost:
         random.shuffle(fallback)
         return holders, fallback
 
-    async def _fetch_from(self, peer: str, fetch: _StripedFetch) -> None:
-        """Fetch chunks of `fetch` from `peer` until none is left to ask for.
+    async def _fetch_from(self, peer: str, fetch: PieceFetch) -> None:
+        """Declare `peer`'s piece list to `fetch`, then fetch pieces from it while the fetch follows
+        that list and pieces are left to ask for.
 
-        Any failure raises _ProviderFailed with what went wrong; the chunks it had not delivered go
-        back to the others (chunks already received are kept)."""
+        Raises HolderLied when its answer contradicts its own list or the digest, HolderFailed with
+        what went wrong otherwise; the pieces it had not delivered go back to the others (pieces
+        already received are kept)."""
         timeout = self.config.request_timeout
         try:
             peer_id = ID.from_base58(peer)
         except Exception:
-            raise _ProviderFailed("malformed peer id") from None
+            raise HolderFailed("malformed peer id") from None
         await self._ensure_connected(peer_id)
         stream: INetStream | None = None
-        in_flight: collections.deque[tuple[int, int]] = collections.deque()
+        in_flight: collections.deque[int] = collections.deque()
         try:
             with trio.fail_after(timeout):
                 stream = await self.libp2p_host.new_stream(peer_id, [TProtocol(wire.BLOB_PROTOCOL)])
                 await wire.write_frame(stream, wire.open_request(fetch.digest))
-                declared = wire.parse_size(await wire.read_frame(stream))
-            fetch.agree_size(declared)  # raises _ProviderFailed on a size above the limit or a disagreement
-            while True:
+                size, hashes = wire.parse_size(await wire.read_frame(stream))
+            fetch.declare(peer, size, hashes)  # raises on a size above the limit or a provably false list
+            claim = fetch.claims[peer]
+            while fetch.follows(peer) and not fetch.complete:
                 while len(in_flight) < self.config.pipeline_depth:
-                    chunk = fetch.take(peer, len(in_flight))
-                    if chunk is None:
+                    index = fetch.take(peer, len(in_flight))
+                    if index is None:
                         break
-                    in_flight.append(chunk)
+                    in_flight.append(index)
                     with trio.fail_after(timeout):
-                        await wire.write_frame(stream, wire.read_request(*chunk))
+                        await wire.write_frame(stream, wire.read_request(*claim.range(index)))
                 if not in_flight:
                     return
-                offset, length = in_flight[0]
+                index = in_flight[0]
                 with trio.fail_after(timeout):
                     body = await wire.read_frame(stream)
                 if body[:1] != wire.DATA:
                     wire.raise_status(body, "DATA")
+                length = claim.range(index)[1]
                 if len(body) - 1 != length:
-                    raise _ProviderFailed(f"sent {len(body) - 1} bytes for a {length}-byte chunk")
+                    raise HolderLied(f"sent {len(body) - 1} bytes for piece {index} of {length} bytes")
                 in_flight.popleft()
-                fetch.deliver(peer, offset, memoryview(body)[1:])
                 self.bytes_fetched += length
-                if fetch.complete:  # the others delivered the rest; duplicates still in flight are dropped
-                    return
+                fetch.deliver(peer, index, memoryview(body)[1:])  # raises HolderLied on a wrong piece
         except trio.TooSlowError:
-            raise _ProviderFailed(f"no answer within {timeout}s") from None
+            raise HolderFailed(f"no answer within {timeout}s") from None
         except (wire.StreamEnded, wire.WireError) as exc:
-            raise _ProviderFailed(str(exc)) from None
-        except _ProviderFailed:
+            raise HolderFailed(str(exc)) from None
+        except HolderFailed:
             raise
         except Exception as exc:  # new_stream's failures: protocol not supported, connection lost
-            raise _ProviderFailed(f"{type(exc).__name__}: {exc}") from None
+            raise HolderFailed(f"{type(exc).__name__}: {exc}") from None
         finally:
             fetch.give_back(peer, in_flight)
             if stream is not None:
@@ -780,88 +825,6 @@ class SwarmHost:
                     cleanup.shield = True
                     with suppress(Exception):
                         await (stream.reset() if in_flight else stream.close())
-
-
-class _StripedFetch:
-    """The state of one blob fetch shared by the holders serving it at once.
-
-    Chunks are handed out on demand (`take`), so a fast holder takes more of them than a slow one;
-    a holder has at most min(`pipeline_depth`, `share`) chunks outstanding, `share` being its part of
-    the blob when split among `spread` holders, so even a blob of a few chunks is split. Once no chunk is left to
-    hand out, an idle holder takes a duplicate of a chunk still outstanding at another holder
-    (at most one duplicate per chunk), so a holder that slowed down does not hold up the end of
-    the fetch; whichever copy arrives first is kept. Chunks of a holder that fails go back to the
-    front of the queue (`give_back`)."""
-
-    def __init__(self, digest: str, limit: int, chunk_size: int, spread: int) -> None:
-        self.digest = digest
-        self.limit = limit
-        self.chunk_size = chunk_size
-        self.spread = spread  # holders the chunks are shared among
-        self.share = 1  # chunks one holder may have outstanding: about 1/spread of the blob
-        self.changed = trio.Event()  # set when the size becomes known, chunks come back or a holder ends
-        self.size: int | None = None  # the size the first holder declared; every other must agree
-        self.buffer = bytearray()
-        self.pending: collections.deque[tuple[int, int]] = collections.deque()  # not yet handed out
-        self.outstanding: dict[int, tuple[int, set[str]]] = {}  # offset -> (length, holders asked)
-        self.received = 0
-        self.contributors: dict[str, None] = {}  # holders whose bytes are in the buffer (in order)
-        self.failures: dict[str, str] = {}
-        self.declared: dict[str, int] = {}
-
-    @property
-    def complete(self) -> bool:
-        return self.size is not None and self.received == self.size
-
-    def agree_size(self, declared: int) -> None:
-        if declared > self.limit:
-            raise _ProviderFailed(f"declares {declared} bytes, above the limit of {self.limit}", declared)
-        if self.size is None:
-            self.size = declared
-            self.buffer = bytearray(declared)  # bounded by the limit checked above
-            self.pending.extend(
-                (offset, min(self.chunk_size, declared - offset)) for offset in range(0, declared, self.chunk_size)
-            )
-            self.share = max(1, math.ceil(len(self.pending) / self.spread))
-            self.changed.set()
-        elif declared != self.size:
-            raise _ProviderFailed(f"declares {declared} bytes, another provider declared {self.size}")
-
-    def take(self, peer: str, in_flight: int) -> tuple[int, int] | None:
-        """The next chunk for `peer` (which has `in_flight` chunks outstanding) to ask for, or None.
-        A holder has at most `share` chunks outstanding, so a small blob (fewer chunks than
-        pipeline_depth) is still split among the holders instead of going to the first one."""
-        idle = in_flight == 0
-        if self.pending and in_flight < self.share:
-            offset, length = self.pending.popleft()
-            self.outstanding[offset] = (length, {peer})
-            return offset, length
-        if idle:  # the end of the fetch: duplicate a chunk another holder has not delivered yet
-            for offset, (length, asked) in self.outstanding.items():
-                if peer not in asked and len(asked) < 2:
-                    asked.add(peer)
-                    return offset, length
-        return None
-
-    def deliver(self, peer: str, offset: int, data: memoryview) -> None:
-        entry = self.outstanding.pop(offset, None)
-        if entry is None:  # a duplicate that arrived second: already have these bytes
-            return
-        self.buffer[offset : offset + len(data)] = data
-        self.received += len(data)
-        self.contributors[peer] = None
-
-    def give_back(self, peer: str, unfinished: collections.deque[tuple[int, int]]) -> None:
-        """Chunks `peer` will not deliver: requeued unless another holder is fetching them too."""
-        for offset, length in reversed(unfinished):
-            entry = self.outstanding.get(offset)
-            if entry is None:
-                continue  # delivered by another holder meanwhile
-            entry[1].discard(peer)
-            if not entry[1]:
-                del self.outstanding[offset]
-                self.pending.appendleft((offset, length))
-                self.changed.set()
 
 
 def _security_options(key_pair: KeyPair) -> dict[TProtocol, ISecureTransport]:

@@ -1,12 +1,16 @@
-"""Wire formats: the `/swarm/blob/1.0.0` frames and the gossip envelope.
+"""Wire formats: the `/swarm/blob/2.0.0` frames and the gossip envelope.
 
 Blob protocol (one stream per blob; every message is a frame `u32 big-endian length || body`, because in
 py-libp2p a reader waiting for EOF after the writer's close() hangs; see docs/P2P.md):
 
-    client -> server  OPEN  b"O" || digest(32)          server -> client  SIZE  b"S" || u64 size
+    client -> server  OPEN  b"O" || digest(32)          server -> client  SIZE  b"S" || u64 size || piece hashes
                       READ  b"R" || u64 offset || u32 length             DATA  b"D" || bytes
                                                                          NOT_FOUND / REFUSED / ERROR:
                                                                          b"N" / b"X" / b"E" || utf-8 reason
+
+A blob is cut into pieces of PIECE_SIZE bytes (the last one shorter); SIZE carries the sha256 of each
+piece, in order (32 bytes each, none for an empty blob), so a fetcher checks every piece as it arrives
+(docs/P2P.md, "Piece hashes"). A client reads whole pieces, so a READ asks for at most PIECE_SIZE bytes.
 
 The client may keep several READs in flight; the server answers them in order. Requests are tiny and
 of fixed size (OPEN 33 bytes, READ 13 bytes), so the server reads a request frame only if its declared
@@ -24,13 +28,16 @@ from __future__ import annotations
 import struct
 from typing import NoReturn, Protocol
 
-BLOB_PROTOCOL = "/swarm/blob/1.0.0"
-MAX_CHUNK = 1 << 20  # 1 MiB: chunks stay well below the 8 MB single-message failures seen in py-libp2p
+BLOB_PROTOCOL = "/swarm/blob/2.0.0"
+PIECE_SIZE = 1 << 20  # 1 MiB: pieces stay well below the 8 MB single-message failures seen in py-libp2p
 _FRAME_HEADER = struct.Struct(">I")
-MAX_FRAME = MAX_CHUNK + 64
+MAX_FRAME = PIECE_SIZE + 64
 
 OPEN, READ = b"O", b"R"
 DIGEST_SIZE = 32  # sha256
+_SIZE_HEADER = struct.Struct(">Q")
+MAX_PIECES = (MAX_FRAME - 1 - _SIZE_HEADER.size) // DIGEST_SIZE  # piece hashes one SIZE frame can carry
+MAX_BLOB = MAX_PIECES * PIECE_SIZE  # about 32 GiB: the largest blob the protocol can describe
 _READ_ARGS = struct.Struct(">QI")  # offset, length
 OPEN_SIZE = len(OPEN) + DIGEST_SIZE  # 33: the body of a well-formed OPEN frame
 READ_SIZE = len(READ) + _READ_ARGS.size  # 13: the body of a well-formed READ frame
@@ -118,14 +125,28 @@ def parse_read(body: bytes) -> tuple[int, int]:
     return offset, length
 
 
-def size_response(size: int) -> bytes:
-    return SIZE + struct.pack(">Q", size)
+def piece_count(size: int) -> int:
+    """How many pieces a blob of `size` bytes has (0 for an empty blob)."""
+    return -(-size // PIECE_SIZE)
 
 
-def parse_size(body: bytes) -> int:
-    if len(body) == 9 and body[:1] == SIZE:
-        return struct.unpack(">Q", body[1:])[0]
-    raise_status(body, "SIZE")
+def size_response(size: int, piece_hashes: bytes) -> bytes:
+    if len(piece_hashes) != piece_count(size) * DIGEST_SIZE:
+        raise ValueError(f"{len(piece_hashes)} bytes of piece hashes for a blob of {size} bytes")
+    return SIZE + _SIZE_HEADER.pack(size) + piece_hashes
+
+
+def parse_size(body: bytes) -> tuple[int, bytes]:
+    """(size, piece hashes) of a SIZE answer; WireError unless it carries one hash per piece. The size
+    is read first: a caller checks it against its limit before anything else."""
+    header = 1 + _SIZE_HEADER.size
+    if len(body) < header or body[:1] != SIZE:
+        raise_status(body, "SIZE")
+    (size,) = _SIZE_HEADER.unpack(body[1:header])
+    hashes = body[header:]
+    if size > MAX_BLOB or len(hashes) != piece_count(size) * DIGEST_SIZE:
+        raise WireError(f"SIZE of {size} bytes carries {len(hashes)} bytes of piece hashes")
+    return size, hashes
 
 
 def raise_status(body: bytes, expected: str) -> NoReturn:

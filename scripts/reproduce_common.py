@@ -2,8 +2,9 @@
 runs/reproduce/<name> (reused when its summary already exists, so an interrupted sweep resumes),
 run a list of them on a small process pool, and print markdown tables.
 
-Every run is `node.runs.simulate.Simulation` (what `swarm simulate` runs); each line of a table
-names the equivalent command."""
+Every run is `node.runs.simulate.Simulation` (what `swarm simulate` runs) on scripts/baseline.toml
+(the defaults these figures were measured with) plus its own overrides; each line of a table names
+the equivalent command."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "reproduce"
 FIGURES = ROOT / "docs" / "figures"
+BASELINE = ROOT / "scripts" / "baseline.toml"
 
 
 def command(overrides: list[str], fraction: float = 1.0, mechanism_params: dict | None = None) -> str:
     """The `swarm simulate` command line that reproduces a run. Mechanism parameters the config
     cannot hold (a string such as sampled's base) are named after it: those runs come from
     `Simulation(config, mechanism_params=...)`, which this script calls."""
-    parts = ["swarm", "simulate"] + [a for o in overrides for a in ("--set", o)]
+    parts = ["swarm", "simulate", "--config", "scripts/baseline.toml"] + [a for o in overrides for a in ("--set", o)]
     if fraction != 1.0:
         parts += ["--fraction", f"{fraction:g}"]
     text = shlex.join(parts)
@@ -53,7 +55,7 @@ def run_one(job: tuple) -> dict:
     torch.set_num_threads(1)
     started = time.perf_counter()
     result = Simulation(
-        load_config(None, overrides), fraction=fraction, out=out, threads=1, mechanism_params=mechanism_params
+        load_config(BASELINE, overrides), fraction=fraction, out=out, threads=1, mechanism_params=mechanism_params
     ).run()
     wall = time.perf_counter() - started
     return {"name": name, "summary": result.summary, "records": result.records, "reused": False, "wall": wall}

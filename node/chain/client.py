@@ -30,7 +30,7 @@ from web3.types import EventData, RPCEndpoint, TxReceipt
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, NotParticipant
 from node.chain.evm import artifact_evm_version, check_evm_target
-from node.chain.rawrpc import RawRPC, parse_quantity
+from node.chain.rawrpc import HeadGuard, RawRPC, header_hash, parse_quantity
 from node.chain.records import (
     DELTA_SCALE,
     Attestation,
@@ -116,6 +116,8 @@ class LedgerClient:
         self.gas_used: dict[str, int] = {}  # last receipt's gasUsed per function, for benchmarks
         self._chain_id: int | None = None
         self._raw: RawRPC | None | bool = None  # None: not made yet; False: not available
+        # the head as the endpoint reports it, held to monotonic, bounded progress (rawrpc.HeadGuard)
+        self._head = HeadGuard(lambda number: self.block_hash(number) is not None)
         code = self._read(lambda: w3.eth.get_code(self.address), "get_code")
         if len(code) == 0:
             raise LedgerError(
@@ -256,8 +258,16 @@ class LedgerClient:
             raise
 
     def block_number(self) -> int:
+        """The chain's head: never behind one read before, and a jump past a bound only once the
+        endpoint serves that block (`rawrpc.HeadGuard`; `HeadRefused` if it does not)."""
         raw = self._raw_rpc()
-        return self._read(raw.block_number if raw else lambda: head_block(self.w3), "block_number")
+        read = raw.block_number if raw else lambda: head_block(self.w3)
+        return self._head.check(lambda: self._read(read, "block_number"))
+
+    def block_hash(self, number: int) -> bytes | None:
+        """The hash of block `number` as the endpoint serves it; None if it serves no such block."""
+        request = partial(self.w3.provider.make_request, RPCEndpoint("eth_getBlockByNumber"), [hex(number), False])
+        return header_hash(self._read(request, "block_hash"), number)
 
     def activity(self, from_block: int, to_block: int) -> bool:
         """Whether the ledger emitted any event in blocks from_block..to_block: every change of

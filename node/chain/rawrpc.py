@@ -5,19 +5,34 @@ Why not web3: through web3 and requests one eth_blockNumber costs about 1 ms of 
 session, adapters); here about a seventh of that. A peer that polls the chain ten times a second
 then stays idle (at most 2% of a core while it waits: docs/BENCHMARKS.md, "Round overhead").
 Anything else goes through web3.
+
+The head an endpoint reports is held to monotonic, bounded progress (`HeadGuard`), whichever way
+it was read: one fabricated answer of block 50,002 on a chain at block 30 used to become the
+admission registry's last scanned block, so every later registration and removal went unseen.
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import logging
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from node.chain.errors import LedgerError
+from node.chain.errors import LedgerError, LedgerUnavailable
+
+log = logging.getLogger("swarm.chain")
 
 MAX_ANSWER_BYTES = 1 << 20  # an answer to these two calls is tiny; a larger one is not an RPC's
+# A head further ahead of the last one than HEAD_SLACK blocks plus MAX_BLOCKS_PER_SECOND for each
+# second since is taken only once the endpoint serves that block too (a local chain stuffed with
+# failing transactions made 163 blocks/s: such a chain only pays one more read per head)
+MAX_BLOCKS_PER_SECOND = 50.0
+HEAD_SLACK = 64
+HEAD_REREADS = 2  # reads again of a head that is refused, before the endpoint is held unusable
 
 
 class RawRPCUnavailable(ConnectionError):
@@ -97,6 +112,73 @@ class RawRPC:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class HeadRefused(LedgerUnavailable):
+    """The endpoint keeps reporting a head it does not serve: it is treated as an endpoint that
+    does not answer (callers wait and read again, for their own deadline)."""
+
+
+class HeadGuard:
+    """The chain head an endpoint reports, held to monotonic, bounded progress. A head behind the
+    last one taken is refused and the last one stands (the nodes behind one load-balanced endpoint
+    lag each other; a chain's head never goes back); one further ahead than the bound (HEAD_SLACK +
+    MAX_BLOCKS_PER_SECOND x the seconds since the last head taken), or the first one, is taken only
+    if the endpoint serves that block (`block_exists`), else read again (HEAD_REREADS times) and
+    then refused with `HeadRefused`. Safe to call from threads."""
+
+    def __init__(self, block_exists: Callable[[int], bool], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._exists = block_exists
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.last: int | None = None  # the last head taken
+        self._taken_at = 0.0  # clock() when it was taken
+
+    def check(self, read: Callable[[], int]) -> int:
+        """The head `read()` reports, once it passes; else the last one taken (a head that went
+        back), or HeadRefused."""
+        with self._lock:
+            seen: list[int] = []
+            for _ in range(HEAD_REREADS + 1):
+                head = read()
+                now = self._clock()
+                if self.last is not None and head <= self.last:
+                    if head < self.last:
+                        log.debug("the RPC reported head %d, behind %d already seen: refused", head, self.last)
+                    return self.last
+                bound = (
+                    None
+                    if self.last is None
+                    else self.last + HEAD_SLACK + MAX_BLOCKS_PER_SECOND * (now - self._taken_at)
+                )
+                if (bound is not None and head <= bound) or self._exists(head):
+                    self.last, self._taken_at = head, now
+                    return head
+                seen.append(head)
+            raise HeadRefused(
+                f"the RPC reported head block {', '.join(map(str, seen))} but serves no such block "
+                f"(last head taken: {self.last}): refused"
+            )
+
+
+def header_hash(answer: Any, number: int) -> bytes | None:
+    """The hash in an eth_getBlockByNumber(number) answer; None if the endpoint has no such block."""
+    if not isinstance(answer, dict) or ("result" not in answer and "error" not in answer):
+        raise LedgerError(f"eth_getBlockByNumber: unexpected answer {str(answer)[:200]}")
+    if "error" in answer:
+        raise LedgerError(f"eth_getBlockByNumber: {str(answer['error'])[:300]}")
+    header = answer["result"]
+    if header is None:
+        return None
+    if not isinstance(header, dict) or parse_quantity(header.get("number"), "eth_getBlockByNumber") != number:
+        raise LedgerError(f"eth_getBlockByNumber({number}): the RPC answered another block: {str(header)[:200]}")
+    digest = header.get("hash")
+    if not isinstance(digest, str) or not digest.startswith("0x") or len(digest) != 66:
+        raise LedgerError(f"eth_getBlockByNumber({number}): no block hash in {str(header)[:200]}")
+    try:
+        return bytes.fromhex(digest[2:])
+    except ValueError:
+        raise LedgerError(f"eth_getBlockByNumber({number}): a block hash that is not hex: {digest[:70]}") from None
 
 
 def parse_quantity(result: Any, what: str) -> int:

@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from node.cli.common import add_transaction_options
 
@@ -174,7 +174,7 @@ def handler(args: argparse.Namespace) -> int:
     return 0
 
 
-def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> dict:
+def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> dict[str, Any]:
     """The ledger's constructor terms: the flags, else what the config derives."""
     from node.cli import CLIError
     from node.config import quorum, window_seconds
@@ -185,7 +185,7 @@ def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> di
 
     try:
         commit_seconds, attest_seconds = window_seconds(config)
-        terms = {
+        terms: dict[str, Any] = {
             "genesis_digest": digest or sha256(genesis_blob(config)),
             "min_peers": args.min_peers if args.min_peers is not None else quorum(config),
             "commit_window_seconds": commit_seconds,
@@ -206,7 +206,7 @@ def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> di
     return terms
 
 
-def _deploy(args: argparse.Namespace, config: Config, terms: dict) -> tuple[LedgerClient, int, LocalAccount]:
+def _deploy(args: argparse.Namespace, config: Config, terms: dict[str, Any]) -> tuple[LedgerClient, int, LocalAccount]:
     """The ledger deployed with `terms` after the admission choice is checked against the chain."""
     from node.chain import keys
     from node.chain.client import LedgerClient

@@ -15,13 +15,29 @@ The steps, in order (`Agreement.run`):
 1. `fetch_round_set`: every blob of the on-chain set, while `watch_attestations` learns holders
    (an attester holds the blobs it included, so a blob unreachable at its committer, or that its
    committer served corrupted, is fetched from them: node/peer/fetching.py); ends when every blob
-   is settled (fetched or malformed) or at the deadline. No attestation cuts this step short: a
-   set that leaves a slow blob out must not stop us waiting for it.
+   is settled (fetched, malformed or withheld) or at the deadline. No attestation cuts this step
+   short: a set that leaves a slow blob out must not stop us waiting for it.
 2. `complete_focal_set`: what of the focal set is still missing, from its attesters, for at most
    one more `fetch_timeout`: this is how peers that missed a blob converge on the set of those
    that hold it.
 3. `decide`: the inclusion bitmap (`decide_inclusion`): the focal set if we hold all of it, else
    what we fetched ourselves. Both are exactly the blobs we hold, since a focal set contains them.
+   Every blob left out is named with its reason in `RoundBlobs.left_out`.
+
+Withholding costs the withholder, not the swarm. A committer that attests a set including its own
+blob claims to hold it (an honest one stored it before it committed, and attests only after its own
+fetch step). If it then fails to serve it to us (answers without it, or serves nothing until the
+try's timeout) while no other attester claims the blob, the blob is *withheld* once `CLAIM_PATIENCE`
+of `fetch_timeout` has passed since the claim: settled, left out, and waited for in neither step.
+(Its own early attestation used to be a focal set that every honest peer waited a second
+`fetch_timeout` to complete.) A transfer still running is no failure: a slow honest blob is waited
+for as before, so an early attestation without it still cannot censor it. A committer whose blob
+reached us from nobody in `NOT_AWAITED_AFTER` rounds in a row is *not awaited* (`Withholding`):
+its blob is still asked for while the step lasts, and included if it arrives, but nothing waits for
+it unless another attester claims to hold it; one of its blobs arriving (here, or in a prefetch
+while a round is open) makes it awaited again. Peers need not agree on who is awaited or withheld:
+that only sets how long each waits; which sets each may vote is unchanged (a peer votes every blob
+it holds), and the majority attestation decides as before.
 
 `RoundBlobs` holds what the peer knows and decides from it without any I/O, so the decisions are
 testable without trio; `Agreement` does the waiting, every wait under a deadline.
@@ -29,6 +45,7 @@ testable without trio; `Agreement` does the waiting, every wait under a deadline
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +61,10 @@ from node.protocol.wire import decode_bitmap
 log = logging.getLogger("swarm.peer")
 
 WATCH_INTERVAL = 0.5  # seconds between two reads of the round's attestations
+# Of fetch_timeout: how long after its committer claimed it (attested a set including it) a blob
+# nobody else claims is waited for before it is withheld (see the module doc).
+CLAIM_PATIENCE = 0.1
+NOT_AWAITED_AFTER = 2  # rounds in a row a committer's blob reached us from nobody: then it is not awaited
 
 
 # ------------------------------------------------------------------ decisions (no I/O)
@@ -96,6 +117,14 @@ class RoundBlobs:
     left_out: list[str | None] = field(default_factory=list)
     holders: list[list[str]] = field(default_factory=list)  # attesters that included blob i hold it
     bitmaps: list[list[bool]] = field(default_factory=list)  # the round's attested bitmaps, chain order
+    awaited: list[bool] = field(default_factory=list)  # False: nothing waits for blob i (`Withholding`)
+    # trio time we first saw blob i's committer attest a set including it (it claims to hold it)
+    claimed_at: list[float | None] = field(default_factory=list)
+    # trio time its committer last failed to serve blob i to us (answered without it, or not at all)
+    unserved_at: list[float | None] = field(default_factory=list)
+    withheld: list[bool] = field(
+        default_factory=list
+    )  # claimed by its committer, refused by it, claimed by nobody else
 
     def __post_init__(self) -> None:
         n = len(self.peer_ids)
@@ -105,20 +134,33 @@ class RoundBlobs:
         self.malformed = self.malformed or [False] * n
         self.left_out = self.left_out or [None] * n
         self.holders = self.holders or [[] for _ in range(n)]
+        self.awaited = self.awaited or [True] * n
+        self.claimed_at = self.claimed_at or [None] * n
+        self.unserved_at = self.unserved_at or [None] * n
+        self.withheld = self.withheld or [False] * n
 
     @property
     def n(self) -> int:
         return len(self.peer_ids)
 
     def is_settled(self, i: int) -> bool:
-        """Nothing more to fetch for blob i: we have it, or it is malformed."""
-        return self.vectors[i] is not None or self.malformed[i]
+        """Nothing more to fetch for blob i: we have it, or it is malformed, or withheld."""
+        return self.vectors[i] is not None or self.malformed[i] or self.withheld[i]
+
+    def claimed_by_others(self, i: int) -> bool:
+        """An attester other than blob i's committer included it: it claims to hold it."""
+        return any(h != self.peer_ids[i] for h in self.holders[i])
+
+    def awaits(self, i: int) -> bool:
+        """Blob i keeps a step waiting: it is not settled, and awaited or claimed by another attester."""
+        return not self.is_settled(i) and (self.awaited[i] or self.claimed_by_others(i))
 
     def settled(self, wanted: list[bool]) -> bool:
-        return all(self.is_settled(i) for i in range(self.n) if wanted[i])
+        """Nothing of `wanted` is left to wait for."""
+        return not any(self.awaits(i) for i in range(self.n) if wanted[i])
 
     def done(self) -> bool:
-        """Fetching can stop: every blob is settled. (A focal set does not end step 1: see the module doc.)"""
+        """Fetching can stop: nothing is left to wait for. (A focal set does not end step 1: see the module doc.)"""
         return self.settled([True] * self.n)
 
     def have(self) -> list[bool]:
@@ -129,15 +171,39 @@ class RoundBlobs:
         """The focal set now: from the attestations read so far and the blobs held now (`choose_focal`)."""
         return choose_focal(self.bitmaps, self.mine, self.have(), self.malformed)
 
-    def learn(self, attestations: Sequence[Attestation], index: dict[str, int]) -> None:
-        """Read the round's attestations (chain order, the whole list each time): every attester
-        holds the blobs it included; the bitmaps are the candidates for the focal set."""
+    def learn(self, attestations: Sequence[Attestation], index: dict[str, int], now: float) -> None:
+        """Read the round's attestations (chain order, the whole list each time) at trio time
+        `now`: every attester holds the blobs it included, its own among them (a claim); the
+        bitmaps are the candidates for the focal set."""
         self.bitmaps = [decode_bitmap(a.included, self.n) for a in attestations]
         for a, bits in zip(attestations, self.bitmaps):
-            attester = self.peer_ids[index[a.peer]]
+            k = index[a.peer]
+            if bits[k] and self.claimed_at[k] is None:
+                self.claimed_at[k] = now
             for i in range(self.n):
-                if bits[i] and attester not in self.holders[i]:
-                    self.holders[i].append(attester)
+                if bits[i] and self.peer_ids[k] not in self.holders[i]:
+                    self.holders[i].append(self.peer_ids[k])
+
+    def _withholding(self, i: int) -> float | None:
+        """When blob i's committer claimed it, if blob i is a withholding candidate: unsettled, its
+        committer failed to serve it to us after claiming it, and no other attester claims it."""
+        claimed, unserved = self.claimed_at[i], self.unserved_at[i]
+        if claimed is None or unserved is None or unserved < claimed:
+            return None
+        return None if self.is_settled(i) or self.claimed_by_others(i) else claimed
+
+    def next_due(self, patience: float) -> float | None:
+        """When the next withholding candidate's patience runs out (trio time; None: no candidate)."""
+        claims = [self._withholding(i) for i in range(self.n)]
+        return min((t + patience for t in claims if t is not None), default=None)
+
+    def withhold_overdue(self, now: float, patience: float) -> list[int]:
+        """Mark withheld every candidate (`_withholding`) claimed at least `patience` ago; the ones
+        marked now."""
+        due = [i for i in range(self.n) if (t := self._withholding(i)) is not None and now - t >= patience]
+        for i in due:
+            self.withheld[i] = True
+        return due
 
     def providers(self, i: int, announced: list[str]) -> list[str]:
         """Who holds blob i: its committer, the attesters that included it, and whoever announced
@@ -168,31 +234,37 @@ class Agreement:
         read_update: Callable[[bytes], torch.Tensor],
         read_attestations: Callable[[], Awaitable[list[Attestation]]],
         refused: Sequence[object | None] = (),
+        awaited: Sequence[bool] = (),
     ) -> None:
         self.round = round
         self.commitments = commitments
         self.index = {c.peer: i for i, c in enumerate(commitments)}
-        self.blobs = RoundBlobs(peer_ids, mine=self.index[me])
+        self.blobs = RoundBlobs(peer_ids, mine=self.index[me], awaited=list(awaited))
+        self.refused: set[int] = set()  # left out unfetched: never asked for
         for i, reason in enumerate(refused):  # breaks the policy, or a squatter's: never fetched or included
             if reason is not None:
                 why = ": ".join(map(str, reason)) if isinstance(reason, tuple) else str(reason)
                 self.blobs.malformed[i] = True
-                self.blobs.left_out[i] = f"round {round}: {self._who(i)} is refused unfetched: {why}"
+                self.blobs.left_out[i] = f"round {round}: {self.who(i)} is refused unfetched: {why}"
+                self.refused.add(i)
         self.fetch_timeout = fetch_timeout
+        self.patience = CLAIM_PATIENCE * fetch_timeout
         # who failed each blob, kept over both fetch steps: a committer that served us bad bytes
         # or nothing is asked again only after the attesters that hold its blob
         self._holders = [
-            Holders(f"round {round}: blob {bytes(c.digest).hex()[:16]} of {self._who(i)}")
-            for i, c in enumerate(commitments)
+            Holders(f"round {round}: blob {self._digest(i)[:16]} of {self.who(i)}") for i in range(len(commitments))
         ]
         self._obtain = obtain
         self._announced = announced
         self._read_update = read_update
         self._read_attestations = read_attestations
 
-    def _who(self, i: int) -> str:
+    def who(self, i: int) -> str:
         """Participant i, as the log and `RoundBlobs.left_out` name it."""
         return f"participant {i} ({self.commitments[i].peer}, peer {self.blobs.peer_ids[i]})"
+
+    def _digest(self, i: int) -> str:
+        return bytes(self.commitments[i].digest).hex()
 
     async def run(self) -> list[bool]:
         """Steps 1 to 3: the inclusion bitmap this peer attests; `self.blobs.vectors` holds the blobs."""
@@ -211,14 +283,42 @@ class Agreement:
             await self._fetch_until(trio.current_time() + self.fetch_timeout, focal)
 
     def decide(self) -> list[bool]:
-        """Step 3: the focal set if we hold all of it, else what we fetched ourselves."""
+        """Step 3: the focal set if we hold all of it, else what we fetched ourselves; every blob
+        left out is named with its reason (`RoundBlobs.left_out`)."""
         included = self.blobs.decide()
+        for i in range(self.blobs.n):
+            if not included[i] and self.blobs.left_out[i] is None:
+                why = f"round {self.round}: blob {self._digest(i)[:16]} of {self.who(i)} {self._missing(i)}, left out"
+                log.warning("%s", why)
+                self.blobs.left_out[i] = why
         if not any(included):
             raise NothingToAggregate(f"round {self.round}: every blob of the set was left out, ours included")
         return included
 
+    def _missing(self, i: int) -> str:
+        """Why blob i, which nobody served us, is missing."""
+        if self.blobs.withheld[i]:
+            return (
+                "is withheld: its committer attested a set including it (it claims to hold it) but did not serve "
+                "it to us, and no other attester claims it"
+            )
+        if not self.blobs.awaited[i]:
+            return (
+                f"was not awaited (its committer served its blob to nobody in {NOT_AWAITED_AFTER} rounds in a "
+                "row) and did not arrive"
+            )
+        return f"was served by nobody within the fetch timeout ({self.fetch_timeout:g} s)"
+
+    def served(self, i: int) -> bool | None:
+        """Whether blob i reached us (malformed counts: its bytes came); None if it was never asked
+        for (refused unfetched, or our own)."""
+        if i in self.refused or i == self.blobs.mine:
+            return None
+        return self.blobs.vectors[i] is not None or self.blobs.malformed[i]
+
     async def _fetch_until(self, deadline: float, wanted: list[bool]) -> None:
-        """Fetch the unsettled blobs of `wanted` until all of `wanted` is settled, or the deadline."""
+        """Fetch the unsettled blobs of `wanted` until nothing of `wanted` is left to wait for, or the
+        deadline (blobs not awaited are asked for meanwhile, and kept if they arrive)."""
         with trio.move_on_at(deadline):
             async with trio.open_nursery() as nursery:
                 for i in range(self.blobs.n):
@@ -227,14 +327,14 @@ class Agreement:
                 nursery.start_soon(self.watch_attestations, wanted, nursery.cancel_scope)
 
     async def fetch_blob(self, i: int, wanted: list[bool], scope: trio.CancelScope, deadline: float) -> None:
-        """Fetch blob i until we have it or it proves malformed (or the deadline cancels us),
+        """Fetch blob i until we have it or it proves malformed or withheld (or the step ends),
         from its holders (node/peer/fetching.py): those learnt meanwhile are asked too."""
         blobs = self.blobs
-        digest_hex = bytes(self.commitments[i].digest).hex()
+        digest_hex = self._digest(i)
         while not blobs.is_settled(i):
             try:
                 data = await fetch_from_holders(
-                    self._obtain,
+                    functools.partial(self._ask, i),
                     digest_hex,
                     self._holders[i],
                     lambda: blobs.providers(i, self._announced(digest_hex)),
@@ -247,7 +347,7 @@ class Agreement:
                 # is a release the swarm's mechanism cannot output (release.check_release): left out
                 # here as on every peer; what is logged and kept names the round, the participant,
                 # its committer and peer id, and the blob
-                why = f"round {self.round}: blob {digest_hex[:16]} of {self._who(i)} is malformed, left out: {exc}"
+                why = f"round {self.round}: blob {digest_hex[:16]} of {self.who(i)} is malformed, left out: {exc}"
                 log.warning("%s", why)
                 blobs.left_out[i] = why
                 blobs.malformed[i] = True
@@ -259,10 +359,65 @@ class Agreement:
         if blobs.settled(wanted):
             scope.cancel()
 
+    async def _ask(self, i: int, digest_hex: str, providers: list[str], timeout: float) -> bytes:
+        """Ask `providers` for blob i, noting when its committer failed to serve it (fetching.Obtain)."""
+        try:
+            return await self._obtain(digest_hex, providers, timeout)
+        except Exception:
+            if self.blobs.peer_ids[i] in providers:
+                self.blobs.unserved_at[i] = trio.current_time()
+            raise
+
     async def watch_attestations(self, wanted: list[bool], scope: trio.CancelScope) -> None:
-        """Read the attestations every WATCH_INTERVAL (holders, focal candidates); stop once `wanted` is settled."""
-        self.blobs.learn(await self._read_attestations(), self.index)
-        while not self.blobs.settled(wanted):  # or until the step's deadline cancels us
-            await trio.sleep(WATCH_INTERVAL)
-            self.blobs.learn(await self._read_attestations(), self.index)
+        """Read the attestations every WATCH_INTERVAL (holders, claims, focal candidates), and when a
+        claimed blob's patience runs out; mark the overdue ones withheld; stop once nothing of
+        `wanted` is left to wait for."""
+        while True:
+            attestations = await self._read_attestations()
+            now = trio.current_time()
+            self.blobs.learn(attestations, self.index, now)
+            for i in self.blobs.withhold_overdue(now, self.patience):
+                log.warning(
+                    "round %d: %s attested its own blob %s, did not serve it to us, and nobody else claims it: "
+                    "withheld, not waited for",
+                    self.round,
+                    self.who(i),
+                    self._digest(i)[:16],
+                )
+            if self.blobs.settled(wanted):
+                break
+            due = self.blobs.next_due(self.patience)
+            await trio.sleep(WATCH_INTERVAL if due is None else min(WATCH_INTERVAL, max(0.0, due - now)))
         scope.cancel()
+
+
+class Withholding:
+    """Per committer, how many rounds in a row its blob reached this peer from nobody. One that
+    reached NOT_AWAITED_AFTER is not awaited (`awaited`) until one of its blobs arrives (`served`:
+    in a round's agreement step, or a prefetch while a round is open)."""
+
+    def __init__(self) -> None:
+        self.missed: dict[str, int] = {}  # committer address -> rounds in a row
+
+    def awaited(self, committer: str) -> bool:
+        return self.missed.get(committer, 0) < NOT_AWAITED_AFTER
+
+    def served(self, committer: str) -> None:
+        self.missed.pop(committer, None)
+
+    def record(self, agreement: Agreement) -> None:
+        """What a round's agreement step saw: who served its blob, and who served it to nobody."""
+        for i, c in enumerate(agreement.commitments):
+            served = agreement.served(i)
+            if served:
+                self.served(c.peer)
+            elif served is False:
+                self.missed[c.peer] = self.missed.get(c.peer, 0) + 1
+                if self.missed[c.peer] == NOT_AWAITED_AFTER:
+                    log.warning(
+                        "round %d: %s served its blob to nobody in %d rounds in a row: not awaited from now on, "
+                        "until one of its blobs arrives",
+                        agreement.round,
+                        agreement.who(i),
+                        NOT_AWAITED_AFTER,
+                    )

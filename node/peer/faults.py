@@ -7,11 +7,12 @@ from typing import Any
 
 from p2p.store import DiskBlobStore
 
-FAULTS = ("wrong-bytes", "scale:K")
+FAULTS = ("wrong-bytes", "withhold", "scale:K")
+STORE_FAULTS = ("wrong-bytes", "withhold")  # served through a `FaultyStore`
 
 
 def check_fault(fault: str | None) -> str | None:
-    if fault is None or fault == "wrong-bytes":
+    if fault is None or fault in STORE_FAULTS:
         return fault
     if fault.startswith("scale:"):
         try:
@@ -22,12 +23,16 @@ def check_fault(fault: str | None) -> str | None:
     raise ValueError(f"--fault must be one of {', '.join(FAULTS)}, got {fault!r}")
 
 
-class WrongBytesStore:
-    """Wraps a blob store; serves altered bytes for the digests it was told to poison, as a
-    peer would that commits one digest and serves other bytes."""
+class FaultyStore:
+    """Wraps a blob store; the digests it was told to poison are served faultily, as by a peer
+    that commits one digest and then serves other bytes (`wrong-bytes`) or nothing: it answers
+    "not found" though it holds the blob, announces it and uses it itself (`withhold`)."""
 
-    def __init__(self, inner: DiskBlobStore) -> None:
+    def __init__(self, inner: DiskBlobStore, fault: str = "wrong-bytes") -> None:
+        if fault not in STORE_FAULTS:
+            raise ValueError(f"not a store fault: {fault!r}")
         self.inner = inner
+        self.fault = fault
         self.poisoned: set[str] = set()
 
     def poison(self, digest: str) -> None:
@@ -39,10 +44,19 @@ class WrongBytesStore:
         return bytes(b ^ 0x5A for b in data)
 
     def get(self, digest: str) -> bytes | None:
+        if self.fault == "withhold":  # the peer's own reads: it aggregates its blob like any other
+            return self.inner.get(digest)
         return self._alter(digest, self.inner.get(digest))
 
+    def size(self, digest: str) -> int | None:  # what the host serves from: nothing, when withheld
+        if self.fault == "withhold" and digest in self.poisoned:
+            return None
+        return self.inner.size(digest)
+
     def read(self, digest: str, offset: int, length: int) -> bytes | None:
+        if self.fault == "withhold":
+            return None if digest in self.poisoned else self.inner.read(digest, offset, length)
         return self._alter(digest, self.inner.read(digest, offset, length))
 
-    def __getattr__(self, name: str) -> Any:  # put, has, size, digests...: the inner store's
+    def __getattr__(self, name: str) -> Any:  # put, has, digests...: the inner store's
         return getattr(self.inner, name)

@@ -7,10 +7,12 @@ and skipped for that blob while other holders are left to ask. A try gets `reque
 while other holders wait their turn, and the time left when it asks the last of them: a silent
 holder costs one short try, an honest sole holder on a slow link is never cut short.
 
-The host (p2p.host) checks the digest of the whole blob and may add holders of its own (those
-that announced it) to a try; for a blob of one piece the blame falls on the holder that served
-it. A blob of several pieces is striped over several holders, so one liar among them spoils a
-try whoever is asked first: per-piece hashes bound to the digest, in p2p, are what would name it.
+The host (p2p.host) may add holders of its own (those that announced it, then other connected
+peers) to a try, and checks each piece against the hashes its holder declared and the whole blob
+against the digest: a holder caught lying inside a try is named by the host (`host.blames`, a
+warning) and dropped from it, its pieces asked of the others, so one liar among the holders of a
+striped blob does not spoil the try (docs/P2P.md, "Piece hashes"). A try ends in DigestMismatch
+only when no holder it reached served bytes that hash to the digest.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ from node.chain.records import PROTECTS_WORDS, Commitment, RoundInfo, RoundState
 from node.learning.contribute import contribute, round_seed
 from node.learning.models import init_model
 from node.learning.train import evaluate
-from node.peer.agree import Agreement, NothingToAggregate
+from node.peer.agree import Agreement, NothingToAggregate, Withholding
 from node.peer.catchup import CatchUp, ModelUnavailable
+from node.peer.endpoints import Witness
 from node.peer.fetching import obtain
 from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
 from node.peer.spending import BudgetExhausted, Spending
@@ -47,6 +48,13 @@ from p2p import peer_id_from_bytes
 log = logging.getLogger("swarm.peer")
 
 T = TypeVar("T")
+
+CONFIRM_READS = 4  # reads back of a commit after its receipt (pauses doubling from CONFIRM_PAUSE: 1.4 s in all)
+CONFIRM_PAUSE = 0.2
+
+
+class CommitUnconfirmed(LedgerError):
+    """A commit's receipt came, but the chain holds no Committed event of it."""
 
 
 class Phase(enum.StrEnum):
@@ -88,6 +96,7 @@ class RoundOutcome:
     gas_used: int = 0
     phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time per Phase value
     global_digest: str | None = None  # the model this peer holds after the round
+    left_out: list[str] = field(default_factory=list)  # each blob this peer's vote left out, and why
 
 
 class Peer:
@@ -111,6 +120,7 @@ class Peer:
         accountant_path: Path | None = None,
         identity: PrivateKey | None = None,
         ownership: Ownership | None = None,
+        witness: Witness | None = None,
     ) -> None:
         self.s = settings
         self.ledger = ledger
@@ -157,6 +167,8 @@ class Peer:
         # the libp2p key of host.peer_id_bytes: it signs the registration (None: in-memory tests
         # only; the peer then registers unsigned, which real peers and `swarm verify` ignore)
         self.identity = identity
+        # a second RPC endpoint our commits must also be on (node/peer/endpoints.py); None: one endpoint
+        self.witness = witness
         # the vetting room: every commitment held to the rulebook (node/rules.py), the rules
         # `swarm verify` applies; `ownership` is the registry's rule 1 (None: every registration
         # counts: the in-memory tests, whose fake chain has no signatures)
@@ -171,6 +183,8 @@ class Peer:
         # the swarm's mechanism (its policy, in the genesis): every fetched update must be one of
         # its possible outputs (release.check_release); None for an empty policy, which checks nothing
         self.release_mechanism = release.swarm_mechanism(sh)
+        # who served its blobs to nobody lately: such a committer's blob is not waited for (agree.py)
+        self.withholding = Withholding()
 
     # ---------------------------------------------------------------- helpers
     async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -251,8 +265,25 @@ class Peer:
     def _committed(self, r: int) -> bool:
         return self.address in self.ledger.participants(r)
 
-    def _holds_commit(self, r: int, digest: bytes) -> bool:
-        return any(c.peer == self.address and bytes(c.digest) == digest for c in self.ledger.commitments(r))
+    def _own_commit(self, r: int, digest: bytes) -> Commitment | None:
+        """Our commitment of `digest` in round r, from the chain's Committed events (blocking)."""
+        return next(
+            (c for c in self.ledger.commitments(r) if c.peer == self.address and bytes(c.digest) == digest), None
+        )
+
+    async def _read_back_commit(self, r: int, digest: bytes) -> Commitment:
+        """Our commit of `digest`, read back from the chain after its receipt, a few times (an
+        endpoint's logs may lag the receipt it just gave); CommitUnconfirmed if it is not there:
+        a receipt an endpoint made up must not make us serve a release the chain never recorded."""
+        for attempt in range(CONFIRM_READS):
+            own = await self.chain(self._own_commit, r, digest)
+            if own is not None:
+                return own
+            await trio.sleep(CONFIRM_PAUSE * 2**attempt)
+        raise CommitUnconfirmed(
+            f"round {r}: the endpoint's receipt says our commit of {digest.hex()[:16]} is mined, but the chain's "
+            "Committed events do not hold it: nothing is stored or served"
+        )
 
     async def _obtain(self, digest_hex: str, providers: list[str], timeout: float) -> bytes:
         max_size = wire.max_blob_size(self.num_params)
@@ -291,8 +322,7 @@ class Peer:
         with self._measured(out):
             info = await self._commit_and_wait_close(r, global_vector, out)
             if info.state == RoundState.CLOSED and out.committed and global_vector is not None:
-                out.included, gas = await self._aggregate_and_attest(r, global_vector)
-                out.gas_used += gas
+                await self._aggregate_and_attest(r, global_vector, out)
             self._set(Phase.WAITING_FINAL)
             info = await self.watcher.ended(r)
             out.state = info.state.name.lower()
@@ -399,6 +429,7 @@ class Peer:
             raw_id, refused = await self._vet(r, c)
             if refused is None and c.peer != self.address:
                 await self._obtain(bytes(c.digest).hex(), [peer_id_from_bytes(raw_id)], self.s.fetch_timeout)
+                self.withholding.served(c.peer)  # it serves again: awaited from now on
         except Exception as exc:
             log.debug("round %d: prefetch of %s failed: %s", r, bytes(c.digest).hex()[:12], exc)
 
@@ -419,6 +450,7 @@ class Peer:
         digest = sha256(data)
         self._set(Phase.COMMITTING)
         receipt: Any = None
+        own: Commitment | None = None
         try:
             receipt = await self.chain(
                 self.ledger.commit,
@@ -433,15 +465,21 @@ class Peer:
             # A commit can be mined although its reply was lost (the resend then reads "nonce too
             # low"): if the chain holds this very digest from us, it is ours, spent and counted in
             # the round, so store, serve and attest it like any other.
-            if not await self.chain(self._holds_commit, r, digest):
+            own = await self.chain(self._own_commit, r, digest)
+            if own is None:
                 raise
             log.warning("round %d: the commit's reply was lost, but the chain holds it: going on", r)
+        if own is None:  # a receipt is only the endpoint's word: the chain's Committed event is the commit
+            own = await self._read_back_commit(r, digest)
+        if self.witness is not None:
+            await self.chain(self.witness.confirm_commit, r, self.address, digest, own.block_number)
         self.spending.committed(num_records)
         # Commit first, then serve: the release is public only once its eps is on chain, and a
         # refused commit (an exception above) leaves nothing stored or announced.
         self.store.put(data)
-        if self.s.fault == "wrong-bytes":
-            cast(PoisonableStore, self.store).poison(digest.hex())  # testing: commit this digest, serve other bytes
+        if self.s.fault in ("wrong-bytes", "withhold"):
+            # testing: commit this digest, serve other bytes or nothing (node/peer/faults.py)
+            cast(PoisonableStore, self.store).poison(digest.hex())
         # Batched with the round's other HAVEs: fetchers know the committer from the chain (one gossip
         # message per peer and round instead of three or four: docs/NODE.md, "Announcements").
         await self.host.announce_blob(digest.hex(), later=True)
@@ -465,9 +503,9 @@ class Peer:
         return c.vector, c.num_samples
 
     # -------------------------------------------------------------- aggregate
-    async def _aggregate_and_attest(self, r: int, previous: torch.Tensor) -> tuple[list[bool], int]:
+    async def _aggregate_and_attest(self, r: int, previous: torch.Tensor, out: RoundOutcome) -> None:
         """Fetch the round's blobs, agree on which go in (node/peer/agree.py), aggregate, attest.
-        Returns the inclusion bitmap and the gas of the attestation."""
+        Sets in `out` the inclusion bitmap, what was left out and why, and the attestation's gas."""
 
         self._set(Phase.FETCHING)
         agreement = await self._agreement(r)
@@ -477,22 +515,26 @@ class Peer:
             # e.g. every release of the round past the fixed-point bound: nothing to vote for; the
             # round aborts at the end of its window and the peer goes on from the last model
             log.warning("%s: no vote this round", exc)
-            return [], 0
+            return
+        finally:
+            self.withholding.record(agreement)
+            out.left_out = [why for why in agreement.blobs.left_out if why is not None]
         self._set(Phase.AGGREGATING)
         digest = await self._aggregate(r, previous, agreement.commitments, agreement.blobs.vectors, included)
         if digest is None:  # aggregation failed (logged): no vote this round, the peer goes on
-            return [], 0
+            return
+        out.included = included
         # train on our aggregate while the attestation is mined and the majority forms
         self.training.speculate(self._background, r + 1, self._own_aggregate)
         self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
         try:
             receipt = await self.chain(self.ledger.attest, r, digest, encode_bitmap(included))
         except RoundNotClosed:  # a majority finalized (or the round was aborted) before our vote
-            return included, 0
+            return
         except LedgerError as exc:  # e.g. sent but unconfirmed while the RPC was away: the round goes on
             log.warning("round %d: attestation failed: %s", r, exc)
-            return included, 0
-        return included, _gas(receipt)
+            return
+        out.gas_used += _gas(receipt)
 
     async def _agreement(self, r: int) -> Agreement:
         """The agreement step of round r over its on-chain set, wired to this peer's ledger, host and
@@ -512,6 +554,7 @@ class Peer:
             read_update=await self.vetting.update_reader(commitments),  # rules 4 to 6: decoding, binding, release
             read_attestations=lambda: self.chain(self.ledger.attestations, r),
             refused=refused,
+            awaited=[self.withholding.awaited(c.peer) for c in commitments],
         )
 
     async def _vet(self, r: int, c: Commitment) -> Vetted:

@@ -9,6 +9,7 @@ import threading
 import trio
 
 from node.chain.client import LedgerClient
+from node.chain.errors import LedgerError
 from node.chain.registration import Registration
 from node.rules import PeerIdOwners, Verdict
 from p2p import peer_id_from_bytes
@@ -20,11 +21,12 @@ class RegistryCache:
     """The admission predicate p2p asks on every stream and message: is this libp2p peer
     registered on the ledger, with a registration its own key signed, by an account the allowlist
     has not removed? Refreshed from the chain in the background, reading only the blocks after the
-    last one it scanned (Registered and AllowlistChanged logs); unknown peers are refused until the
-    next refresh sees them. A peer id is admitted once it has an owner (`rules.PeerIdOwners`: the
-    first registration of it whose signature verifies); squatters' registrations, which cannot be
-    signed by the peer id's key, own nothing. `disallow` refuses the owner's peer id from the next
-    refresh on, `allow` admits it again. `ownership` answers rule 1 for the peer's vetting."""
+    last one it scanned (Registered and AllowlistChanged logs; never past a block the endpoint does
+    not serve); unknown peers are refused until the next refresh sees them. A peer id is admitted
+    once it has an owner (`rules.PeerIdOwners`: the first registration of it whose signature
+    verifies); squatters' registrations, which cannot be signed by the peer id's key, own nothing.
+    `disallow` refuses the owner's peer id from the next refresh on, `allow` admits it again.
+    `ownership` answers rule 1 for the peer's vetting."""
 
     def __init__(self, ledger: LedgerClient) -> None:
         self.ledger = ledger
@@ -56,10 +58,15 @@ class RegistryCache:
             self._refresh()
 
     def _refresh(self) -> None:
+        # the head is held to monotonic, bounded progress (rawrpc.HeadGuard), and the block this
+        # scan will record as read must be one the endpoint serves: a head made up within the bound
+        # would otherwise skip the registrations and removals of every block up to it, for good
         latest = self.ledger.block_number()
         start = self.ledger.params().deploy_block if self.scanned_to is None else self.scanned_to + 1
         if latest < start:
             return
+        if self.ledger.block_hash(latest) is None:
+            raise LedgerError(f"the RPC reported head block {latest} but serves no such block: not scanned")
         if self.book is None:
             self.book = PeerIdOwners(self.ledger.chain_id(), self.ledger.address)
         for reg in self.book.add(self.ledger.registrations(start, latest)):

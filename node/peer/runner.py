@@ -21,7 +21,7 @@ from node.chain.liveness import watch_chain
 from node.config import Config
 from node.derive import load_shard, peer_settings
 from node.peer.addresses import advertised_addrs, tcp_problem
-from node.peer.faults import WrongBytesStore
+from node.peer.faults import STORE_FAULTS, FaultyStore
 from node.peer.peer import Peer, RoundOutcome
 from node.peer.registry import RegistryCache
 from node.protocol import wire
@@ -108,7 +108,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
     train_xy, test_xy = await trio.to_thread.run_sync(lambda: load_shard(config, options.partition))
     key_pair = load_or_create_identity(workdir / "p2p.key", options.p2p_password or p2p_password())
     disk = DiskBlobStore(workdir / "blobs")
-    store: DiskBlobStore | WrongBytesStore = WrongBytesStore(disk) if options.fault == "wrong-bytes" else disk
+    store: DiskBlobStore | FaultyStore = FaultyStore(disk, options.fault) if options.fault in STORE_FAULTS else disk
     registry = RegistryCache(ledger)
     await trio.to_thread.run_sync(registry.refresh)
     chain_id = await trio.to_thread.run_sync(lambda: w3.eth.chain_id)

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
@@ -541,6 +542,7 @@ def plot_run(records: list[dict], path: Path) -> None:
     for ax, (key, label) in zip(fig.subplots(1, len(figures), squeeze=False)[0], figures):
         points = [(r["round"], r[key]) for r in records if r.get(key) is not None]
         ax.plot([x for x, _ in points], [y for _, y in points], "o-")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("round")
         ax.set_title(label, fontsize=10)
         if key == "accuracy":

@@ -20,6 +20,7 @@ from node.runs.local import LocalSwarm
 
 pytestmark = pytest.mark.slow
 
+BASELINE = Path(__file__).resolve().parents[2] / "scripts" / "baseline.toml"  # digits: 337 records a peer
 SETS = ["swarm.peers=4", "swarm.rounds=2", "chain.min_peers=3", "chain.commit_window=240", "train.dp_sgd=true"]
 CAP = 12.0  # record-level: above what a 337-record peer spends in 2 rounds (7.9), below a 100-record peer's (16.8)
 
@@ -29,7 +30,7 @@ def test_peer_over_its_record_level_budget_stops_contributing_and_follows(tmp_pa
     data is its own business), so its record-level eps grows faster and its second commit would
     pass the record-level cap: it stops contributing and follows. The three others finalize both
     rounds, and every figure on chain is exactly what the policy spends."""
-    config = load_config(None, [*SETS, f"chain.record_eps_cap={CAP}"])
+    config = load_config(BASELINE, [*SETS, f"chain.record_eps_cap={CAP}"])
     policy = dp_policy(config)
     small = ["data.limit=400"]  # 100 records instead of 337
     with LocalSwarm(config, tmp_path / "run", peer_overrides={3: small}) as swarm:

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlparse
 
@@ -57,12 +58,13 @@ TINY = [
     "chain.block_time=0.25",
 ]
 OUTAGE_SECONDS = 30.0
+BASELINE = Path(__file__).resolve().parents[2] / "scripts" / "baseline.toml"  # the settings TINY was tuned on
 
 T = TypeVar("T")
 
 
 def config(*sets: str):
-    return load_config(None, [*TINY, *sets])
+    return load_config(BASELINE, [*TINY, *sets])
 
 
 class Watch:

@@ -30,6 +30,7 @@ from p2p.store import DiskBlobStore
 # record-level eps <= 8 under PNPM eps 1; measured 80 to 81%).
 DEMO_MIN_ACCURACY = 0.75
 DEMO_MAX_RECORD_EPS = 8.0
+BASELINE = Path(__file__).resolve().parents[2] / "scripts" / "baseline.toml"  # what these swarms were tuned on
 TINY_SETS = ["data.dataset=digits", "data.limit=600", "data.test_limit=200", "model.name=logreg", "train.epochs=1"]
 
 pytestmark = pytest.mark.slow
@@ -131,7 +132,7 @@ def test_verify_names_an_altered_blob(demo_run, tmp_path):
 def small_config(**overrides):
     sets = {"swarm.peers": 4, "swarm.rounds": 3, "chain.min_peers": 3}
     sets.update(overrides)
-    return load_config(None, [f"{k}={v}" for k, v in sets.items()])
+    return load_config(BASELINE, [f"{k}={v}" for k, v in sets.items()])
 
 
 def failed_logs(swarm) -> str:
@@ -236,7 +237,7 @@ def test_round_one_waits_for_every_peer_to_start(tmp_path):
     first training (node/runs/ticker.py), so a window far shorter than start-up at the run's pace
     (30 blocks, 7.5 s), with a quorum of one, still sees every peer commit in round 1."""
     sets = TINY_SETS + ["swarm.peers=3", "swarm.rounds=1", "chain.min_peers=1", "chain.commit_window=30"]
-    config = load_config(None, sets)
+    config = load_config(BASELINE, sets)
     with LocalSwarm(config, tmp_path / "run") as swarm:
         swarm.start()
         swarm.wait(300)

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 import mechanisms as M
 from mechanisms.draws import WORD, exp_lower, float32_count_below
 from mechanisms.local import CELLS, HALF
+from tests.mechanisms.replay import replay
 
 ALL24 = torch.arange(-(1 << 23), 1 << 23, dtype=torch.int32)  # every 24-bit draw W
 
@@ -40,26 +39,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
-
-
-class ReplayStream:
-    """Hands out prepared int32 words in order: a test's stand-in for a keystream."""
-
-    def __init__(self, words: torch.Tensor) -> None:
-        self.words = words.to(torch.int32).contiguous()
-        self.at = 0
-
-    def fill_(self, out: torch.Tensor) -> torch.Tensor:
-        target = out.view(torch.int32).view(-1)
-        n = target.numel()
-        assert self.at + n <= self.words.numel(), "the mechanism read more words than prepared"
-        target.copy_(self.words[self.at : self.at + n])
-        self.at += n
-        return out
-
-
-def replay(words: torch.Tensor) -> SimpleNamespace:
-    return SimpleNamespace(mechanism=ReplayStream(words))
 
 
 def blockwise(*parts: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
@@ -265,7 +244,7 @@ def test_exponential_reaches_every_cell_from_the_extreme_inputs():
                            (1 - math.exp(-(t + 1) / b)) + (1 - torch.exp(-(targets - t) / b)))
         total = (1 - math.exp(-(t + 1) / b)) + (1 - math.exp(-(1 - t) / b))
         words = torch.tensor([_exponential_word(float(u)) for u in (mass / total)], dtype=torch.int64)
-        y = mech.perturb(torch.full((grid.numel(),), t), generator=replay(words.view(torch.int32)))
+        y = mech.perturb(torch.full((grid.numel(),), t), generator=replay(words))
         assert torch.equal(y.double(), grid)
 
 
@@ -316,7 +295,7 @@ def test_gaussian_reaches_every_clamped_cell_from_the_extreme_inputs(z):
         for k in (-steps, -steps + 1, -1, 0, 1, steps - 1, steps):
             noise = (k * grid - x) / sigma
             words = _gaussian_words(noise)
-            y = mech.perturb(torch.tensor([x, 0.0]), generator=replay(words.view(torch.int32)))
+            y = mech.perturb(torch.tensor([x, 0.0]), generator=replay(words))
             assert float(y[0]) == k * grid, (x, k, float(y[0]) / grid)
     y = mech.perturb(torch.randn(10_000) * 10)
     index = y.double() / grid

@@ -1,6 +1,6 @@
-"""Floating-point noise: the exact uniform U*, the snapping Laplace, the float64 Gaussian sampler
-and the residual delta they carry into the recorded figures (docs/MECHANISMS.md, "Floating
-point").
+"""Floating-point noise: the exact uniform U*, the snapping Laplace and exponential mechanism, the
+snapped float64 Gaussian and the residual delta they carry into the recorded figures
+(docs/MECHANISMS.md, "Floating point").
 
 Statistical checks use fixed seeds and 5 standard errors from the closed forms (a correct
 implementation fails one with probability ~6e-7): a proportion p of n has sd sqrt(p (1-p) / n);
@@ -15,23 +15,30 @@ import torch
 
 import mechanisms as M
 from mechanisms import accounting as A
+from mechanisms import draws as D
 from mechanisms import gaussian as G
-from mechanisms import local as L
+from mechanisms import snapping as S
+from mechanisms.randomness import seeded_generator
+from tests.mechanisms.replay import ReplayStream
 
 Z = 5.0
 D_MODEL = 42_090  # the reviewer's update size (coordinates per release)
 
 
 def gen(seed=0):
-    return torch.Generator().manual_seed(seed)
+    return seeded_generator(seed)
+
+
+def stream(seed=0):
+    return seeded_generator(seed).mechanism
 
 
 def u_star(n, seed, extra_bits=42):
-    g = gen(seed)
-    bits = L.random_bits_(torch.empty(n, dtype=torch.int64), g)
-    aux = L.random_bits_(torch.empty(n, dtype=torch.int64), g)
+    s = stream(seed)
+    bits = D.bits63_(torch.empty(n, dtype=torch.int64), s)
+    aux = D.bits63_(torch.empty(n, dtype=torch.int64), s)
     extra = aux.bitwise_right_shift_(63 - extra_bits)
-    return L.round_down_uniform_(torch.empty(n, dtype=torch.float64), bits, extra, extra_bits, g)
+    return D.round_down_uniform_(torch.empty(n, dtype=torch.float64), bits, extra, extra_bits, s)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,15 +50,15 @@ def test_u_star_matches_an_independent_construction():
     binade of the 53-bit integer h (top 11 bits of the first draw, then 42 of the second) and M
     the first draw's low 52 bits: computed here with frexp/ldexp, bit for bit."""
     n = 1 << 16
-    g = gen(1)
-    bits = L.random_bits_(torch.empty(n, dtype=torch.int64), g)
-    aux = L.random_bits_(torch.empty(n, dtype=torch.int64), g)
+    s = stream(1)
+    bits = D.bits63_(torch.empty(n, dtype=torch.int64), s)
+    aux = D.bits63_(torch.empty(n, dtype=torch.int64), s)
     h = ((bits >> 52) << 42) | (aux >> 21)
     assert int(h.min()) > 0  # no coordinate needs a second level here (probability 2^-53 each)
     _, e = torch.frexp(h.double())
     significand = 1.0 + (bits & ((1 << 52) - 1)).double() * 2.0**-52
     reference = torch.ldexp(significand, (e - 54).double())
-    u = L.round_down_uniform_(torch.empty(n, dtype=torch.float64), bits.clone(), aux >> 21, 42, gen(99))
+    u = D.round_down_uniform_(torch.empty(n, dtype=torch.float64), bits.clone(), aux >> 21, 42, stream(99))
     assert torch.equal(u, reference)
 
 
@@ -77,7 +84,7 @@ def test_u_star_reaches_below_the_53_bit_grid():
     float32: 5.77 sigma; 2^-53 in float64: 8.57 sigma)."""
     n = 4096
     zeros = torch.zeros(n, dtype=torch.int64)
-    u = L.round_down_uniform_(torch.empty(n, dtype=torch.float64), zeros.clone(), zeros.clone(), 42, gen(3))
+    u = D.round_down_uniform_(torch.empty(n, dtype=torch.float64), zeros.clone(), zeros.clone(), 42, stream(3))
     assert float(u.max()) < 2.0**-53 and float(u.min()) > 0.0
     radius = torch.sqrt(-2.0 * torch.log(u))
     assert float(radius.min()) > math.sqrt(-2.0 * math.log(2.0**-53)) > 8.57
@@ -86,21 +93,33 @@ def test_u_star_reaches_below_the_53_bit_grid():
     assert G.TAIL_RADIUS > 37.6
 
 
-def test_torch_log_is_within_the_assumed_ulps():
-    """The snapping bound assumes torch's float64 log within LOG_ULPS ulps (Sleef u10 and glibc
-    document 1 ulp). Measured against mpmath at 40 digits on U* values from every binade down to
-    2^-1022 and next to 1: at most 1 ulp (seen: 0.50, correctly rounded, vector and scalar paths)."""
+def _worst_ulps(fn, reference, values: list[float]) -> float:
+    got = fn(torch.tensor(values, dtype=torch.float64)).tolist()
+    mpmath.mp.dps = 40
+    worst = 0.0
+    for v, y in zip(values, got, strict=True):
+        exact = reference(mpmath.mpf(v))
+        if exact != 0:
+            worst = max(worst, float(abs(mpmath.mpf(y) - exact)) / math.ulp(float(exact)))
+    return worst
+
+
+def test_torch_libm_is_within_the_assumed_ulps():
+    """The snapping bounds assume torch's float64 log, log1p, exp, cos and sin within LOG_ULPS
+    ulps (Sleef u10 and glibc document 1 ulp). Measured against mpmath at 40 digits: log on U*
+    values from every binade down to 2^-1022 and next to 1, log1p on -Y for Y in (0, 1/2) of
+    every binade, exp on the exponential mechanism's arguments, cos and sin on angles of the
+    2^-53 grid: at most 1 ulp (seen: 0.50 to 0.51, vector and scalar paths)."""
     values = [float(v) for v in u_star(2000, seed=4)]
     values += [math.ldexp(1.0 + k / 7.0, -j) for j in range(1, 1023, 3) for k in range(7)]
     values += [1.0 - k * 2.0**-53 for k in range(1, 200)]
-    t = torch.tensor(values, dtype=torch.float64)
-    got = torch.log(t).tolist()
-    mpmath.mp.dps = 40
-    worst = 0.0
-    for v, lg in zip(values, got, strict=True):
-        exact = mpmath.log(mpmath.mpf(v))
-        worst = max(worst, float(abs(mpmath.mpf(lg) - exact)) / math.ulp(float(exact)))
-    assert worst <= 1.0 <= L.LOG_ULPS
+    assert _worst_ulps(torch.log, mpmath.log, values) <= 1.0 <= S.LOG_ULPS
+    halves = [-float(v) / 2 for v in u_star(2000, seed=5)] + [-math.ldexp(1.0, -j) for j in range(2, 1000, 7)]
+    assert _worst_ulps(torch.log1p, mpmath.log1p, halves) <= 1.0
+    arguments = [-k / 997.0 * 40.0 for k in range(998)]
+    assert _worst_ulps(torch.exp, mpmath.exp, arguments) <= 1.0
+    angles = [2.0 * math.pi * float(v) for v in u_star(3000, seed=6)] + [2.0 * math.pi * k / 1024 for k in range(1024)]
+    assert _worst_ulps(torch.cos, mpmath.cos, angles) <= 1.0 and _worst_ulps(torch.sin, mpmath.sin, angles) <= 1.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +161,7 @@ def test_snapping_is_unbiased_with_the_stated_variance(eps, value):
     mech = M.get("laplace", epsilon=eps)
     n = 200_000
     y = mech.perturb(torch.full((n,), value), generator=gen(7)).double()
-    var = L.snapping_variance(mech.scale, mech.snap)
+    var = S.snapping_variance(mech.scale, mech.snap)
     assert float(mech.variance(torch.zeros(1))[0]) == pytest.approx(var, rel=1e-7)  # float32 result
     mean, s2 = float(y.mean()), float(y.var())
     m4 = float(((y - mean) ** 4).mean())
@@ -156,9 +175,9 @@ def test_snapping_guarantee_includes_the_float_excess(eps):
     up: positive, and the calibration keeps it within the requested eps, which is what the
     guarantee and cumulative_spend record (d releases per round at eps each, pure)."""
     mech = M.get("laplace", epsilon=eps)
-    rho = 2.0**-52 * ((L.LOG_ULPS + 1.0) * (2 * mech.steps + 3) + 1.0)
-    assert L.snap_error(mech.steps) == rho
-    bound = L.snap_bound(mech.scale, mech.snap, mech.steps)
+    rho = 2.0**-52 * ((S.LOG_ULPS + 1.0) * (2 * mech.steps + 3) + 1.0)
+    assert S.snap_error(mech.steps) == rho
+    bound = S.snap_bound(mech.scale, mech.snap, mech.steps)
     assert bound >= (2.0 / mech.scale) * (1 + 2.0**-52) + 32 * rho
     assert 0.0 < mech.float_excess == bound - 2.0 / mech.scale < 1e-10
     assert bound <= eps and 2.0 / mech.scale < eps
@@ -169,7 +188,7 @@ def test_snapping_guarantee_includes_the_float_excess(eps):
     # the outer grid point: >= 1 + 32 b (or as far as exactness allows), past the inputs
     assert mech.steps * mech.snap >= min(1.0 + 32.0 * mech.scale, 1.0 + mech.snap)
     # every draw past TAIL_EXPONENT saturates: 2 steps + 1 <= c T
-    assert 2 * mech.steps + 1 <= c * L.TAIL_EXPONENT
+    assert 2 * mech.steps + 1 <= c * D.TAIL_EXPONENT
     g = mech.guarantee
     assert (g.epsilon, g.delta, g.residual_delta) == (eps, 0.0, 0.0)
     assert "snapping" in g.statement and "floating-point excess" in g.statement
@@ -185,18 +204,18 @@ def test_snapping_refuses_what_it_cannot_bound():
 def test_laplace_matches_a_block_by_block_reference():
     """The blocked, in-place implementation equals the formula evaluated per block with plain
     tensor ops (U* from frexp/ldexp, no bit tricks), bit for bit, across blocks and a short last
-    block."""
-    n = 2 * L._BLOCK + 12_345
-    t = torch.rand(n, generator=gen(14)) * 2 - 1
+    block, on the same keystream words."""
+    n = 2 * D.BLOCK + 12_345
+    t = torch.rand(n, generator=torch.Generator().manual_seed(14)) * 2 - 1
     mech = M.get("laplace", epsilon=1.0)
     y = mech.perturb(t, generator=gen(15))
-    g = gen(15)
+    words = stream(15)
     parts = []
     c = mech.scale / mech.snap
-    for lo in range(0, n, L._BLOCK):
-        k = min(n, lo + L._BLOCK) - lo
-        bits = torch.empty(k, dtype=torch.int64).random_(generator=g)
-        aux = torch.empty(k, dtype=torch.int64).random_(generator=g)
+    for lo in range(0, n, D.BLOCK):
+        k = min(n, lo + D.BLOCK) - lo
+        bits = words.fill_(torch.empty(k, dtype=torch.int64)) & ((1 << 63) - 1)
+        aux = words.fill_(torch.empty(k, dtype=torch.int64)) & ((1 << 63) - 1)
         h = ((bits >> 52) << 42) | (aux >> 21)
         _, e = torch.frexp(h.double())
         u = torch.ldexp(1.0 + (bits & ((1 << 52) - 1)).double() * 2.0**-52, (e - 54).double())
@@ -210,35 +229,62 @@ def test_laplace_matches_a_block_by_block_reference():
 
 
 # ---------------------------------------------------------------------------------------------
-# Gaussian: float64 Box-Muller on U*, and its residual delta
+# The exponential mechanism, snapped
 
 
-def test_gaussian_sampler_reaches_past_the_float32_and_float64_grids(monkeypatch):
-    """Force the first-level binade bits of every pair to 0 (as a draw does with probability
-    2^-50 per pair in float32): the sampler goes a level down and the noise exceeds 8.33 sigma,
-    where torch's float32 normal_ stops at 5.77 and its float64 one at 8.57... and more draws
-    go on down to TAIL_RADIUS (37.6 sigma). The angle bits are 0 too: z = r exactly along an
-    axis, with the sin coordinate 0."""
-    real = G.random_bits_
+@pytest.mark.parametrize("eps", [0.1, 1.0, 10.0, 40.0])
+def test_exponential_is_snapped_and_calibrated(eps):
+    """Outputs on the 2^-10 grid of [-1, 1]; the mechanism runs at an eps whose float excess
+    (exponential_excess, from the proven rho) brings it back to at most the stated eps."""
+    mech = M.get("exponential", epsilon=eps)
+    assert mech.run_epsilon < eps
+    assert mech.run_epsilon + S.exponential_excess(eps, 4.0 / mech.run_epsilon) <= eps
+    assert eps - mech.run_epsilon < (1e-8 if eps <= 10 else 0.2)
+    y = mech.perturb(torch.linspace(-1, 1, 20_001), generator=gen(16)).double()
+    index = y / S.EXPONENTIAL_GRID
+    assert torch.equal(index, index.round()) and float(y.abs().max()) <= 1.0
+    assert mech.guarantee.epsilon == eps and "floating-point excess inside eps" in mech.guarantee.statement
 
-    def zeros(out, generator):
-        return out.zero_()
 
-    monkeypatch.setattr(G, "random_bits_", zeros)
-    n = 1000
-    y = G.add_gaussian_noise(torch.zeros(n), 1.0, 1.0, torch.empty(n), gen(8)).double()
-    monkeypatch.setattr(G, "random_bits_", real)
-    m = (n + 1) // 2
-    assert float(y[:m].min()) > math.sqrt(2 * 50 * math.log(2)) > 5.77 * 1.4
-    assert float(y[m:].abs().max()) == 0.0
+def test_exponential_refuses_what_it_cannot_bound():
+    with pytest.raises(ValueError, match="too large for the float64 exponential"):
+        M.get("exponential", epsilon=80.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Gaussian: snapped float64 Box-Muller on U*, and its residual delta
+
+
+def _zero_binade_words(pairs: int, levels: int, seed: int) -> torch.Tensor:
+    """Keystream words for `pairs` Box-Muller pairs whose U* binade bits are 0 on the first
+    `levels` levels (the coin set: R = U*/2; the angle 0), random below."""
+    real = stream(seed)
+    first = (real.fill_(torch.empty(pairs, dtype=torch.int64)) & ((1 << 52) - 1)) | -(1 << 63)
+    aux = torch.zeros(pairs, dtype=torch.int64)  # extra binade bits 0, angle 0
+    deeper = [torch.zeros(2 * pairs, dtype=torch.int64) for _ in range(levels - 1)]
+    rest = real.fill_(torch.empty(2 * pairs, dtype=torch.int64))
+    return torch.cat([first, aux, *deeper, rest])
+
+
+def test_gaussian_sampler_reaches_past_the_float32_and_float64_grids():
+    """U* whose binade bits are 0 for two levels (each level down happens with probability
+    2^-21, then 2^-53, per pair): U* < 2^-74, the radius exceeds 10.1 sigma, where torch's float32
+    normal_ stops at 5.77 and its float64 one at 8.57; more levels go on down to TAIL_RADIUS (37.6
+    sigma). The angle is 0: z = r along an axis, the sin coordinate 0."""
+    m = 500
+    words = ReplayStream(_zero_binade_words(m, 2, 8).view(torch.int32))
+    z = G.standard_normal_pairs_(torch.empty(2 * m, dtype=torch.float64), words)  # type: ignore[arg-type]
+    assert float(z[:m].min()) > math.sqrt(2 * 75 * math.log(2)) > 10.1 > 8.57
+    assert float(z[m:].abs().max()) == 0.0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_gaussian_noise_law(dtype):
-    """N(0, sigma^2) with sigma 3, clipped input 0: mean, variance, fourth moment (3 sigma^4,
-    sd sqrt((105 - 9) sigma^8 / n)) and two tail proportions, within 5 sd, at a fixed seed."""
+    """N(0, sigma^2) with sigma 3 (DP-SGD's unsnapped noise, the mechanism's sampler): mean,
+    variance, fourth moment (3 sigma^4, sd sqrt((105 - 9) sigma^8 / n)) and two tail proportions,
+    within 5 sd, at a fixed seed; the cos and sin halves of a block are uncorrelated."""
     n, sigma = 400_000, 3.0
-    z = G.add_gaussian_noise(torch.zeros(n, dtype=dtype), 1.0, sigma, torch.empty(n, dtype=dtype), gen(9)).double()
+    z = G.add_gaussian_noise(torch.zeros(n, dtype=dtype), 1.0, sigma, torch.empty(n, dtype=dtype), stream(9)).double()
     assert abs(float(z.mean())) <= Z * sigma / math.sqrt(n)
     assert abs(float(z.var()) - sigma**2) <= Z * math.sqrt(2 * sigma**4 / n)
     assert abs(float((z**4).mean()) - 3 * sigma**4) <= Z * math.sqrt(96 * sigma**8 / n)
@@ -246,20 +292,33 @@ def test_gaussian_noise_law(dtype):
         p = math.erfc(k / math.sqrt(2))
         count = int((z.abs() > k * sigma).sum())
         assert abs(count - n * p) <= Z * math.sqrt(n * p * (1 - p))
-    # the two halves of a block (cos and sin of one draw) are uncorrelated
-    half = L._BLOCK // 2
+    half = D.BLOCK // 2
     a, b = z[:half], z[half : 2 * half]
     assert abs(float((a * b).mean())) <= Z * sigma**2 / math.sqrt(half)
 
 
-def test_gaussian_perturb_is_scale_x_plus_the_sampler():
+def test_gaussian_perturb_is_the_snapped_clipped_update_plus_the_sampler():
+    """y = clamp(round(scale x / L + sigma z / L), -K, K) L for the sampler's z on the same
+    words, bit for bit; outputs are multiples of L within +-K L."""
     mech = M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0)
     x = torch.full((1000,), 0.1)  # norm sqrt(10): clipped by 1/sqrt(10)
     y = mech.perturb(x, generator=gen(10))
-    noise = G.add_gaussian_noise(torch.zeros(1000), 1.0, mech.sigma, torch.empty(1000), gen(10))
+    z = G.standard_normal_pairs_(torch.empty(1000, dtype=torch.float64), stream(10))
     scale = 1.0 / G.l2_norm(x)
-    # one rounding of x * scale + z (fused or not) against z rounded once: 2 float32 roundings
-    assert torch.allclose(y, noise + x * scale, rtol=0, atol=4 * 2.0**-24 * (float(noise.abs().max()) + 0.1))
+    v = torch.add(z * (mech.sigma / mech.grid), x, alpha=scale / mech.grid)
+    expected = (v.round().clamp(-mech.steps, mech.steps) * mech.grid).float()
+    assert torch.equal(y, expected)
+
+
+def test_gaussian_output_moves_only_across_a_cell_boundary():
+    """Same draws, inputs 2^-20 apart: an output moves only when the input crosses a rounding
+    boundary of the grid L: probability about 2^-20 scale / L per coordinate."""
+    mech = M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0)
+    n = 200_000
+    a = mech.perturb(torch.zeros(n), generator=gen(11))
+    b = mech.perturb(torch.full((n,), 2.0**-20), generator=gen(11))  # norm 2^-20 sqrt(n) < 1: not clipped
+    p = 2.0**-20 / mech.grid
+    assert int((a != b).sum()) <= n * p + Z * math.sqrt(n * p) + 1
 
 
 def test_gaussian_residual_delta_formula_and_reference_figures():
@@ -280,23 +339,38 @@ def test_gaussian_residual_delta_formula_and_reference_figures():
     assert math.exp(-0.5 * (r32 - 2.0) ** 2) == pytest.approx(8.3e-4, rel=0.01)
 
 
+def test_gaussian_snapping_residual_per_coordinate():
+    """delta_c = e^-72 + 2 rho(12) (1 + 2 f), rho(r) = 2^-53 (NOISE_ULPS s r + S/L (1 + 2^-16) + s r + 1),
+    f = 1/(s sqrt(2 pi)), s = sigma/L: about 5e-13 at z = 1 (s = 4), growing with s = sigma/L
+    (at most 8) and with S/L."""
+    mech = M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0)
+    s, w = mech.sigma / mech.grid, 1.0 / mech.grid * G.CLIP_SLACK
+    rho = 2.0**-53 * (G.NOISE_ULPS * s * 12 + w + s * 12 + 1)
+    expected = math.exp(-72) + 2 * rho * (1 + 2 / (s * math.sqrt(2 * math.pi)))
+    assert expected < mech.residual_delta_per_coordinate <= expected * (1 + 2.0**-39)
+    assert 1e-13 < mech.residual_delta_per_coordinate < 1e-12
+    assert mech.guarantee.delta_for(D_MODEL) == mech.guarantee.delta + D_MODEL * mech.residual_delta_per_coordinate
+
+
 @pytest.mark.filterwarnings("ignore:Optimal order is the smallest alpha")  # opacus, at z = 0.1
 def test_gaussian_residual_delta_is_recorded():
-    """The guarantee's delta includes the residual (and names it); cumulative_spend adds it once
-    per round, in delta and in residual_delta, for the RDP and the basic paths."""
+    """The guarantee's delta includes the tail residual, and states the per-coordinate one;
+    cumulative_spend adds both once per round (d coordinates each), in delta and in
+    residual_delta, for the RDP and the basic paths."""
     for params in (
         {"name": "gaussian", "clip_norm": 1.0, "noise_multiplier": 0.1, "delta": 1e-5},
         {"name": "gaussian", "clip_norm": 1.0, "epsilon": 1.0, "delta": 1e-5},
     ):
         mech = M.from_params(params)
         res = G.float_residual_delta(mech.sigma, 2.0)
-        assert res > 0.0 and mech.residual_delta == res
+        per = mech.residual_delta_per_coordinate
+        assert res > 0.0 and mech.residual_delta == res and per > 0.0
         g = mech.guarantee
-        assert g.residual_delta == res and g.delta == mech.delta + res
+        assert g.residual_delta == res and g.delta == mech.delta + res and g.residual_delta_per_coordinate == per
         assert "residual delta" in g.statement
         for rounds in (1, 50):
             spend = A.cumulative_spend(params, D_MODEL, rounds)
-            assert spend.residual_delta == rounds * res > 0.0
-            assert spend.delta == mech.delta + rounds * res
+            assert spend.residual_delta == rounds * (res + D_MODEL * per) > 0.0
+            assert spend.delta == mech.delta + spend.residual_delta
             assert "residual delta" in spend.statement
     assert A.cumulative_spend(params, D_MODEL, 0).delta == 0.0

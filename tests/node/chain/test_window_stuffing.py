@@ -1,9 +1,9 @@
 """Block stuffing cannot shorten a round's windows (contracts/SwarmLedger.sol, on a real Anvil).
 
-On automine Anvil every transaction mines a block, a failed one too, and all of them carry the
-same wall-clock timestamp: an outsider's 300 reverted `register` calls pass any window counted
-in blocks alone within a second or two. A window ends only once its seconds (block timestamps)
-have passed as well, so the round keeps waiting for its honest peers.
+On automine Anvil every transaction mines a block, a failed one too, and block timestamps follow
+the wall clock (the blocks of one second share it): an outsider's 300 reverted `register` calls
+pass any window counted in blocks alone within a few seconds. A window ends only once its
+seconds (block timestamps) have passed as well, so the round keeps waiting for its honest peers.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ def _stuff(swarm) -> None:
     receipts = [w3.eth.wait_for_transaction_receipt(h, timeout=60) for h in sent]
     assert [r["status"] for r in receipts] == [0] * STUFFING  # every one reverted
     blocks = sorted({r["blockNumber"] for r in receipts})
-    import json as _j; open("/tmp/w25_diag.jsonl", "a").write(_j.dumps({"first": first, "n": len(blocks), "lo": blocks[0], "hi": blocks[-1], "gaps": [b for b in range(blocks[0], blocks[-1]) if b not in set(blocks)][:20], "pending": [ (swarm.w3.eth.get_block(b, full_transactions=True)["transactions"][0]["from"], swarm.w3.eth.get_block(b, full_transactions=True)["transactions"][0]["to"]) for b in range(blocks[0], blocks[-1]) if b not in set(blocks)][:5]}) + "\n")  # DIAG
     # Anvil mines each as it arrives; a loaded machine may find two waiting and mine them together
     assert len(blocks) > 2 * WINDOW_BLOCKS and blocks[0] >= first, (len(blocks), blocks[:3], blocks[-3:], first)
 

@@ -58,9 +58,10 @@ def chain():
         yield anvil
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def deployed(chain, tmp_path_factory):
-    """A ledger deployed for SETS through `swarm deploy` (in this process): (config file, address)."""
+    """A ledger of its own for each test, deployed for SETS through `swarm deploy` (in this process):
+    (config file, address). A ledger another node committed to would make this one fetch that blob."""
     config_file = tmp_path_factory.mktemp("swarm") / "swarm.toml"
     config_file.write_text(load_config(None, SETS).to_toml())
     printed = io.StringIO()

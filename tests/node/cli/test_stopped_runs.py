@@ -10,20 +10,7 @@ from pathlib import Path
 
 from node.cli import main
 from node.cli.verify import STOPPED
-from node.config import load_config
 from node.runs.report import render_markdown, stopped_after
-from node.runs.simulate import Simulation
-
-# 3 peers on 8x8 digits, 2 rounds, recorded on a local Anvil ledger: a verifiable folder in seconds.
-SETS = [
-    "data.dataset=digits",
-    "model.name=logreg",
-    "train.dp_sgd=false",
-    "train.batch_size=32",
-    "train.lr=0.3",
-    "swarm.peers=3",
-    "swarm.rounds=2",
-]
 
 
 def test_stopped_after_names_what_ended_of_what_was_asked():
@@ -32,10 +19,8 @@ def test_stopped_after_names_what_ended_of_what_was_asked():
     assert stopped_after(5, 5) is None and stopped_after(6, 5) is None
 
 
-def test_verify_says_a_run_stopped_and_exits_3(tmp_path, capsys):
-    out = tmp_path / "sim"
-    Simulation(load_config(None, SETS), out=out, ledger=True).run()
-    capsys.readouterr()
+def test_verify_says_a_run_stopped_and_exits_3(recorded_run, capsys):
+    out = recorded_run  # 2 rounds asked for, 2 ended
     assert main(["verify", "--run", str(out), "--json"]) == 0  # all of its 2 rounds: complete
     assert json.loads(capsys.readouterr().out)["stopped"] is None
     # the same ledger read as a swarm that was to run 5 rounds: the 2 that ended hold, the run stopped

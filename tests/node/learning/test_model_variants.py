@@ -341,6 +341,7 @@ def test_augmentations_need_dp_sgd_on_pixels():
 
     ok = ["train.dp_augmentations=4", "train.dp_sgd=true", "data.dataset=fashion-mnist"]
     assert load_config(overrides=ok).train.dp_augmentations == 4
-    for bad in (["train.dp_augmentations=4"], [*ok, "model.name=scatter-linear"], [*ok, "train.dp_augmentations=0"]):
+    no_dp = ["train.dp_augmentations=4", "train.dp_sgd=false"]
+    for bad in (no_dp, [*ok, "model.name=scatter-linear"], [*ok, "train.dp_augmentations=0"]):
         with pytest.raises(ConfigError, match="dp_augmentations"):
             load_config(overrides=bad)

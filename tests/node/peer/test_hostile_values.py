@@ -145,8 +145,10 @@ def test_a_round_where_every_blob_is_left_out_ends_in_no_vote_not_a_crash():
     async def main():
         swarm, _, _ = closed_round(3, [huge_blob(i) for i in range(3)])
         for i in range(3):
-            included, gas = await swarm.peer(i)._aggregate_and_attest(1, genesis_vector())
-            assert (included, gas) == ([], 0)
+            out = RoundOutcome(round=1, state="closed")
+            await swarm.peer(i)._aggregate_and_attest(1, genesis_vector(), out)
+            assert (out.included, out.gas_used) == ([], 0)
+            assert len(out.left_out) == 3 and all("malformed" in why for why in out.left_out)
         assert swarm.members[0].ledger.attestations(1) == []
 
     run_virtual(main)

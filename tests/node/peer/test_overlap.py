@@ -56,9 +56,9 @@ def test_peers_train_the_next_round_on_their_own_aggregate_before_the_round_fina
         for slow in peers[1:]:  # peer 0 attests first, the majority forms 5 s later
             attest = slow._aggregate_and_attest
 
-            async def later(r, previous, attest=attest):
+            async def later(r, previous, out, attest=attest):
                 await trio.sleep(5)
-                return await attest(r, previous)
+                return await attest(r, previous, out)
 
             slow._aggregate_and_attest = later  # type: ignore[method-assign]
 
