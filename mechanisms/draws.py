@@ -127,6 +127,8 @@ def float32_threshold(count: int) -> tuple[float, int]:
     values rounds to 0 only when they are equal, and keeps its sign otherwise)."""
     if not 0 <= count <= WORD:
         raise ValueError(f"count must lie in [0, 2^32], got {count}")
+    if count == 0:  # no word is below -2^31
+        return -(2.0**31), 0
     t = np.float32(count - 2**31)
     while float32_count_below(float(t)) < count:
         t = np.nextafter(t, np.float32(np.inf))

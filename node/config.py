@@ -38,6 +38,9 @@ DEFAULT_MODELS = {
 }
 PARTITIONS = ("iid", "dirichlet", "shards")
 RULES = ("fedavg", "median", "trimmed-mean", "krum")
+# aggregation.rule = "auto": median under PNPM, whose releases can be any vector (a member's weight
+# then bounds nothing: docs/THREATS.md, "A member claiming the cap"), fedavg under the others
+UNBOUNDED_RELEASES = ("pnpm",)
 MECHANISMS = ("duchi", "exponential", "gaussian", "hm", "laplace", "ldp-fl", "pm", "pnpm", "rr", "sampled")
 DEVICES = ("auto", "cpu", "cuda")  # whether this machine has CUDA is checked where training starts
 
@@ -112,7 +115,7 @@ class ChainConfig:
     fetch_timeout: float
     block_time: float
     run_timeout: float
-    max_samples: int = 0  # cap on a commit's numSamples (the FedAvg weight); 0 = the contract's 2^32 - 1
+    max_samples: int = 0  # cap on a commit's numSamples (the FedAvg weight); 0 = the largest shard (node.derive)
     rpc_url: str | None = None
     ledger: str | None = None
 
@@ -157,6 +160,14 @@ class Config:
     def model_name(self) -> str:
         """The model to build: `model.name`, or the dataset's default when it is "auto"."""
         return self.model.name if self.model.name != "auto" else DEFAULT_MODELS[self.data.dataset]
+
+    @property
+    def aggregation_rule(self) -> str:
+        """The rule to aggregate with: `aggregation.rule`, or when it is "auto" median under a
+        mechanism whose releases can be any vector (PNPM) and fedavg under the others."""
+        if self.aggregation.rule != "auto":
+            return self.aggregation.rule
+        return "median" if self.privacy.mechanism in UNBOUNDED_RELEASES else "fedavg"
 
 
 def _section_types() -> dict[str, type]:
@@ -319,7 +330,7 @@ def _check_ranges(c: Config) -> None:
         (c.privacy.epsilon > 0, "privacy.epsilon", "must be > 0"),
         (c.privacy.perturb in ("weights", "update"), "privacy.perturb", "must be weights or update"),
         (0 < c.privacy.delta < 1, "privacy.delta", "must be in (0, 1)"),
-        (c.aggregation.rule in RULES, "aggregation.rule", f"must be one of {', '.join(RULES)}"),
+        (c.aggregation.rule in ("auto", *RULES), "aggregation.rule", f"must be auto or one of {', '.join(RULES)}"),
         (0 <= c.aggregation.trim_ratio < 0.5, "aggregation.trim_ratio", "must be in [0, 0.5)"),
         (c.aggregation.krum_f >= 0, "aggregation.krum_f", "must be >= 0"),
         (c.chain.min_peers >= 0, "chain.min_peers", "must be >= 0 (0 = two thirds of swarm.peers)"),
@@ -329,7 +340,7 @@ def _check_ranges(c: Config) -> None:
         (0 <= c.chain.attest_window_seconds < 2**32, "chain.attest_window_seconds", "must be in 0..2^32 - 1"),
         (c.chain.eps_cap >= 0, "chain.eps_cap", "must be >= 0 (0 = exactly what swarm.rounds rounds spend)"),
         (c.chain.record_eps_cap >= 0, "chain.record_eps_cap", "must be >= 0 (0 = what swarm.rounds rounds spend)"),
-        (0 <= c.chain.max_samples < 2**32, "chain.max_samples", "must be in 0..2^32 - 1 (0 = 2^32 - 1)"),
+        (0 <= c.chain.max_samples < 2**32, "chain.max_samples", "must be in 0..2^32 - 1 (0 = the largest shard)"),
         (c.chain.fetch_timeout > 0, "chain.fetch_timeout", "must be > 0"),
         (c.chain.block_time > 0, "chain.block_time", "must be > 0"),
         (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),

@@ -1,16 +1,20 @@
 """From a resolved config to what a peer runs with: the shared settings (anchored in the genesis
-blob, with the swarm's privacy policy), the mechanism parameters, the data shard, and the
-swarm's eps caps and per-release spend."""
+blob, with the swarm's privacy policy and sample cap), the mechanism parameters, the data shard,
+and the swarm's eps caps and per-release spend."""
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
+import numpy.typing as npt
 import torch
 
 import mechanisms
 from mechanisms.accounting import cumulative_spend
 from mechanisms.record_level import DPSGDPolicy, record_level_spend
 from node.config import Config
-from node.learning.data import dataset_meta, load_dataset
+from node.learning.data import DatasetError, dataset_meta, load_dataset
 from node.learning.device import resolve_device
 from node.learning.models import build_model, init_model, model_inputs
 from node.learning.partition import partition as split
@@ -76,11 +80,12 @@ def shared_settings(config: Config, *, baseline: bool = False) -> SharedSettings
         input_shape=meta.input_shape,
         num_classes=meta.num_classes,
         share=config.privacy.perturb,
-        aggregation=config.aggregation.rule,
+        aggregation=config.aggregation_rule,
         trim_ratio=config.aggregation.trim_ratio,
         krum_f=config.aggregation.krum_f,
         seed=config.swarm.seed,
         privacy=privacy_policy(config, baseline=baseline),
+        max_samples=max_samples(config),
     )
 
 
@@ -92,9 +97,50 @@ def genesis(config: Config) -> bytes:
 
 
 def num_params(config: Config) -> int:
-    sh = shared_settings(config)
-    model = build_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes)
+    meta = dataset_meta(config.data.dataset)
+    model = build_model(config.model_name, input_shape=meta.input_shape, num_classes=meta.num_classes)
     return sum(p.numel() for p in model.state_dict().values())
+
+
+def max_samples(config: Config) -> int:
+    """The swarm's cap on a commit's sample count (in the genesis and the ledger): the weight FedAvg
+    gives an update and the record count its record-level eps is computed for, so the most any
+    member can claim. chain.max_samples when set; 0 there means the largest shard of the config's
+    own partition (`partition_sizes`), which no honest peer of that partition passes. A swarm whose
+    hosts hold data sets of their own must set chain.max_samples (as chain.record_eps_cap)."""
+    if config.chain.max_samples > 0:
+        return config.chain.max_samples
+    try:
+        return max(partition_sizes(config))
+    except DatasetError as exc:
+        raise DatasetError(
+            f"{exc} (chain.max_samples = 0 derives the swarm's sample cap from the data: set it, e.g. "
+            "--set chain.max_samples=N, where the data is not at hand)"
+        ) from None
+
+
+def partition_sizes(config: Config) -> list[int]:
+    """The shard sizes of the config's partition of its training set: data.dataset (its first
+    data.limit samples) split over swarm.peers by data.partition and swarm.seed, as each
+    `--partition i/N` cuts it. Reads the labels once per process."""
+    d = config.data
+    labels = _train_labels(d.dataset, d.data_dir or None, d.limit or None)
+    shards = split(
+        labels,
+        config.swarm.peers,
+        scheme=d.partition,
+        alpha=d.alpha,
+        shards_per_peer=d.shards_per_peer,
+        seed=config.swarm.seed,
+    )
+    return [len(shard) for shard in shards]
+
+
+@functools.lru_cache(maxsize=4)
+def _train_labels(dataset: str, data_dir: str | None, limit: int | None) -> npt.NDArray[np.int64]:
+    labels = load_dataset(dataset, data_dir=data_dir, split="train", limit=limit).y.numpy()
+    labels.flags.writeable = False  # shared by every caller of the cache
+    return labels
 
 
 def eps_cap_micro(config: Config) -> int:
@@ -126,7 +172,7 @@ def record_eps_cap_micro(config: Config, shard_sizes: list[int] | None = None) -
         return 0
     if config.chain.record_eps_cap > 0:
         return wire.eps_to_micro(config.chain.record_eps_cap)
-    n = min(shard_sizes) if shard_sizes else len(load_shard(config, (0, config.swarm.peers))[0][1])
+    n = min(shard_sizes or partition_sizes(config))
     return wire.eps_to_micro(record_level_spend(policy, [n] * config.swarm.rounds).epsilon)
 
 

@@ -6,7 +6,9 @@ every commit. Each rule is a pure function of chain data and blob bytes and answ
 The rules, in the order a commit meets them; its verdict is the first one it breaks:
 1. "registration": its committer owns the peer id it registered, i.e. holds the first registration
    of that peer id, in chain order, signed by the peer id's own key (`PeerIdOwners`).
-2. "samples": its numSamples, the weight FedAvg gives it, is 1 to the ledger's maxSamples.
+2. "samples": its numSamples, the weight FedAvg gives it and the record count its record-level
+   eps is computed for, is 1 to the swarm's cap: the smaller of the genesis's max_samples and the
+   ledger's maxSamples (the contract refuses past its own).
 3. "mechanism", "eps", "record-eps": it names the swarm's privacy policy (in the genesis) and
    records exactly what that policy charges after the committer's commits so far, neither less nor
    more (`policy.privacy_spend`); "policy" when the check itself raises.
@@ -98,10 +100,10 @@ class PeerIdOwners:
 
 
 def samples_verdict(num_samples: int, max_samples: int) -> Verdict | None:
-    """Rule 2: a commit claims 1 to `max_samples` samples (the ledger's maxSamples)."""
+    """Rule 2: a commit claims 1 to `max_samples` samples (the swarm's cap, `Rulebook.max_samples`)."""
     if 1 <= num_samples <= max_samples:
         return None
-    return Verdict("samples", f"claims {num_samples} samples, outside 1 to the ledger's maxSamples {max_samples}")
+    return Verdict("samples", f"claims {num_samples} samples, outside 1 to the swarm's cap {max_samples}")
 
 
 def policy_verdict(
@@ -166,13 +168,13 @@ def binding_verdict(meta: dict[str, str], c: Commitment) -> Verdict | None:
 
 
 class Rulebook:
-    """The rules of one swarm: its genesis settings (the privacy policy, the model's size) and its
-    ledger's maxSamples. Raises ValueError when the policy builds no mechanism."""
+    """The rules of one swarm: its genesis settings (the privacy policy, the sample cap, the model's
+    size) and its ledger's maxSamples. Raises ValueError when the policy builds no mechanism."""
 
     def __init__(self, shared: SharedSettings, num_params: int, max_samples: int) -> None:
         self.privacy = shared.privacy
         self.num_params = num_params
-        self.max_samples = max_samples
+        self.max_samples = min(shared.max_samples, max_samples)  # a deployment may be laxer than its genesis
         self.mechanism = release.swarm_mechanism(shared)
 
     def commit_verdict(self, c: Commitment, sample_counts: Sequence[int]) -> Verdict | None:

@@ -224,11 +224,12 @@ class PieceFetch:
                     return index
         return None
 
-    def deliver(self, holder: str, index: int, data: memoryview) -> None:
-        """Piece `index` from `holder`: checked against the hash `holder` declared for it (HolderLied if
-        it differs), then kept if the followed list has the same hash there and the piece is missing."""
+    def deliver(self, holder: str, index: int, data: memoryview, data_hash: bytes) -> None:
+        """Piece `index` from `holder`, whose sha256 is `data_hash`: checked against the hash `holder`
+        declared for it (HolderLied if it differs), then kept if the followed list has the same hash
+        there and the piece is missing."""
         claim = self.claims[holder]
-        if hashlib.sha256(data).digest() != claim.hash(index):
+        if data_hash != claim.hash(index):
             raise HolderLied(f"served piece {index} not matching the hash it declared for it")
         held = self._held
         if held is None or index >= held.count or held.hash(index) != claim.hash(index):

@@ -119,6 +119,7 @@ def _baseline(sim, config, indices) -> float:
     their first round in the simulation, from the genesis model."""
     import torch
 
+    from mechanisms.randomness import seeded_generator
     from node.learning.contribute import round_seed
     from node.learning.train import round_lr, train_local
     from node.protocol.blob import unflatten
@@ -140,7 +141,7 @@ def _baseline(sim, config, indices) -> float:
             momentum=st.momentum,
             seed=round_seed(config.swarm.seed, peer_name(i), 1),
             dp=st.dp,
-            privacy_generator=torch.Generator().manual_seed(i),  # a benchmark: seeded noise is fine
+            privacy_generator=seeded_generator(i),  # a benchmark: seeded noise is fine
         )
     return (time.perf_counter() - started) / len(indices)
 

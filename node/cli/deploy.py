@@ -90,7 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-samples",
         type=int,
-        help="cap on a commit's numSamples, the FedAvg weight (default: the config's chain.max_samples; 0 = 2^32 - 1)",
+        help="cap on a commit's numSamples, the FedAvg weight, in the genesis and the ledger (default: the config's "
+        "chain.max_samples; 0 there = the largest shard of the config's partition of its data)",
     )
     _add_admission(p)
     add_transaction_options(p)
@@ -178,7 +179,7 @@ def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> di
     """The ledger's constructor terms: the flags, else what the config derives."""
     from node.cli import CLIError
     from node.config import quorum, window_seconds
-    from node.derive import eps_cap_micro, eps_step_micro, record_eps_cap_micro
+    from node.derive import eps_cap_micro, eps_step_micro, max_samples, record_eps_cap_micro
     from node.derive import genesis as genesis_blob
     from node.protocol.blob import sha256
     from node.protocol.wire import eps_from_micro, eps_to_micro
@@ -193,6 +194,7 @@ def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> di
             "eps_cap_micro": eps_to_micro(args.eps_cap) if args.eps_cap is not None else eps_cap_micro(config),
             "delta": args.delta if args.delta is not None else config.privacy.delta,
             "eps_step_micro": eps_step_micro(config),
+            "max_samples": max_samples(config),
             "record_eps_cap_micro": record_eps_cap_micro(config),
             "record_delta": config.train.dp_delta if config.train.dp_sgd else 0.0,
         }
@@ -231,7 +233,6 @@ def _deploy(args: argparse.Namespace, config: Config, terms: dict[str, Any]) -> 
             commit_window=config.chain.commit_window,
             attest_window=config.chain.attest_window,
             allowlist=args.allow or None,
-            max_samples=config.chain.max_samples,
             tx_timeout=args.tx_timeout,
             **terms,
         )

@@ -72,7 +72,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--rpc-url", help="the chain's JSON-RPC URL (default: the config's chain.rpc_url)")
+    p.add_argument(
+        "--rpc-url",
+        action="append",
+        default=None,
+        help="the chain's JSON-RPC URL (default: the config's chain.rpc_url); given twice, the second endpoint is a "
+        "witness: the node stops when the two disagree (a block's hash, or its own commit)",
+    )
     p.add_argument("--ledger", help="the SwarmLedger contract address (default: the config's chain.ledger)")
     p.add_argument(
         "--bootstrap",
@@ -142,6 +148,7 @@ class _Plan:
     config: Config
     partition: tuple[int, int] | None
     rpc_url: str
+    witness_url: str | None  # a second --rpc-url
     ledger: str
     listen: list[str]
     bootstrap: list[str]
@@ -150,7 +157,9 @@ class _Plan:
 
 def handle(args: argparse.Namespace) -> int:
     plan = _plan(args)
-    common.probe_chain(plan.rpc_url)  # a wrong URL is one line at once, before web3 loads
+    for url in (plan.rpc_url, plan.witness_url):  # a wrong URL is one line at once, before web3 loads
+        if url is not None:
+            common.probe_chain(url)
     _setup_logging(args.verbose)
     from node.cli import CLIError
     from node.derive import mechanism_params
@@ -177,7 +186,10 @@ def _plan(args: argparse.Namespace) -> _Plan:
         fault = check_fault(args.fault)
     except ValueError as exc:
         raise CLIError(str(exc)) from exc
-    rpc_url, ledger_address = args.rpc_url or config.chain.rpc_url, args.ledger or config.chain.ledger
+    urls, ledger_address = args.rpc_url or [config.chain.rpc_url], args.ledger or config.chain.ledger
+    if len(urls) > 2:
+        raise CLIError(f"--rpc-url is given at most twice (an endpoint and its witness), got {len(urls)}")
+    rpc_url, witness_url = urls[0], (urls[1] if len(urls) == 2 else None)
     if not (rpc_url and ledger_address):
         raise CLIError("give --rpc-url and --ledger (or chain.rpc_url and chain.ledger in the config)")
     bootstrap = [*args.bootstrap, *config.p2p.bootstrap]
@@ -187,7 +199,7 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if args.bootstrap_timeout < 0:
         raise CLIError(f"--bootstrap-timeout must be >= 0 seconds, got {args.bootstrap_timeout:g}")
     listen = args.listen or [f"/ip4/{config.p2p.listen_host}/tcp/{config.p2p.listen_port}"]
-    return _Plan(config, partition, rpc_url, ledger_address, listen, bootstrap, fault)
+    return _Plan(config, partition, rpc_url, witness_url, ledger_address, listen, bootstrap, fault)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -216,6 +228,7 @@ def _run(args: argparse.Namespace, plan: _Plan) -> int:
     say = (lambda line: None) if args.quiet else (lambda line: print(line, flush=True))
     options = NodeOptions(
         rpc_url=plan.rpc_url,
+        witness_rpc_url=plan.witness_url,
         ledger=plan.ledger,
         workdir=args.workdir,
         bootstrap=plan.bootstrap,

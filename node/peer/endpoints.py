@@ -91,22 +91,30 @@ class Witness:
 
     def confirm_commit(self, r: int, address: str, digest: bytes, block: int) -> None:
         """Our commit of `digest` in round r, which the primary holds in `block`, must be in the
-        witness's Committed events once the witness has reached that block (blocking; a witness that
-        does not reach it within COMMIT_LAG is only logged)."""
+        witness's Committed events once the witness has reached that block (blocking). Reads that
+        fail are tried again for COMMIT_LAG seconds (logs may lag a block); after that a witness
+        that reached the block without showing the commit disagrees, one that never reached it is
+        only logged."""
         deadline = time.monotonic() + COMMIT_LAG
+        reached = False
         while True:
             try:
                 if self.witness.block_number() >= block:
-                    held = any(c.peer == address and bytes(c.digest) == digest for c in self.witness.commitments(r))
-                    if held:
+                    reached = True
+                    if any(c.peer == address and bytes(c.digest) == digest for c in self.witness.commitments(r)):
                         return
                     raise self._disagree(
-                        f"our commit of round {r} ({digest.hex()[:16]}, block {block}) is on the first, "
-                        "not on the second"
+                        f"our commit of round {r} ({digest.hex()[:16]}) is in block {block} of the "
+                        "first, not on the second"
                     )
             except LedgerError as exc:
                 log.debug("the witness endpoint could not be read: %s", exc)
             if time.monotonic() >= deadline:
+                if reached:
+                    raise self._disagree(
+                        f"our commit of round {r} ({digest.hex()[:16]}) is in block {block} of the first; the second "
+                        f"reached that block but its logs do not show the commit within {COMMIT_LAG:g} s"
+                    )
                 log.warning(
                     "the witness endpoint %s did not reach block %d within %g s: our commit of round %d is not "
                     "checked there",

@@ -276,10 +276,11 @@ class Peer:
         endpoint's logs may lag the receipt it just gave); CommitUnconfirmed if it is not there:
         a receipt an endpoint made up must not make us serve a release the chain never recorded."""
         for attempt in range(CONFIRM_READS):
+            if attempt:
+                await trio.sleep(CONFIRM_PAUSE * 2 ** (attempt - 1))
             own = await self.chain(self._own_commit, r, digest)
             if own is not None:
                 return own
-            await trio.sleep(CONFIRM_PAUSE * 2**attempt)
         raise CommitUnconfirmed(
             f"round {r}: the endpoint's receipt says our commit of {digest.hex()[:16]} is mined, but the chain's "
             "Committed events do not hold it: nothing is stored or served"

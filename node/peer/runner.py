@@ -21,6 +21,7 @@ from node.chain.liveness import watch_chain
 from node.config import Config
 from node.derive import load_shard, peer_settings
 from node.peer.addresses import advertised_addrs, tcp_problem
+from node.peer.endpoints import Witness
 from node.peer.faults import STORE_FAULTS, FaultyStore
 from node.peer.peer import Peer, RoundOutcome
 from node.peer.registry import RegistryCache
@@ -53,6 +54,8 @@ class NodeOptions:
     # with none of them reached and no other peer connected by then it stops (BootstrapUnreachable).
     # 0: wait for ever (`swarm up`'s peers, started together, bootstrap to each other).
     bootstrap_timeout: float = BOOTSTRAP_TIMEOUT_S
+    # A second endpoint of the same chain: the peer stops when the two disagree (node/peer/endpoints.py).
+    witness_rpc_url: str | None = None
 
 
 def p2p_password() -> bytes:
@@ -95,6 +98,16 @@ async def require_bootstrap(host: SwarmHost, bootstrap: list[str], timeout: floa
         await trio.sleep(poll)
 
 
+def open_witness(ledger: LedgerClient, options: NodeOptions) -> Witness | None:
+    """The second endpoint, compared with the first before the peer does anything (blocking)."""
+    if options.witness_rpc_url is None:
+        return None
+    url = options.witness_rpc_url
+    witness = Witness(ledger, LedgerClient(connect(url), options.ledger), (options.rpc_url, url))
+    witness.compare_chains()
+    return witness
+
+
 async def run_node(config: Config, options: NodeOptions) -> int:
     """Run one peer until the configured number of rounds is over. Returns an exit status."""
 
@@ -104,6 +117,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
     w3 = await trio.to_thread.run_sync(lambda: connect(options.rpc_url))
     account = options.account or load_account(workdir / "eth-keystore.json", create=True)
     ledger = LedgerClient(w3, options.ledger, account)
+    witness = await trio.to_thread.run_sync(lambda: open_witness(ledger, options))
     settings = peer_settings(config, fault=options.fault)
     train_xy, test_xy = await trio.to_thread.run_sync(lambda: load_shard(config, options.partition))
     key_pair = load_or_create_identity(workdir / "p2p.key", options.p2p_password or p2p_password())
@@ -148,8 +162,11 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 accountant_path=workdir / "privacy-accountant.json",
                 identity=key_pair.private_key,
                 ownership=registry.ownership,
+                witness=witness,
             )
             async with trio.open_nursery() as nursery:
+                if witness is not None:
+                    nursery.start_soon(witness.watch)
                 nursery.start_soon(registry.keep_fresh)
                 nursery.start_soon(require_bootstrap, host, options.bootstrap, options.bootstrap_timeout)
                 nursery.start_soon(watch_chain, w3, options.rpc_url, lambda: peer.phase.value)  # nudge/warn if stalled

@@ -10,6 +10,8 @@ from typing import Any
 
 from mechanisms.record_level import DPSGDPolicy
 
+MAX_SAMPLES = 2**32 - 1  # what the ledger's uint32 numSamples can hold
+
 
 @dataclass(frozen=True)
 class PrivacyPolicy:
@@ -47,6 +49,17 @@ class SharedSettings:
     krum_f: int
     seed: int
     privacy: PrivacyPolicy
+    # The most samples a commit may claim: the weight FedAvg gives its update, and the record count
+    # its record-level eps is computed for. Rule 2 (node/rules.py) holds every commit to the smaller
+    # of this and the ledger's maxSamples. A swarm derives it from its data (node.derive.max_samples);
+    # a record built in code without one is bounded by the ledger's alone.
+    max_samples: int = MAX_SAMPLES
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_samples, bool) or not isinstance(self.max_samples, int):
+            raise ValueError(f"max_samples must be an integer, got {self.max_samples!r}")
+        if not 1 <= self.max_samples <= MAX_SAMPLES:
+            raise ValueError(f"max_samples must be in 1..2^32 - 1, got {self.max_samples}")
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -60,6 +73,7 @@ class SharedSettings:
             "krum_f": self.krum_f,
             "seed": self.seed,
             "privacy": self.privacy.to_dict(),
+            "max_samples": self.max_samples,
         }
 
     @classmethod
@@ -75,6 +89,7 @@ class SharedSettings:
             krum_f=int(d["krum_f"]),
             seed=int(d["seed"]),
             privacy=PrivacyPolicy.from_dict(d["privacy"]),
+            max_samples=int(d["max_samples"]),
         )
 
 

@@ -36,6 +36,7 @@ class LedgerTerms:
     attest_window_seconds: int
     eps_cap_micro: int
     delta: float
+    max_samples: int  # cap on a commit's numSamples, the genesis's (node.derive.max_samples)
     eps_step_micro: int = 0  # what one release spends under the policy (0: not a constant)
     record_eps_cap_micro: int = 0  # record-level (DP-SGD) cap; 0 = no DP-SGD
     record_delta: float = 0.0
@@ -77,6 +78,7 @@ class RunChain:
                 eps_step_micro=terms.eps_step_micro,
                 record_eps_cap_micro=terms.record_eps_cap_micro,
                 record_delta=terms.record_delta,
+                max_samples=terms.max_samples,
             )
         except BaseException:
             self.anvil.stop()

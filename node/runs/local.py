@@ -14,6 +14,7 @@ run folder that `swarm verify --run DIR` re-checks after the chain has stopped:
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import json
 import os
@@ -37,7 +38,7 @@ from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
 from node.chain.registration import sign_registration
 from node.config import Config, quorum, window_seconds
-from node.derive import eps_cap_micro, eps_step_micro, genesis, mechanism_params, record_eps_cap_micro
+from node.derive import eps_cap_micro, eps_step_micro, genesis, max_samples, mechanism_params, record_eps_cap_micro
 from node.peer.runner import P2P_PASSWORD_ENV
 from node.runfiles import read_metrics
 from node.runs.chainrun import LedgerTerms, RunChain
@@ -103,6 +104,7 @@ def _ledger_terms(config: Config) -> LedgerTerms:
         attest_window_seconds=window_seconds(config)[1],
         eps_cap_micro=eps_cap_micro(config),
         delta=config.privacy.delta,
+        max_samples=max_samples(config),
         eps_step_micro=eps_step_micro(config),
         record_eps_cap_micro=record_eps_cap_micro(config),
         record_delta=config.train.dp_delta if config.train.dp_sgd else 0.0,
@@ -126,6 +128,10 @@ class LocalSwarm:
         out = Path(out)
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"--out {out} exists and is not empty: choose a new folder")
+        # The sample cap resolved once, here, into the config.toml every peer runs with: a peer's own
+        # data choices (`peer_overrides`) cannot then change the genesis it derives.
+        config = copy.deepcopy(config)
+        config.chain.max_samples = max_samples(config)
         self.config, self.out = config, out
         self.faults = faults or {}
         self.peer_overrides = peer_overrides or {}  # per-peer --set: local choices (its data)

@@ -104,6 +104,7 @@ class ChainRecorder:
             attest_window_seconds=WINDOW_SECONDS,
             eps_cap_micro=max(cap, 1),
             delta=c.privacy.delta,
+            max_samples=sim.settings.shared.max_samples,  # the genesis's: the largest shard unless set
             eps_step_micro=step,
             record_eps_cap_micro=record_cap,
             record_delta=dp.delta if dp is not None else 0.0,

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import mechanisms
+from mechanisms.randomness import seeded_generator
 from node.config import load_config
 from node.derive import mechanism_params, num_params, shared_settings
 from node.learning.contribute import round_seed
@@ -194,7 +195,7 @@ def _undo_seeded_pnpm(blob_vector: torch.Tensor, mechanism: dict, seed: int) -> 
     """PNPM releases w * t with t drawn from the generator; with the generator's seed, t is drawn
     again and divided out (the attack that recovered every update of session 2's demo)."""
     t = mechanisms.from_params(mechanism).perturb(
-        torch.ones_like(blob_vector), generator=torch.Generator().manual_seed(seed)
+        torch.ones_like(blob_vector), generator=seeded_generator(seed)
     )
     return blob_vector / t
 
@@ -211,7 +212,7 @@ def test_the_published_archive_does_not_give_the_noise_back(pnpm_only_run):
     true_update = torch.randn(d, generator=torch.Generator().manual_seed(1)) * 0.01
     true_update[bias] -= true_update[bias].mean()
     old_seed = round_seed(config.swarm.seed, info["peers"][0]["address"], 1) ^ 0x5EED
-    released = mechanisms.from_params(mechanism).perturb(true_update, generator=torch.Generator().manual_seed(old_seed))
+    released = mechanisms.from_params(mechanism).perturb(true_update, generator=seeded_generator(old_seed))
     assert abs(float(_undo_seeded_pnpm(released, mechanism, old_seed)[bias].sum())) < 1e-5
 
     # The real archive: every update blob, every peer address an attacker could try, the round in

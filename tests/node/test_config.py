@@ -7,7 +7,7 @@ from node.config import ConfigError, load_config
 
 def test_defaults_load_and_round_trip_through_toml(tmp_path):
     config = load_config(None, [])
-    assert config.swarm.peers == 4 and config.aggregation.rule == "fedavg" and config.data.data_dir is None
+    assert config.swarm.peers == 4 and config.aggregation.rule == "auto" and config.data.data_dir is None
     assert config.model_name == "logreg" and config.data.dataset == "fashion-mnist" and config.train.dp_sgd
     path = tmp_path / "swarm.toml"
     config.privacy.params["k"] = 3.0
@@ -54,7 +54,7 @@ def test_file_then_overrides(tmp_path):
         ("train.lr=nan", "train.lr must be a finite number"),
         ("train.dp_sgd=yes", "train.dp_sgd must be true or false"),
         ("swarm.peers=0", "swarm.peers must be >= 1, got 0"),
-        ("aggregation.rule=mean", "aggregation.rule must be one of"),
+        ("aggregation.rule=mean", "aggregation.rule must be auto or one of"),
         ("aggregation.trim_ratio=0.5", r"aggregation.trim_ratio must be in \[0, 0.5\)"),
         ("data.dataset=svhn", "data.dataset must be one of"),
         ("privacy.perturb=grads", "privacy.perturb must be weights or update"),
@@ -84,3 +84,13 @@ def test_file_errors(tmp_path):
         load_config(bad, [])
     with pytest.raises(ConfigError, match="cannot read config file"):
         load_config(tmp_path / "missing.toml", [])
+
+
+def test_auto_aggregation_is_median_under_pnpm_and_fedavg_otherwise():
+    """PNPM can release any vector, so under it one member's weight bounds nothing: auto takes the
+    median there (docs/THREATS.md); a rule set in the config wins."""
+    assert load_config(None, []).aggregation_rule == "median"  # the defaults: PNPM
+    assert load_config(None, ["privacy.mechanism=duchi"]).aggregation_rule == "fedavg"
+    assert load_config(None, ["privacy.mechanism=none"]).aggregation_rule == "fedavg"
+    assert load_config(None, ["aggregation.rule=fedavg"]).aggregation_rule == "fedavg"
+    assert load_config(None, ["privacy.mechanism=duchi", "aggregation.rule=krum"]).aggregation_rule == "krum"

@@ -1,20 +1,19 @@
-"""train.device: resolution and validation, the CPU path, the CPU-drawn DP-SGD noise, the genesis
-left untouched; the CUDA path only where CUDA exists."""
+"""train.device: resolution and validation, the CPU path, the CPU-drawn DP-SGD noise (the ChaCha20
+stream's Gaussian), the genesis left untouched; the CUDA path only where CUDA exists."""
 
 import pytest
 import torch
-from opacus import GradSampleModule
-from opacus.grad_sample import GradSampleModuleFastGradientClipping
-from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 
+from mechanisms.gaussian import add_gaussian_noise
+from mechanisms.randomness import seeded_generator
 from mechanisms.record_level import DPSGDPolicy
 from node.config import ConfigError, load_config
 from node.derive import genesis, peer_settings, shared_settings
 from node.learning.data import load_dataset
 from node.learning.device import resolve_device
 from node.learning.models import init_model
-from node.learning.train import _CPUNoiseDPOptimizer, _CPUNoiseGhostOptimizer, evaluate, train_local
+from node.learning.train import evaluate, train_local
 from node.protocol.blob import encode_blob, flatten
 
 TRAIN = load_dataset("digits", limit=200)
@@ -74,35 +73,33 @@ def test_cpu_path_is_the_default_path_bit_for_bit():
 
 
 @pytest.mark.parametrize("ghost", [True, False], ids=["ghost-clipping", "per-sample-hooks"])
-def test_cpu_drawn_noise_is_opacus_noise_bit_for_bit(ghost):
-    """The optimizers a CUDA peer uses draw the same noise in the same order as opacus' own, from
-    the same (CPU) generator: two DP-SGD steps agree bit for bit on the CPU, with ghost clipping
-    and with the per-sample hooks that augmentation multiplicity uses."""
+def test_dp_sgd_noise_is_the_streams_gaussian(ghost):
+    """The optimizers add to each parameter's clipped sum exactly sigma z, z the Gaussian
+    sampler's values on the noise stream (drawn on the CPU, so a CUDA peer's noise is the same
+    bits), with ghost clipping and with the per-sample hooks that convolutions and augmentation
+    multiplicity use."""
+    from node.learning.train import _private_optimizer
+
     x, y = TRAIN.x[:16], TRAIN.y[:16]
-    results = []
-    pair = (DPOptimizerFastGradientClipping, _CPUNoiseGhostOptimizer) if ghost else (DPOptimizer, _CPUNoiseDPOptimizer)
-    for optimizer_class in pair:
-        model = GradSampleModuleFastGradientClipping(fresh(), max_grad_norm=1.0) if ghost else GradSampleModule(fresh())
-        optimizer = optimizer_class(
-            torch.optim.SGD(model.parameters(), lr=0.5),
-            noise_multiplier=1.0,
-            max_grad_norm=1.0,
-            expected_batch_size=16,
-            generator=torch.Generator().manual_seed(11),
-            secure_mode=True,
-        )
-        for _ in range(2):
-            optimizer.zero_grad(set_to_none=True)
-            if ghost:
-                per_sample = torch.nn.functional.cross_entropy(model(x), y, reduction="none")
-                DPTensorFastGradientClipping(model, optimizer, per_sample, "mean").backward()
-            else:
-                torch.nn.functional.cross_entropy(model(x), y).backward()
-            optimizer.step()
-        model._close()
-        results.append(flatten(model._module)[0])
-    assert torch.equal(results[0], results[1])
-    assert not torch.equal(results[0], flatten(fresh())[0])  # the steps did move the weights
+    dp = DPSGDPolicy(noise_multiplier=1.3, max_grad_norm=1.0, batch_size=16, epochs=1)
+    grad_module, optimizer = _private_optimizer(fresh(), dp, 0.5, 0.0, 16, ghost)
+    optimizer.noise_stream = seeded_generator(11).dpsgd_noise
+    optimizer.zero_grad(set_to_none=True)
+    if ghost:
+        per_sample = torch.nn.functional.cross_entropy(grad_module(x), y, reduction="none")
+        DPTensorFastGradientClipping(grad_module, optimizer, per_sample, "mean").backward()
+        optimizer.accumulate()
+    else:
+        torch.nn.functional.cross_entropy(grad_module(x), y).backward()
+        optimizer.clip_and_accumulate()
+    summed = [p.summed_grad.clone() for p in optimizer.params]
+    optimizer.add_noise()
+    reference = seeded_generator(11).dpsgd_noise
+    for p, s in zip(optimizer.params, summed, strict=True):
+        flat = s.reshape(-1)
+        expected = add_gaussian_noise(flat, 1.0, 1.3, torch.empty_like(flat), reference)
+        assert torch.equal(p.grad.reshape(-1), expected)
+    grad_module._close()
 
 
 @needs_cuda
@@ -119,7 +116,7 @@ def test_cuda_training_gives_back_a_cpu_model_that_encodes(dp):
         lr=0.1,
         seed=3,
         dp=dp,
-        privacy_generator=torch.Generator().manual_seed(5) if dp else None,
+        privacy_generator=seeded_generator(5) if dp else None,
         device="cuda",
     )
     assert all(p.device.type == "cpu" for p in model.parameters())

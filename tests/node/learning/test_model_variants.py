@@ -15,6 +15,7 @@ from opacus.optimizers import DPOptimizerFastGradientClipping
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 from torch import nn
 
+from mechanisms.randomness import seeded_generator
 from mechanisms.record_level import DPSGDPolicy, calibrate_noise, record_level_spend
 from node.config import load_config
 from node.derive import genesis
@@ -234,7 +235,7 @@ def test_dp_sgd_on_scatternet_features_learns_a_separable_task():
         lr=1.0,
         seed=0,
         dp=dp,
-        privacy_generator=torch.Generator().manual_seed(9),
+        privacy_generator=seeded_generator(9),
     )
     assert result.dp_steps == 4
     with torch.no_grad():
@@ -264,7 +265,7 @@ def test_each_augmented_copy_is_a_crop_or_flipped_crop_of_its_own_image():
 
     g = torch.Generator().manual_seed(6)
     x = torch.rand(3, 1, 28, 28, generator=g)
-    copies = augment(x, 4, torch.Generator().manual_seed(7))
+    copies = augment(x, 4, seeded_generator(7).augment)
     assert copies.shape == (12, 1, 28, 28)
     padded = F.pad(x, (AUGMENT_PAD,) * 4, mode="reflect")
     seen = set()
@@ -298,7 +299,7 @@ def test_augmented_dp_sgd_clips_each_records_mean_over_its_copies():
     model = init_model("pnpm-fmnist-gn-tanh", input_shape=FMNIST, num_classes=10, seed=1)
     x = torch.rand(4, *FMNIST, generator=torch.Generator().manual_seed(8))
     y = torch.tensor([0, 3, 5, 9])
-    copies = augment(x, 3, torch.Generator().manual_seed(9))
+    copies = augment(x, 3, seeded_generator(9).augment)
     labels = y.repeat_interleave(3)
     per_copy = per_sample_gradients(model, copies, labels)
     expected = {k: g.view(4, 3, *g.shape[1:]).mean(1) for k, g in per_copy.items()}
@@ -327,7 +328,7 @@ def test_augmentation_multiplicity_trains_and_counts_the_policys_steps():
         lr=0.5,
         seed=0,
         dp=dp,
-        privacy_generator=torch.Generator().manual_seed(2),
+        privacy_generator=seeded_generator(2),
         augmentations=4,
     )
     assert result.dp_steps == 4 and math.isfinite(result.mean_loss)

@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from mechanisms.randomness import secret_generator
+from mechanisms.randomness import secret_generator, seeded_generator
 from mechanisms.record_level import DPSGDPolicy, round_steps
 from node.learning.data import load_dataset
 from node.learning.models import init_model
-from node.learning.train import evaluate, round_lr, train_local
+from node.learning.train import evaluate, poisson_batches, round_lr, train_local
 from node.protocol.blob import flatten
 
 TRAIN = load_dataset("digits")
@@ -88,18 +88,56 @@ def test_dpsgd_runs_with_opacus_the_policys_steps():
     # Noise and batches come from the privacy generator alone: the same seed with fresh secret
     # generators gives different models; the same seeded generator twice (a simulation) the same.
     runs = []
-    for generator in (
-        secret_generator(),
-        secret_generator(),
-        torch.Generator().manual_seed(5),
-        torch.Generator().manual_seed(5),
-    ):
+    for generator in (secret_generator(), secret_generator(), seeded_generator(5), seeded_generator(5)):
         model = fresh()
         dp_train(model, seed=0, privacy_generator=generator)
         runs.append(flatten(model)[0])
     assert not torch.equal(runs[0], runs[1]) and torch.equal(runs[2], runs[3])
     with pytest.raises(ValueError, match="privacy_generator"):
         dp_train(fresh(), seed=0)
+
+
+def test_empty_poisson_batches_at_batch_1_are_noisy_steps():
+    """Batch 1 on 20 records: a Poisson batch is empty with probability (19/20)^20 = 0.36. Every
+    step, empty or not, adds noise to every parameter and steps (the accountant counts each one):
+    the noise stream gives exactly one Box-Muller pair per two coordinates per step, and the
+    model moves on the empty steps too."""
+    n = 20
+    dp = DPSGDPolicy(noise_multiplier=1.1, max_grad_norm=1.0, batch_size=1, epochs=1)
+    rate, steps = round_steps(1, 1, n)
+    empty = sum(int(b.numel() == 0) for b in poisson_batches(n, rate, steps, seeded_generator(3).poisson))
+    assert 0 < empty < steps  # this seed's batches: some empty, some not
+    model = fresh("logreg")
+    sizes = [p.numel() for p in model.parameters()]
+    generator = seeded_generator(3)
+    result = train_local(model, TRAIN.x[:n], TRAIN.y[:n], epochs=1, batch_size=1, lr=0.5, seed=0, dp=dp, privacy_generator=generator)
+    assert result.dp_steps == steps == n
+    pairs_per_step = sum((size + size % 2) // 2 for size in sizes)  # per parameter tensor
+    assert generator.dpsgd_noise.drawn == steps * pairs_per_step * 16  # two 64-bit words per pair
+    assert generator.poisson.drawn == steps * n * 4  # one 32-bit word per record per step
+    # an empty batch's step: the weights move by -lr * noise / expected batch, noise N(0, (z C)^2)
+    from node.learning.train import _private_optimizer
+
+    model = fresh("logreg")
+    before = flatten(model)[0].clone()
+    grad_module, optimizer = _private_optimizer(model, dp, 0.5, 0.0, 1, ghost=True)
+    optimizer.noise_stream = seeded_generator(4).dpsgd_noise
+    optimizer.zero_grad(set_to_none=True)
+    optimizer.noise_only_step()
+    grad_module._close()
+    moved = (flatten(model)[0] - before).double()
+    d, sd = moved.numel(), 0.5 * 1.1
+    assert abs(float(moved.std()) - sd) <= 5 * sd / math.sqrt(2 * d)  # sd of a sample sd: sd / sqrt(2d)
+
+
+def test_poisson_batches_have_the_accounted_rate():
+    """Each record joins a batch with probability floor(q 2^32)/2^32 <= q: over 400 steps of 500
+    records at q = 0.1, the mean batch size is 50 within 5 sd, and every batch is sorted and
+    distinct (a subset)."""
+    batches = list(poisson_batches(500, 0.1, 400, seeded_generator(6).poisson))
+    sizes = torch.tensor([b.numel() for b in batches], dtype=torch.float64)
+    assert abs(float(sizes.mean()) - 50) <= 5 * math.sqrt(500 * 0.1 * 0.9 / 400)
+    assert all(torch.equal(b, torch.unique(b)) for b in batches)
 
 
 def test_round_lr_and_errors():
