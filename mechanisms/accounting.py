@@ -1,8 +1,9 @@
 """Privacy accountants: what is a peer's cumulative (eps, delta) for its WHOLE shared update?
 
 One small class per accountant behind one abstract interface (opacus style, `IAccountant`):
-`step(releases)` records releases, `get_privacy_spent(delta)` answers (eps, delta). `cumulative_spend` is the pure function
-the node and `swarm verify` use to recompute a peer's spend from the parameters it committed.
+`step(releases)` records releases, `get_privacy_spent(delta)` answers (eps, delta).
+`cumulative_spend` is the pure function the node and `swarm verify` use to recompute a peer's
+spend from the parameters it committed; it runs on these accountants.
 
 A coordinate-scope mechanism applied to d coordinates is d releases per round: a peer's spend is
 never the per-coordinate eps.
@@ -181,7 +182,9 @@ def _check_spend_arguments(num_coordinates: int, rounds: int, sample_rate: float
 
 
 def _protects(g: Guarantee) -> str:
-    return "the sign of each weight only (no finite eps for the values)" if g.protects == "sign" else "the update's values"
+    return (
+        "the sign of each weight only (no finite eps for the values)" if g.protects == "sign" else "the update's values"
+    )
 
 
 def _gaussian_spend(

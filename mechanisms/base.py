@@ -99,14 +99,34 @@ def check_tensor(
     (ValueError) unless `clip` is set, in which case they are clamped to the bounds (a bound left
     None is no bound).
     """
+    flat = flat_input(x, what)
+    return check_values(flat, low=low, high=high, clip=clip, what=what, out=None)
+
+
+def flat_input(x: torch.Tensor, what: str = "x") -> torch.Tensor:
+    """`x` flat and contiguous, if it is a float32/64 tensor (its values unchecked: perturb paths
+    check them block by block with `check_values`, while the block is in the cache)."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in (torch.float32, torch.float64):
         raise ValueError(f"{what} must be float32 or float64, got {x.dtype}")
-    flat = x.detach().reshape(-1).contiguous()
-    if flat.numel() == 0:
-        return flat
-    lo_t, hi_t = torch.aminmax(flat)  # one pass; NaN propagates into the result
+    return x.detach().reshape(-1).contiguous()
+
+
+def check_values(
+    values: torch.Tensor,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    clip: bool = False,
+    what: str = "x",
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`values` if finite and inside [low, high]; clamped (into `out`, or a new tensor) when outside
+    and `clip` is set; else ValueError."""
+    if values.numel() == 0:
+        return values
+    lo_t, hi_t = torch.aminmax(values)  # one pass; NaN propagates into the result
     lo, hi = float(lo_t), float(hi_t)
     if not (math.isfinite(lo) and math.isfinite(hi)):
         raise ValueError(f"{what} contains NaN or infinite values")
@@ -116,8 +136,8 @@ def check_tensor(
                 f"{what} has values in [{lo:.6g}, {hi:.6g}], outside the domain [{low}, {high}] "
                 "this mechanism needs; rescale the input or build the mechanism with clip=True"
             )
-        flat = flat.clamp(low, high)
-    return flat
+        return torch.clamp(values, low, high, out=out) if out is not None else values.clamp(low, high)
+    return values
 
 
 def scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:

@@ -39,6 +39,8 @@ from .base import (
     check_epsilon,
     check_positive,
     check_tensor,
+    check_values,
+    flat_input,
     scratch,
 )
 from .draws import TAIL_EXPONENT, bits63_, blocks, round_down_uniform_
@@ -213,8 +215,25 @@ def float_residual_delta_per_coordinate(sigma: float, grid: float, clip_norm: fl
     w = clip_norm / grid * CLIP_SLACK
     rho = 2.0**-53 * (NOISE_ULPS * s * _RADIUS_CUT + w + s * _RADIUS_CUT + 1.0)
     density = 1.0 / (s * math.sqrt(2.0 * math.pi))
-    bound = math.exp(-_RADIUS_CUT**2 / 2.0) + 2.0 * rho * (1.0 + 2.0 * density)
+    bound = math.exp(-(_RADIUS_CUT**2) / 2.0) + 2.0 * rho * (1.0 + 2.0 * density)
     return math.nextafter(bound * (1.0 + 2.0**-40), math.inf)
+
+
+def snapping_grid(sigma: float, clip_norm: float) -> tuple[float, int]:
+    """(L, K) of the snapped Gaussian: L the largest power of 2 <= sigma/4 (the grid adds L^2/12
+    <= sigma^2/192 of variance); outputs are clamped to +-K L, K the largest with (K + 1/2) L +
+    S (1 + 2^-16) <= TAIL_RADIUS sigma, so that every grid value up to it is reachable from every
+    clipped input by noise the sampler draws exactly (below 37.6 sigma). Refuses a noise too small
+    for that (K below S/L + 1: noise_multiplier below about 0.054)."""
+    grid = power_of_two_at_most(sigma / 4.0)
+    steps = math.floor((TAIL_RADIUS * sigma - clip_norm * CLIP_SLACK) / grid - 0.5)
+    if steps < math.ceil(clip_norm * CLIP_SLACK / grid) + 1:
+        raise ValueError(
+            f"noise sigma {sigma:g} is too small against clip_norm {clip_norm:g} for the snapped Gaussian: its "
+            "noise must reach twice the clip norm (noise_multiplier >= about 0.054; below that the sampler's "
+            "tail residual delta is 1 anyway)"
+        )
+    return grid, steps
 
 
 def power_of_two_at_most(x: float) -> float:
@@ -281,31 +300,11 @@ class Gaussian(Mechanism):
             self.delta = check_delta(delta)
             self.sigma = analytic_gaussian_sigma(self.epsilon, self.delta, self.sensitivity)
             self.noise_multiplier = self.sigma / self.clip_norm
-        self.steps  # refuses a noise too small for an input-independent output set
+        self.grid, self.steps = snapping_grid(self.sigma, self.clip_norm)
 
     @property
     def sensitivity(self) -> float:
         return 2.0 * self.clip_norm
-
-    @property
-    def grid(self) -> float:
-        """L: the step of the output grid, the largest power of 2 <= sigma/4 (the grid adds
-        L^2/12 <= sigma^2/192 of variance)."""
-        return power_of_two_at_most(self.sigma / 4.0)
-
-    @property
-    def steps(self) -> int:
-        """K: outputs are clamped to +-K L, the largest K with (K + 1/2) L + S (1 + 2^-16) <=
-        TAIL_RADIUS sigma: every grid value up to it is reachable from every clipped input by
-        noise the sampler draws exactly (below 37.6 sigma)."""
-        steps = math.floor((TAIL_RADIUS * self.sigma - self.clip_norm * CLIP_SLACK) / self.grid - 0.5)
-        if steps < math.ceil(self.clip_norm * CLIP_SLACK / self.grid) + 1:
-            raise ValueError(
-                f"noise sigma {self.sigma:g} is too small against clip_norm {self.clip_norm:g} for the "
-                "snapped Gaussian: its noise must reach twice the clip norm (noise_multiplier >= about 0.054; "
-                "below that the sampler's tail residual delta is 1 anyway)"
-            )
-        return steps
 
     @property
     def bound(self) -> float:
@@ -341,8 +340,10 @@ class Gaussian(Mechanism):
         return out
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        flat = check_tensor(x)
-        norm = l2_norm(flat)
+        flat = flat_input(x)
+        norm = l2_norm(flat)  # one pass; NaN or inf anywhere makes it non-finite
+        if not math.isfinite(norm):  # NaN or inf in x (ValueError), or float32 rows that overflowed
+            norm = float(torch.linalg.vector_norm(check_values(flat), dtype=torch.float64))
         scale = min(1.0, self.clip_norm / norm) if norm > 0 else 1.0
         return self._snap(flat, scale, mechanism_stream(generator)).view(x.shape)
 

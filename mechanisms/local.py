@@ -28,16 +28,19 @@ from .base import (
     check_finite,
     check_positive,
     check_tensor,
+    check_values,
     first_violation,
+    flat_input,
     release_flat,
     scratch,
 )
 from .draws import WORD, blocks, exp_lower, float32_threshold, words32
-from .randomness import PrivacyGenerator, mechanism_stream
+from .randomness import PrivacyGenerator, RandomStream, mechanism_stream
 
 # exp(eps) overflows a double near 709; no useful local mechanism runs there.
 MAX_EPSILON = 700.0
 HALF = 1 << 23  # the 24-bit grid of the two-point decisions: w >> 8 is uniform on [-2^23, 2^23)
+_SIGN_BIT = torch.tensor(-(2**31), dtype=torch.int32)  # a float32's sign bit, as an int32
 
 
 def _epsilon(epsilon: object) -> float:
@@ -136,6 +139,24 @@ def duchi_sign_(y: torch.Tensor, words: torch.Tensor, s: torch.Tensor, steps: in
     return torch.add(words, s, alpha=2.0 * steps, out=y)
 
 
+def _select_(out: torch.Tensor, other: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """out <- other where mask (int32, all ones) else out, bit for bit (no arithmetic: exact)."""
+    bits, other_bits = (out.view(torch.int32), other.view(torch.int32))
+    if out.dtype == torch.float64:
+        bits, other_bits, mask = out.view(torch.int64), other.view(torch.int64), mask.to(torch.int64)
+    return out.view(bits.dtype).bitwise_xor_(torch.bitwise_xor(bits, other_bits).bitwise_and_(mask)).view(out.dtype)
+
+
+def signed_(y: torch.Tensor, magnitude: float) -> torch.Tensor:
+    """y <- copysign(magnitude, y) in place (magnitude > 0): for float32, two integer passes on
+    y's bits (keep the sign bit, set the magnitude's bits), cheaper than torch's copysign."""
+    if y.dtype != torch.float32:
+        return torch.copysign(_scalar(magnitude, y.dtype), y, out=y)
+    bits = y.view(torch.int32)
+    bits.bitwise_and_(_SIGN_BIT).bitwise_or_(_scalar(magnitude, torch.float32).view(torch.int32))
+    return y
+
+
 class _PureLocal(Mechanism):
     """Shared parts of the pure-eps per-coordinate mechanisms on the domain [-1, 1]."""
 
@@ -150,6 +171,15 @@ class _PureLocal(Mechanism):
 
     def _input(self, x: torch.Tensor) -> torch.Tensor:
         return check_tensor(x, low=-1.0, high=1.0, clip=self.clip)
+
+    def _block(self, t: torch.Tensor, spare: int = 6) -> torch.Tensor:
+        """One block of the input, checked (finite, in [-1, 1]) or clamped into scratch `spare`."""
+        return check_values(t, low=-1.0, high=1.0, clip=self.clip, out=scratch(t.numel(), t.dtype, spare))
+
+    def _block32(self, t: torch.Tensor) -> torch.Tensor:
+        """`_block`, as float32 (the grid PM computes its positions in float32)."""
+        block = self._block(t)
+        return block if block.dtype == torch.float32 else block.to(torch.float32)
 
     def params(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon, "clip": self.clip}
@@ -192,12 +222,11 @@ class Duchi(_PureLocal):
         return OutputSet(points=(-self.bound, self.bound))
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        t = self._input(x)
+        t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
-        bound = _scalar(self.bound, t.dtype)
         for lo, hi in blocks(t.numel()):
-            y = duchi_sign_(out[lo:hi], words32(stream, hi - lo), t[lo:hi], self.steps)
-            torch.copysign(bound, y, out=y)
+            y = duchi_sign_(out[lo:hi], words32(stream, hi - lo), self._block(t[lo:hi]), self.steps)
+            signed_(y, self.bound)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -225,24 +254,23 @@ class LDPFL(Mechanism):
         output = OutputSet(points=(self.center - self.bound, self.center + self.bound))
         return output.violation(y, f"in ldp-fl(eps {self.epsilon:g})'s output set")
 
-    def _scaled(self, x: torch.Tensor) -> torch.Tensor:
-        """(w - c)/r clamped to [-1, 1]: the paper's clamp (without it eps does not hold), on
+    def _scaled_(self, s: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """s <- (w - c)/r clamped to [-1, 1]: the paper's clamp (without it eps does not hold), on
         w - c so that the decision keeps its precision even when |c| >> r."""
-        w = check_tensor(x)
-        s = scratch(w.numel(), w.dtype, 1)
         return torch.sub(w, self.center, out=s).div_(self.radius).clamp_(-1.0, 1.0)
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        s = self._scaled(x)
-        stream, out = mechanism_stream(generator), _output(s)
-        bound = _scalar(self.bound, s.dtype)
-        for lo, hi in blocks(s.numel()):
-            y = duchi_sign_(out[lo:hi], words32(stream, hi - lo), s[lo:hi], self.steps)
-            torch.copysign(bound, y, out=y).add_(self.center)
+        w = flat_input(x)
+        stream, out = mechanism_stream(generator), _output(w)
+        for lo, hi in blocks(w.numel()):
+            s = self._scaled_(scratch(hi - lo, w.dtype, 1), check_values(w[lo:hi]))
+            y = duchi_sign_(out[lo:hi], words32(stream, hi - lo), s, self.steps)
+            signed_(y, self.bound).add_(self.center)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
-        s = self._scaled(x)
+        w = check_tensor(x)
+        s = self._scaled_(torch.empty_like(w), w)
         return (self.bound**2 - (self.radius * s) ** 2).view(x.shape)
 
     @property
@@ -307,16 +335,31 @@ class PNPM(Mechanism):
         self._mid = (1.0 + self.bound) / 2.0 + self._slope / 2.0
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        w = check_tensor(x)
+        w = flat_input(x)
         stream, out = mechanism_stream(generator), _output(w)
-        mid, threshold = _scalar(self._mid, w.dtype), _scalar(self.threshold, torch.float32)
+        if w.dtype != torch.float32:  # float64: the same law, computed without the bit tricks below
+            return self._perturb64(check_values(w), stream, out).view(x.shape)
+        mid, threshold = _scalar(self._mid, torch.float32), _scalar(self.threshold, torch.float32)
         for lo, hi in blocks(w.numel()):
             n = hi - lo
             words = words32(stream, 2 * n)
-            magnitude = torch.add(mid, words[n:], alpha=self._slope, out=scratch(n, w.dtype, 1))
+            flip, magnitude = words[:n], words[n:]
+            # in place: each int32 word becomes the float32 computed from it (the same bytes)
+            torch.add(mid, magnitude, alpha=self._slope, out=magnitude.view(torch.float32))  # M > 0
+            torch.sub(flip, threshold, out=flip.view(torch.float32))  # negative: flip the sign
+            magnitude.bitwise_or_(flip.bitwise_and_(_SIGN_BIT))  # M with the flip's sign bit
+            torch.mul(magnitude.view(torch.float32), check_values(w[lo:hi]), out=out[lo:hi])
+        return out.view(x.shape)
+
+    def _perturb64(self, w: torch.Tensor, stream: RandomStream, out: torch.Tensor) -> torch.Tensor:
+        mid, threshold = _scalar(self._mid, torch.float64), _scalar(self.threshold, torch.float32)
+        for lo, hi in blocks(w.numel()):
+            n = hi - lo
+            words = words32(stream, 2 * n)
+            magnitude = torch.add(mid, words[n:], alpha=self._slope, out=scratch(n, torch.float64, 1))
             flip = torch.sub(words[:n], threshold, out=scratch(n, torch.float32, 2))  # < 0: flip
             torch.mul(magnitude.copysign_(flip), w[lo:hi], out=out[lo:hi])
-        return out.view(x.shape)
+        return out
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
         w = check_tensor(x)
@@ -387,19 +430,21 @@ class PiecewiseGrid:
         """(first, step, count) of the output grid."""
         return (self.scale * (0.5 - CELLS / 2), self.scale, CELLS)
 
-    def cells_(
-        self, pos: torch.Tensor, branch: torch.Tensor, position: torch.Tensor, t: torch.Tensor, spare: torch.Tensor
-    ) -> torch.Tensor:
+    def cells_(self, pos: torch.Tensor, branch: torch.Tensor, position: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """pos (float32) <- the cell of each coordinate, as a float: `branch` (int32 words)
         decides "uniform over all" (float32(word) < threshold) or the window, `position`
-        (24-bit words in [-2^23, 2^23)) the position; t is the input (float32); `spare` scratch."""
+        (24-bit words in [-2^23, 2^23)) the position; t is the input (float32). Both words are
+        used as scratch. No masks: the branch is an exact 0/1 factor on integer cells."""
         half = torch.tensor(CELLS / 2.0)
         m = self.window
         torch.add(half, position, alpha=m * 2.0**-24, out=pos).add_(t, alpha=(CELLS - m) / 2.0)
-        everywhere = torch.add(half, position, alpha=CELLS * 2.0**-24, out=spare)  # exact
-        torch.where(torch.lt(branch, torch.tensor(self.threshold)), everywhere, pos, out=pos)
-        return pos.floor_().clamp_(0.0, CELLS - 1.0)
-
+        pos.floor_().clamp_(0.0, CELLS - 1.0)  # the window's cell
+        # N/2 + floor(N W 2^-24) = N/2 + (W >> 14): "uniform over all", exact
+        everywhere = position.bitwise_right_shift_(14).view(torch.float32)
+        torch.add(half, everywhere.view(torch.int32), out=everywhere)
+        # threshold - float32(word): an integer-valued float32, >= 1 iff the word is below it
+        chosen = torch.sub(torch.tensor(self.threshold), branch, out=branch.view(torch.float32)).clamp_(0.0, 1.0)
+        return pos.add_(everywhere.sub_(pos).mul_(chosen))  # integers: exact
     def variance(self, t: torch.Tensor) -> torch.Tensor:
         """Var of the output for inputs t (float64): the mixture's, with a continuous U (the
         2^24 grid of U moves it by less than 2^-20 relative)."""
@@ -432,15 +477,14 @@ class Piecewise(_PureLocal):
         return OutputSet(grid=self.law.values)
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        t = self._input(x)
-        t32 = t if t.dtype == torch.float32 else t.to(torch.float32)
+        t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
         for lo, hi in blocks(t.numel()):
             n = hi - lo
             words = words32(stream, 2 * n)
             pos = scratch(n, torch.float32, 1)
             position = words[n:].bitwise_right_shift_(8)
-            self.law.cells_(pos, words[:n], position, t32[lo:hi], scratch(n, torch.float32, 2))
+            self.law.cells_(pos, words[:n], position, self._block32(t[lo:hi]))
             _grid_values_(out[lo:hi], pos, self.law.values)
         return out.view(x.shape)
 
@@ -480,23 +524,25 @@ class Hybrid(_PureLocal):
         return OutputSet(points=(-self.bound, self.bound), grid=self.law.values)
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        t = self._input(x)
-        t32 = t if t.dtype == torch.float32 else t.to(torch.float32)
+        t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
-        bound = _scalar(self.bound, t.dtype)
+        threshold = torch.tensor(self.duchi_threshold)
         for lo, hi in blocks(t.numel()):
             n = hi - lo
+            block = self._block(t[lo:hi])
             words = words32(stream, 2 * n)
             branch, drive = words[:n], words[n:]
-            duchi = duchi_sign_(scratch(n, t.dtype, 3), drive, t[lo:hi], self.steps)
-            torch.copysign(bound, duchi, out=duchi)
+            # float32(branch) - threshold < 0 for Duchi's share: its sign bit spread over the word
+            duchi_mask = torch.sub(branch, threshold, out=scratch(n, torch.float32, 4)).view(torch.int32)
+            duchi_mask.bitwise_right_shift_(31)  # all ones: Duchi; all zeros: PM
+            duchi = signed_(duchi_sign_(scratch(n, t.dtype, 3), drive, block, self.steps), self.bound)
             if self.law is None:
                 out[lo:hi].copy_(duchi)
                 continue
             position = drive.bitwise_right_shift_(1)  # (2W + 1) >> 1 = W: J's 24 bits again
-            pos = self.law.cells_(scratch(n, torch.float32, 1), branch, position, t32[lo:hi], scratch(n, torch.float32, 2))
-            pm = _grid_values_(out[lo:hi], pos, self.law.values)
-            torch.where(torch.lt(branch, torch.tensor(self.duchi_threshold)), duchi, pm, out=pm)
+            block32 = block if block.dtype == torch.float32 else block.to(torch.float32)
+            pos = self.law.cells_(scratch(n, torch.float32, 1), branch, position, block32)
+            _select_(_grid_values_(out[lo:hi], pos, self.law.values), duchi, duchi_mask)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -535,7 +581,7 @@ class RandomizedResponse(Mechanism):
         else:
             self.flip_threshold, self.other = math.nan, math.ceil(Fraction(WORD) / (bound + k - 1))
         self.keep = WORD - (k - 1) * self.other
-        if not (0 < self.keep and Fraction(self.keep, self.other) <= bound and self.other <= bound * self.keep):
+        if not (self.keep > 0 and Fraction(self.keep, self.other) <= bound and self.other <= bound * self.keep):
             raise ValueError(f"epsilon {epsilon!r} is too small for randomized response's 2^-32 grid")
 
     def release_violation(self, y: torch.Tensor) -> str | None:
@@ -562,19 +608,20 @@ class RandomizedResponse(Mechanism):
         return out.div_(self.other).floor_().add_(1.0).clamp_(0.0, self.k - 1.0)
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        v = check_tensor(x, low=0.0, high=float(self.k - 1))
-        if bool(torch.frac(v).any()):
-            raise ValueError(f"x must hold integer categories 0..{self.k - 1}")
+        v = flat_input(x)
         stream, out = mechanism_stream(generator), _output(v)
         for lo, hi in blocks(v.numel()):
-            self._perturb_block(words32(stream, hi - lo), v[lo:hi], out[lo:hi])
+            block = check_values(v[lo:hi], low=0.0, high=float(self.k - 1))
+            if bool(torch.frac(block, out=scratch(hi - lo, v.dtype, 6)).any()):
+                raise ValueError(f"x must hold integer categories 0..{self.k - 1}")
+            self._perturb_block(words32(stream, hi - lo), block, out[lo:hi])
         return out.view(x.shape)
 
     def _perturb_block(self, words: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
         if self.k == 2:  # out = |v - flip|
             # threshold - float32(word) is an integer-valued float32, >= 1 iff the word flips
-            flip = torch.sub(torch.tensor(self.flip_threshold), words, out=scratch(out.numel(), torch.float32, 1))
-            out.copy_(flip.clamp_(0.0, 1.0)).sub_(v).abs_()
+            flip = torch.sub(torch.tensor(self.flip_threshold), words, out=words.view(torch.float32))
+            torch.sub(flip.clamp_(0.0, 1.0), v, out=out).abs_()
             return
         shift = self._shift(words, scratch(out.numel(), torch.float64, 1))
         shift.add_(v)  # (v + shift) mod k for v + shift in [0, 2k - 2]
@@ -604,5 +651,3 @@ class RandomizedResponse(Mechanism):
 
     def params(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon, "k": self.k}
-
-

@@ -77,7 +77,7 @@ class RandomStream:
         self.drawn += size
         if self.drawn > MAX_STREAM_BYTES:
             raise RuntimeError(f"more than {MAX_STREAM_BYTES} bytes from one {self.purpose} stream")
-        view = memoryview(out.detach().view(torch.uint8).numpy()).cast("B")
+        view = out.detach().view(torch.uint8).reshape(-1).numpy().data  # the tensor's own bytes
         self._encryptor.update_into(_zeros(size), view)
         return out
 

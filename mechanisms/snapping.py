@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .base import Guarantee, OutputSet, affine_, scratch
+from .base import Guarantee, OutputSet, affine_, flat_input, scratch
 from .draws import TAIL_EXPONENT, bits63_, blocks, round_down_uniform_
 from .local import _output, _PureLocal
 from .randomness import PrivacyGenerator, mechanism_stream
@@ -30,6 +30,7 @@ LOG_ULPS = 4.0
 
 # ---------------------------------------------------------------------------------------------
 # Laplace
+
 
 def smallest_power_of_two_at_least(x: float) -> float:
     """The smallest power of 2 >= x > 0 (exact, via the binary exponent)."""
@@ -154,7 +155,7 @@ class Laplace(_PureLocal):
         return OutputSet(grid=(-self.bound + step / 2.0, step, (2 * self.steps + 1) * 2048))
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        t = self._input(x)
+        t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
         snap, steps, c = self.snap, float(self.steps), self.scale / self.snap
         for lo, hi in blocks(t.numel()):
@@ -169,7 +170,7 @@ class Laplace(_PureLocal):
             s = scratch(n, torch.float64, 1).copy_(aux.bitwise_and_(4095)).sub_(2047.5)
             noise.copysign_(s)  # S LOG(U*): the Laplace noise over b
             neg_phi = affine_(s.abs_(), -1.0 / 2048.0, 0.5)  # -phi = 1/2 - |s|/2048: exact
-            v = scratch(n, torch.float64, 2).copy_(t[lo:hi])  # mixed-dtype ops are slow
+            v = scratch(n, torch.float64, 2).copy_(self._block(t[lo:hi]))  # mixed-dtype ops are slow
             torch.add(neg_phi, v, alpha=1.0 / snap, out=v)  # t/L - phi (t/L exact)
             v.add_(noise, alpha=c).clamp_(-steps, steps).round_()  # k: snapped, in units of L
             torch.sub(v, neg_phi, out=v)  # k + phi: exact
@@ -268,7 +269,7 @@ class Exponential(_PureLocal):
         return OutputSet(grid=(-1.0, EXPONENTIAL_GRID, count))
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
-        t = self._input(x)
+        t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
         b = 4.0 / self.run_epsilon
         c = math.exp(-1.0 / b)
@@ -276,7 +277,7 @@ class Exponential(_PureLocal):
             n = hi - lo
             u = bits63_(scratch(n, torch.int64, 0), stream).bitwise_right_shift_(10)  # 53 bits
             u = scratch(n, torch.float64, 0).copy_(u).mul_(2.0**-53)  # on [0, 1), exact
-            tb = scratch(n, torch.float64, 1).copy_(t[lo:hi])
+            tb = scratch(n, torch.float64, 1).copy_(self._block(t[lo:hi]))
             # masses over b: left of t 1 - c h, right of t 1 - c / h, with c = exp(-1/b) and
             # h = exp(-t/b): ONE exp per coordinate, float64 so the masses resolve the uniform
             h = torch.mul(tb, -1.0 / b, out=scratch(n, torch.float64, 2)).exp_()
@@ -319,4 +320,3 @@ class Exponential(_PureLocal):
             f"(snapped to a 2^-10 grid; run at eps {self.run_epsilon:.17g}, the floating-point excess "
             "inside eps); a tensor of d coordinates costs d*eps",
         )
-

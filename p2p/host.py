@@ -12,7 +12,6 @@ delivered nor forwarded).
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import math
 import random
@@ -808,10 +807,7 @@ class SwarmHost:
                     raise HolderLied(f"sent {len(body) - 1} bytes for piece {index} of {length} bytes")
                 in_flight.popleft()
                 self.bytes_fetched += length
-                piece = memoryview(body)[1:]
-                # Hashed beside the event loop (hashlib releases the GIL): the loop goes on reading frames.
-                piece_hash = await trio.to_thread.run_sync(_sha256, piece)
-                fetch.deliver(peer, index, piece, piece_hash)  # raises HolderLied on a wrong piece
+                fetch.deliver(peer, index, memoryview(body)[1:])  # raises HolderLied on a wrong piece
         except trio.TooSlowError:
             raise HolderFailed(f"no answer within {timeout}s") from None
         except (wire.StreamEnded, wire.WireError) as exc:
@@ -829,10 +825,6 @@ class SwarmHost:
                     cleanup.shield = True
                     with suppress(Exception):
                         await (stream.reset() if in_flight else stream.close())
-
-
-def _sha256(data: memoryview) -> bytes:
-    return hashlib.sha256(data).digest()
 
 
 def _security_options(key_pair: KeyPair) -> dict[TProtocol, ISecureTransport]:

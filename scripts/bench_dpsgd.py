@@ -9,7 +9,8 @@ is trained, on one torch thread by default, in each of these ways:
   standard layout (the project's loop before this benchmark, kept here as `train_per_sample`);
 - DP-SGD as trained: `train_local(..., dp=DPSGDPolicy(...))`, the project's path: ghost clipping
   (`GradSampleModuleFastGradientClipping` + `DPOptimizerFastGradientClipping`) for models without
-  convolutions, opacus hooks for models with them, channels-last wherever plain SGD is;
+  convolutions, opacus hooks for models with them, channels-last wherever plain SGD is; its noise,
+  Poisson batches and augmentation from ChaCha20 streams (mechanisms.randomness), every step noisy;
 - DP-SGD on per-sample gradients from opacus' expanded weights (`GradSampleModuleExpandedWeights`)
   and from its functorch mode (`GradSampleModule(force_functorch=True)`) + `DPOptimizer`: the other
   ways opacus offers, candidates not wired into `train_local`;
@@ -47,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 import benchdoc  # noqa: E402
 
+from mechanisms.randomness import seeded_generator  # noqa: E402
 from mechanisms.record_level import DPSGDPolicy, round_steps  # noqa: E402
 from node.learning.models import count_parameters, init_model, input_features, model_inputs  # noqa: E402
 from node.learning.train import train_local  # noqa: E402
@@ -77,8 +79,9 @@ def train_per_sample(
     model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, dp: DPSGDPolicy, generator, mode: str = "hooks"
 ) -> int:
     """DP-SGD on materialized per-sample gradients + `DPOptimizer`: the loop of
-    node/learning/train.py's `_train_dpsgd` before ghost clipping (commit 64b2d23), with the same
-    Poisson sampler, secure-mode noise and steps. `mode` is how opacus computes the per-sample
+    node/learning/train.py's `_train_dpsgd` before ghost clipping (commit 64b2d23), with opacus' own
+    Poisson sampler and secure-mode noise (a torch generator: a benchmark candidate, not the
+    project's ChaCha20 path) and the same steps. `mode` is how opacus computes the per-sample
     gradients: "hooks" (`GradSampleModule`, the project's path before ghost clipping), "functorch"
     (`GradSampleModule(force_functorch=True)`: torch.func's vmap of each layer's gradient) or "ew"
     (`GradSampleModuleExpandedWeights`: torch's expanded weights). Returns the steps taken."""
@@ -163,7 +166,7 @@ def runners(
             lr=LR,
             seed=0,
             dp=dp,
-            privacy_generator=torch.Generator().manual_seed(0),
+            privacy_generator=seeded_generator(0),  # the ChaCha20 streams a peer draws from, seeded
             augmentations=augmentations,
         )
 
@@ -284,7 +287,10 @@ def render(results: list[dict], *, steps: int, repeat: int, threads: int, data: 
         "`train_local` does not use; and augmentation multiplicity K=2 (`train_local(..., "
         "augmentations=2)`, pixels only: opacus hooks, each record as 2 crops/flips). DP-SGD: Poisson "
         f"batches of expected size = batch (rate 1/{steps}), noise multiplier {NOISE_MULTIPLIER:g}, "
-        f"clip norm {MAX_GRAD_NORM:g}, secure-mode noise; us / record divides an epoch's time by its "
+        f"clip norm {MAX_GRAD_NORM:g}; the project's path draws its noise (float64 Box-Muller on U*), "
+        "Poisson masks and crops from ChaCha20 streams and noises every step, empty batches included; "
+        "the per-sample candidates use opacus' secure-mode noise and sampler; us / record divides an "
+        f"epoch's time by its "
         f"{steps} x batch records. Every variant is timed {repeat} times, interleaved (order rotated) "
         "on a fresh copy of the same initial model after one warm-up each; figures are medians, "
         "ratios the median of each repetition's ratio to the plain SGD of the same repetition (the "

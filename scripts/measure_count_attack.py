@@ -79,7 +79,9 @@ def main() -> None:
         releases.append(mechanism.perturb(c.vector, generator=seeded_generator(2000 + i)).to(torch.float32))
     assert test is not None and max(counts) <= cap
     others, weights = releases[1:], counts[1:]
-    honest = [mechanism.perturb(updates[0], generator=seeded_generator(3000 + k)).to(torch.float32) for k in range(args.draws)]
+    honest = [
+        mechanism.perturb(updates[0], generator=seeded_generator(3000 + k)).to(torch.float32) for k in range(args.draws)
+    ]
     mean = torch.stack(others).mean(dim=0)
     target = -genesis  # an arbitrary model the attacker wants: the genesis with its sign flipped
     total = cap + sum(weights)
@@ -117,6 +119,10 @@ def main() -> None:
             f"| {label} | {h_l2:.3g} / {h_max:.3g} | {a_l2:.3g} / {a_max:.3g} ({name}) | {a_l2 / h_l2:.3g} "
             f"| {accuracy(without):.3f} / {accuracy(h_model):.3f} / {accuracy(a_model):.3f} |"
         )
+    fedavg = dataclasses.replace(shared, aggregation="fedavg")
+    taken = aggregate.next_global(fedavg, genesis, [attacks["FedAvg takeover"], *others], [cap, *weights])
+    off = float((taken - target).abs().max())
+    print(f"FedAvg takeover: the model is the attacker's target to {off:.2g} per coordinate")
 
 
 if __name__ == "__main__":

@@ -124,7 +124,8 @@ def probe_chain(rpc_url: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     if not rpc_url.startswith(("http://", "https://")):
         raise CLIError(f"--rpc-url must be an http(s) URL, got {rpc_url!r}")
     body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}).encode()
-    request = urllib.request.Request(rpc_url, body, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", "User-Agent": "swarm-ledger"}  # some gateways refuse urllib's
+    request = urllib.request.Request(rpc_url, body, headers)
     not_chain = f"{rpc_url} is not an Ethereum JSON-RPC endpoint"
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -260,7 +260,9 @@ def _train_dpsgd(
 
 def _private_optimizer(
     model: nn.Module, dp: DPSGDPolicy, lr: float, momentum: float, expected_batch: int, ghost: bool
-) -> tuple[GradSampleModule | GradSampleModuleFastGradientClipping, _StreamNoise]:
+) -> tuple[
+    GradSampleModule | GradSampleModuleFastGradientClipping, _StreamNoiseGhostOptimizer | _StreamNoiseDPOptimizer
+]:
     """opacus' per-sample machinery around `model`, and its DP optimizer with the stream noise."""
     grad_module: GradSampleModule | GradSampleModuleFastGradientClipping
     optimizer_class: type[_StreamNoiseGhostOptimizer] | type[_StreamNoiseDPOptimizer]
@@ -361,7 +363,8 @@ class _StreamNoise:
     max_grad_norm: float
     noise_stream: RandomStream
     original_optimizer: torch.optim.Optimizer
-    scale_grad: Callable[[], None]  # opacus' (DPOptimizer's, after this class in the MRO)
+    loss_reduction: str
+    expected_batch_size: int
 
     def add_noise(self) -> None:
         std = self.noise_multiplier * self.max_grad_norm
@@ -378,15 +381,17 @@ class _StreamNoise:
         for p in self.params:
             p.summed_grad = torch.zeros_like(p)
         self.add_noise()
-        self.scale_grad()
+        if self.loss_reduction == "mean":  # opacus' scale_grad, for the one (empty) batch of this step
+            for p in self.params:
+                p.grad /= self.expected_batch_size
         self.original_optimizer.step()
 
 
-class _StreamNoiseGhostOptimizer(_StreamNoise, DPOptimizerFastGradientClipping):  # type: ignore[misc]
+class _StreamNoiseGhostOptimizer(_StreamNoise, DPOptimizerFastGradientClipping):
     """Ghost clipping with stream noise."""
 
 
-class _StreamNoiseDPOptimizer(_StreamNoise, DPOptimizer):  # type: ignore[misc]
+class _StreamNoiseDPOptimizer(_StreamNoise, DPOptimizer):
     """Materialized per-sample gradients (convolutions, augmentation multiplicity) with stream noise."""
 
 

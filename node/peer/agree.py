@@ -27,14 +27,15 @@ The steps, in order (`Agreement.run`):
 Withholding costs the withholder, not the swarm. A committer that attests a set including its own
 blob claims to hold it (an honest one stored it before it committed, and attests only after its own
 fetch step). If it then fails to serve it to us (answers without it, or serves nothing until the
-try's timeout) while no other attester claims the blob, the blob is *withheld* once `CLAIM_PATIENCE`
-of `fetch_timeout` has passed since the claim: settled, left out, and waited for in neither step.
+try's timeout) while nobody else claims the blob (no other attester included it, nobody else
+announced it), the blob is *withheld* once `CLAIM_PATIENCE` of `fetch_timeout` has passed since the
+claim (time for other claims to land): settled, left out, and waited for in neither step.
 (Its own early attestation used to be a focal set that every honest peer waited a second
 `fetch_timeout` to complete.) A transfer still running is no failure: a slow honest blob is waited
 for as before, so an early attestation without it still cannot censor it. A committer whose blob
 reached us from nobody in `NOT_AWAITED_AFTER` rounds in a row is *not awaited* (`Withholding`):
 its blob is still asked for while the step lasts, and included if it arrives, but nothing waits for
-it unless another attester claims to hold it; one of its blobs arriving (here, or in a prefetch
+it unless someone else claims to hold it; one of its blobs arriving (here, or in a prefetch
 while a round is open) makes it awaited again. Peers need not agree on who is awaited or withheld:
 that only sets how long each waits; which sets each may vote is unchanged (a peer votes every blob
 it holds), and the majority attestation decides as before.
@@ -45,6 +46,7 @@ testable without trio; `Agreement` does the waiting, every wait under a deadline
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -57,13 +59,15 @@ from node.chain.records import Attestation, Commitment
 from node.peer.fetching import REQUEST_SHARE, RETRY_INTERVAL, BlobUnavailable, Holders, Obtain, fetch_from_holders
 from node.protocol.blob import BlobError
 from node.protocol.wire import decode_bitmap
+from p2p import FetchTimeout
 
 log = logging.getLogger("swarm.peer")
 
 WATCH_INTERVAL = 0.5  # seconds between two reads of the round's attestations
 # Of fetch_timeout: how long after its committer claimed it (attested a set including it) a blob
-# nobody else claims is waited for before it is withheld (see the module doc).
-CLAIM_PATIENCE = 0.1
+# nobody else claims is waited for before it is withheld (see the module doc): time for the other
+# attesters' claims to land, should the committer have served some of them.
+CLAIM_PATIENCE = 0.03
 NOT_AWAITED_AFTER = 2  # rounds in a row a committer's blob reached us from nobody: then it is not awaited
 
 
@@ -116,6 +120,7 @@ class RoundBlobs:
     # its committer and peer id, and the reason; None while it is not left out
     left_out: list[str | None] = field(default_factory=list)
     holders: list[list[str]] = field(default_factory=list)  # attesters that included blob i hold it
+    announcers: list[list[str]] = field(default_factory=list)  # who announced blob i (a HAVE), as last read
     bitmaps: list[list[bool]] = field(default_factory=list)  # the round's attested bitmaps, chain order
     awaited: list[bool] = field(default_factory=list)  # False: nothing waits for blob i (`Withholding`)
     # trio time we first saw blob i's committer attest a set including it (it claims to hold it)
@@ -134,6 +139,7 @@ class RoundBlobs:
         self.malformed = self.malformed or [False] * n
         self.left_out = self.left_out or [None] * n
         self.holders = self.holders or [[] for _ in range(n)]
+        self.announcers = self.announcers or [[] for _ in range(n)]
         self.awaited = self.awaited or [True] * n
         self.claimed_at = self.claimed_at or [None] * n
         self.unserved_at = self.unserved_at or [None] * n
@@ -148,8 +154,9 @@ class RoundBlobs:
         return self.vectors[i] is not None or self.malformed[i] or self.withheld[i]
 
     def claimed_by_others(self, i: int) -> bool:
-        """An attester other than blob i's committer included it: it claims to hold it."""
-        return any(h != self.peer_ids[i] for h in self.holders[i])
+        """A peer other than blob i's committer claims to hold it: an attester that included it, or
+        one that announced it (a peer announces what it fetched)."""
+        return any(h != self.peer_ids[i] for h in self.holders[i] + self.announcers[i])
 
     def awaits(self, i: int) -> bool:
         """Blob i keeps a step waiting: it is not settled, and awaited or claimed by another attester."""
@@ -171,18 +178,21 @@ class RoundBlobs:
         """The focal set now: from the attestations read so far and the blobs held now (`choose_focal`)."""
         return choose_focal(self.bitmaps, self.mine, self.have(), self.malformed)
 
-    def learn(self, attestations: Sequence[Attestation], index: dict[str, int], now: float) -> None:
+    def learn(self, attestations: Sequence[Attestation], index: dict[str, int], now: float) -> list[int]:
         """Read the round's attestations (chain order, the whole list each time) at trio time
         `now`: every attester holds the blobs it included, its own among them (a claim); the
-        bitmaps are the candidates for the focal set."""
+        bitmaps are the candidates for the focal set. Returns the blobs claimed for the first time."""
         self.bitmaps = [decode_bitmap(a.included, self.n) for a in attestations]
+        claimed = []
         for a, bits in zip(attestations, self.bitmaps):
             k = index[a.peer]
             if bits[k] and self.claimed_at[k] is None:
                 self.claimed_at[k] = now
+                claimed.append(k)
             for i in range(self.n):
                 if bits[i] and self.peer_ids[k] not in self.holders[i]:
                     self.holders[i].append(self.peer_ids[k])
+        return claimed
 
     def _withholding(self, i: int) -> float | None:
         """When blob i's committer claimed it, if blob i is a withholding candidate: unsettled, its
@@ -235,6 +245,7 @@ class Agreement:
         read_attestations: Callable[[], Awaitable[list[Attestation]]],
         refused: Sequence[object | None] = (),
         awaited: Sequence[bool] = (),
+        ledger_news: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
         self.round = round
         self.commitments = commitments
@@ -258,6 +269,8 @@ class Agreement:
         self._announced = announced
         self._read_update = read_update
         self._read_attestations = read_attestations
+        # returns once the ledger emitted an event (an attestation among them), or after the seconds given
+        self._ledger_news = ledger_news or trio.sleep
 
     def who(self, i: int) -> str:
         """Participant i, as the log and `RoundBlobs.left_out` name it."""
@@ -300,7 +313,7 @@ class Agreement:
         if self.blobs.withheld[i]:
             return (
                 "is withheld: its committer attested a set including it (it claims to hold it) but did not serve "
-                "it to us, and no other attester claims it"
+                "it to us, and nobody else claims it"
             )
         if not self.blobs.awaited[i]:
             return (
@@ -324,7 +337,7 @@ class Agreement:
                 for i in range(self.blobs.n):
                     if wanted[i] and not self.blobs.is_settled(i):
                         nursery.start_soon(self.fetch_blob, i, wanted, nursery.cancel_scope, deadline)
-                nursery.start_soon(self.watch_attestations, wanted, nursery.cancel_scope)
+                nursery.start_soon(self.watch_attestations, wanted, nursery)
 
     async def fetch_blob(self, i: int, wanted: list[bool], scope: trio.CancelScope, deadline: float) -> None:
         """Fetch blob i until we have it or it proves malformed or withheld (or the step ends),
@@ -341,16 +354,7 @@ class Agreement:
                     deadline=deadline,
                     request_timeout=REQUEST_SHARE * self.fetch_timeout,
                 )
-                blobs.vectors[i] = self._read_update(data)
-            except BlobError as exc:  # right digest, unusable content: nobody can use it
-                # every decode failure is a BlobError (node.protocol.blob, wire.read_vector), and so
-                # is a release the swarm's mechanism cannot output (release.check_release): left out
-                # here as on every peer; what is logged and kept names the round, the participant,
-                # its committer and peer id, and the blob
-                why = f"round {self.round}: blob {digest_hex[:16]} of {self.who(i)} is malformed, left out: {exc}"
-                log.warning("%s", why)
-                blobs.left_out[i] = why
-                blobs.malformed[i] = True
+                self._accept(i, data)
             except BlobUnavailable:  # the step's deadline, which ends this step anyway
                 return
             except Exception as exc:  # not the holders': try again until cancelled
@@ -359,36 +363,74 @@ class Agreement:
         if blobs.settled(wanted):
             scope.cancel()
 
-    async def _ask(self, i: int, digest_hex: str, providers: list[str], timeout: float) -> bytes:
-        """Ask `providers` for blob i, noting when its committer failed to serve it (fetching.Obtain)."""
+    def _accept(self, i: int, data: bytes) -> None:
+        """Blob i's bytes (its digest checked): its vector, or malformed."""
+        try:
+            self.blobs.vectors[i] = self._read_update(data)
+        except BlobError as exc:  # right digest, unusable content: nobody can use it
+            # every decode failure is a BlobError (node.protocol.blob, wire.read_vector), and so
+            # is a release the swarm's mechanism cannot output (release.check_release): left out
+            # here as on every peer; what is logged and kept names the round, the participant,
+            # its committer and peer id, and the blob
+            why = f"round {self.round}: blob {self._digest(i)[:16]} of {self.who(i)} is malformed, left out: {exc}"
+            log.warning("%s", why)
+            self.blobs.left_out[i] = why
+            self.blobs.malformed[i] = True
+
+    async def _ask(
+        self, i: int, digest_hex: str, providers: list[str], timeout: float, *, slow_fails: bool = True
+    ) -> bytes:
+        """Ask `providers` for blob i (fetching.Obtain), noting when its committer failed to serve
+        it: refused it, served other bytes or, unless `slow_fails` is False, nothing in time."""
         try:
             return await self._obtain(digest_hex, providers, timeout)
-        except Exception:
-            if self.blobs.peer_ids[i] in providers:
+        except Exception as exc:
+            if self.blobs.peer_ids[i] in providers and (slow_fails or not isinstance(exc, FetchTimeout)):
                 self.blobs.unserved_at[i] = trio.current_time()
             raise
 
-    async def watch_attestations(self, wanted: list[bool], scope: trio.CancelScope) -> None:
-        """Read the attestations every WATCH_INTERVAL (holders, claims, focal candidates), and when a
-        claimed blob's patience runs out; mark the overdue ones withheld; stop once nothing of
-        `wanted` is left to wait for."""
+    async def _probe(self, i: int, wanted: list[bool], scope: trio.CancelScope) -> None:
+        """Ask blob i's committer for it once, right after its claim: it serves it, or its refusal
+        makes the blob a withholding candidate at once. A transfer that is only slow counts for
+        nothing here: an honest sole holder on a slow link is never cut short (node/peer/fetching.py)."""
+        with contextlib.suppress(Exception):
+            timeout = REQUEST_SHARE * self.fetch_timeout
+            self._accept(i, await self._ask(i, self._digest(i), [self.blobs.peer_ids[i]], timeout, slow_fails=False))
+            if self.blobs.settled(wanted):
+                scope.cancel()
+
+    async def watch_attestations(self, wanted: list[bool], nursery: trio.Nursery) -> None:
+        """Read the attestations when the ledger moves (at least every WATCH_INTERVAL): holders,
+        claims (each new one probed at once), focal candidates; mark the overdue claims withheld;
+        stop once nothing of `wanted` is left to wait for."""
         while True:
             attestations = await self._read_attestations()
             now = trio.current_time()
-            self.blobs.learn(attestations, self.index, now)
-            for i in self.blobs.withhold_overdue(now, self.patience):
-                log.warning(
-                    "round %d: %s attested its own blob %s, did not serve it to us, and nobody else claims it: "
-                    "withheld, not waited for",
-                    self.round,
-                    self.who(i),
-                    self._digest(i)[:16],
-                )
+            for i in self.blobs.learn(attestations, self.index, now):
+                if not self.blobs.is_settled(i):
+                    nursery.start_soon(self._probe, i, wanted, nursery.cancel_scope)
+            self._withhold_overdue()
             if self.blobs.settled(wanted):
                 break
             due = self.blobs.next_due(self.patience)
-            await trio.sleep(WATCH_INTERVAL if due is None else min(WATCH_INTERVAL, max(0.0, due - now)))
-        scope.cancel()
+            await self._ledger_news(WATCH_INTERVAL if due is None else min(WATCH_INTERVAL, max(0.0, due - now)))
+        nursery.cancel_scope.cancel()
+
+    def _withhold_overdue(self) -> None:
+        """Read who announced the unsettled blobs; mark (and log) withheld those whose committer
+        claimed them and then failed us, `patience` after the claim, and that nobody else claims
+        (called right after the attestations were read: the latest claims decide)."""
+        for i in range(self.blobs.n):
+            if not self.blobs.is_settled(i):
+                self.blobs.announcers[i] = self._announced(self._digest(i))
+        for i in self.blobs.withhold_overdue(trio.current_time(), self.patience):
+            log.warning(
+                "round %d: %s attested its own blob %s, did not serve it to us, and nobody else claims it: "
+                "withheld, not waited for",
+                self.round,
+                self.who(i),
+                self._digest(i)[:16],
+            )
 
 
 class Withholding:

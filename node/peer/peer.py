@@ -556,7 +556,14 @@ class Peer:
             read_attestations=lambda: self.chain(self.ledger.attestations, r),
             refused=refused,
             awaited=[self.withholding.awaited(c.peer) for c in commitments],
+            ledger_news=self._ledger_news,
         )
+
+    async def _ledger_news(self, timeout: float) -> None:
+        """Until the ledger emitted an event (the chain watcher's count), or `timeout` seconds."""
+        moves = self.watcher.moves
+        with trio.move_on_after(timeout):
+            await self.watcher.moved_since(moves)
 
     async def _vet(self, r: int, c: Commitment) -> Vetted:
         """Commitment c's peer id and its verdict under rules 1 to 3 (`Vetter.vet`)."""

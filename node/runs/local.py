@@ -368,7 +368,7 @@ def _watch(swarm: LocalSwarm, json_output: bool) -> None:
         t = Table(title=live_title(ledger.address, live_round, config.swarm.rounds, ended))
         columns = ["peer", "round", "phase", "accuracy", whole]
         if dp_sgd:
-            columns.append("eps (delta), each training record (DP-SGD)")
+            columns.append("eps (delta), each training record (DP-SGD), at the declared count")
         for col in [*columns, "process"]:
             t.add_column(col)
         for p in swarm.peers:

@@ -180,7 +180,9 @@ def render_markdown(out: Path, report: dict, config: dict) -> list[str]:
         *_figures(report, config),
         f"- mechanism: `{report['mechanism']}`; its eps (whole shared update) protects {report['protects']}",
         f"- record-level eps: each training record (DP-SGD), replace-one neighbours, at delta "
-        f"{config['train']['dp_delta']:g}"
+        f"{config['train']['dp_delta']:g}, computed from each peer's declared sample count (numSamples, at most "
+        f"{config['chain']['max_samples']:,}): a peer that declares more records than it holds records less than its "
+        "records get"
         if dp_sgd
         else "- record-level eps: none (no DP-SGD: the training records have no guarantee of their own)",
         f"- peers: {len(report['peer_exit_codes'])}, exit codes {report['peer_exit_codes']}"

@@ -502,7 +502,7 @@ class Simulation:
         return {
             "epsilon": worst,
             "delta": dp.delta,
-            "protects": f"{RECORD_PROTECTS}, replace-one neighbours ({RECORD_ACCOUNTANT})",
+            "protects": f"{RECORD_PROTECTS}, replace-one neighbours ({RECORD_ACCOUNTANT}), at each peer's record count",
             "noise_multiplier": dp.noise_multiplier,
             "max_grad_norm": dp.max_grad_norm,
         }

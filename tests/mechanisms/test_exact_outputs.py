@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+
 import pytest
 import torch
 
 import mechanisms as M
-from mechanisms.draws import WORD, exp_lower, float32_count_below
+from mechanisms.draws import BLOCK, WORD, exp_lower, float32_count_below
 from mechanisms.local import CELLS, HALF
 from tests.mechanisms.replay import replay
 
@@ -41,7 +42,7 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-def blockwise(*parts: torch.Tensor, block: int = 1 << 16) -> torch.Tensor:
+def blockwise(*parts: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
     """The words of a mechanism that reads len(parts) words per coordinate block by block: each
     block's words are part 0's for the block, then part 1's, ... (lengths: multiples of block)."""
     return torch.stack([p.view(-1, block) for p in parts], dim=1).reshape(-1)
@@ -131,8 +132,12 @@ def test_pnpm_output_set_is_the_same_for_w_and_minus_w(eps):
     flip word on each side of the threshold, w and -w give exactly the same set of float32
     outputs, and each output's probability ratio is (1 - q)/q <= e^eps with q counted exactly."""
     mech = M.get("pnpm", epsilon=eps)
-    j = torch.cat([torch.linspace(-(2**31), 2**31 - 1, (1 << 20) - 2, dtype=torch.float64).to(torch.int64),
-                   torch.tensor([-(2**31), 2**31 - 1])]).to(torch.int32)
+    j = torch.cat(
+        [
+            torch.linspace(-(2**31), 2**31 - 1, (1 << 20) - 2, dtype=torch.float64).to(torch.int64),
+            torch.tensor([-(2**31), 2**31 - 1]),
+        ]
+    ).to(torch.int32)
     n = j.numel()
     flips = torch.tensor([below(mech.threshold), at_or_above(mech.threshold)], dtype=torch.int32)
     q = Fraction(float32_count_below(mech.threshold), WORD)
@@ -147,10 +152,14 @@ def test_pnpm_output_set_is_the_same_for_w_and_minus_w(eps):
             outputs[sign] = torch.cat(ys)
         plus, minus = outputs[1.0], outputs[-1.0]
         assert torch.equal(torch.sort(plus).values, torch.sort(minus).values)
-        assert bool((plus.abs() >= w * (1 - 2**-23)).all()) and bool((plus.abs() <= w * mech.bound * (1 + 2**-22)).all())
+        assert bool((plus.abs() >= w * (1 - 2**-23)).all()) and bool(
+            (plus.abs() <= w * mech.bound * (1 + 2**-22)).all()
+        )
 
 
-def _pm_law(mech: M.Mechanism, law: M.local.PiecewiseGrid, t: float, everywhere: int, skipped: int = 0) -> dict[float, Fraction]:
+def _pm_law(
+    mech: M.Mechanism, law: M.local.PiecewiseGrid, t: float, everywhere: int, skipped: int = 0
+) -> dict[float, Fraction]:
     """P[y | t] of the grid PM (or HM's PM branch, given it), exactly: the all-branch's cells from
     every W (branch word `everywhere`), the window's from every W at t."""
     n = ALL24.numel()
@@ -165,7 +174,8 @@ def _pm_law(mech: M.Mechanism, law: M.local.PiecewiseGrid, t: float, everywhere:
     assert set(window_counts) <= set(all_counts) and max(window_counts.values()) <= law.window_count
     first, step, _ = law.values
     return {
-        first + k * step: alpha * Fraction(all_counts[k], 2**24) + (1 - alpha) * Fraction(window_counts.get(k, 0), 2**24)
+        first + k * step: alpha * Fraction(all_counts[k], 2**24)
+        + (1 - alpha) * Fraction(window_counts.get(k, 0), 2**24)
         for k in all_counts
     }
 
@@ -227,7 +237,7 @@ def test_rr_categories_are_exact():
 
 def _exponential_word(u: float) -> int:
     """The int64 word whose 53-bit uniform (bits 10..62, shifted down) is u's grid value."""
-    return (int(u * 2**53) << 10)
+    return int(u * 2**53) << 10
 
 
 def test_exponential_reaches_every_cell_from_the_extreme_inputs():
@@ -240,8 +250,11 @@ def test_exponential_reaches_every_cell_from_the_extreme_inputs():
     grid = torch.arange(-1.0, 1.0 + h / 2, h, dtype=torch.float64)
     targets = grid.clamp(-1 + h / 4, 1 - h / 4)  # inside the edge cells, which are half as wide
     for t in (-1.0, 1.0):
-        mass = torch.where(targets < t, torch.exp(-(t - targets) / b) - math.exp(-(t + 1) / b),
-                           (1 - math.exp(-(t + 1) / b)) + (1 - torch.exp(-(targets - t) / b)))
+        mass = torch.where(
+            targets < t,
+            torch.exp(-(t - targets) / b) - math.exp(-(t + 1) / b),
+            (1 - math.exp(-(t + 1) / b)) + (1 - torch.exp(-(targets - t) / b)),
+        )
         total = (1 - math.exp(-(t + 1) / b)) + (1 - math.exp(-(1 - t) / b))
         words = torch.tensor([_exponential_word(float(u)) for u in (mass / total)], dtype=torch.int64)
         y = mech.perturb(torch.full((grid.numel(),), t), generator=replay(words))

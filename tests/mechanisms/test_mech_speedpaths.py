@@ -73,7 +73,9 @@ def test_rr_binary_flips_exactly_below_its_threshold():
     assert torch.equal(y != v, below(word, mech.flip_threshold))
 
 
-def _pm_reference(law, branch: torch.Tensor, position: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _pm_reference(
+    law, branch: torch.Tensor, position: torch.Tensor, t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cell in float64 from exact arithmetic, distance of the exact window position to the
     nearest integer: inf for the all-branch, exact there)."""
     w = (position >> 8).double()  # the 24-bit draw, in [-2^23, 2^23)

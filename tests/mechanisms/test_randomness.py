@@ -62,7 +62,9 @@ def test_seeded_generators_reproduce_and_are_labelled_public():
 
 def test_purposes_are_separate_streams():
     g = seeded_generator(1)
-    outputs = {p: bytes(getattr(g, p.replace("-", "_")).fill_(torch.empty(64, dtype=torch.uint8)).tolist()) for p in PURPOSES}
+    outputs = {
+        p: bytes(getattr(g, p.replace("-", "_")).fill_(torch.empty(64, dtype=torch.uint8)).tolist()) for p in PURPOSES
+    }
     assert len(set(outputs.values())) == len(PURPOSES)
     # drawing from one stream does not move another
     h = seeded_generator(1)
@@ -136,7 +138,9 @@ def test_no_secret_path_uses_a_seedable_generator(monkeypatch, augmentations):
     random.Random raise, and the global generators' states must not move (nothing draws from
     torch's, numpy's or Python's default generator either)."""
     train = load_dataset("digits")
-    models = [init_model(name, input_shape=train.input_shape, num_classes=10, seed=0) for name in ("logreg", "digits-cnn")]
+    models = [
+        init_model(name, input_shape=train.input_shape, num_classes=10, seed=0) for name in ("logreg", "digits-cnn")
+    ]
     inputs = {
         "unit": torch.linspace(-1, 1, 5000),
         "weights": torch.linspace(-0.2, 0.2, 5000),

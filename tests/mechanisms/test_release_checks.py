@@ -150,7 +150,9 @@ def _update(d: int = 2000) -> torch.Tensor:
 def test_raw_update_is_flagged(mech):
     """A raw update is not on the output set (two points, a grid) of these mechanisms."""
     violation = mech.release_violation(_update())
-    assert violation is not None and ("not in" in violation or "non-zero" in violation or "not on" in violation), violation
+    assert violation is not None and ("not in" in violation or "non-zero" in violation or "not on" in violation), (
+        violation
+    )
 
 
 @pytest.mark.parametrize(
@@ -212,7 +214,11 @@ def test_grid_forgeries_are_flagged(mech):
 def test_a_raw_update_snapped_to_the_grid_passes():
     """The documented limit: every grid value is a possible output of every input, so a raw
     update rounded to the grid cannot be told from a release."""
-    for mech in (M.get("pm", epsilon=1.0), M.get("exponential", epsilon=1.0), M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0)):
+    for mech in (
+        M.get("pm", epsilon=1.0),
+        M.get("exponential", epsilon=1.0),
+        M.get("gaussian", clip_norm=1.0, noise_multiplier=1.0),
+    ):
         first, step, _ = mech.output_set().grid
         snapped = first + torch.round((_update().double() - first) / step) * step
         assert mech.release_violation(snapped.float()) is None

@@ -2,11 +2,12 @@
 through the vetting a peer runs (`Vetter`, wired to the chain and to a `RegistryCache` as
 `swarm node` wires it) and through `swarm verify`; both must reach the same verdict, check name for
 check name. Then what the table does not show row by row: the contract refuses a sample count past
-maxSamples before any rule sees it, a front-run commit costs its victim the round but gains the
-front-runner nothing, and a majority that includes the bent commits fails verification.
+maxSamples before any rule sees it (and rule 2 holds commits to the genesis's smaller cap), a
+front-run commit costs its victim the round but gains the front-runner nothing, and a majority that
+includes the bent commits fails verification.
 
 Two rounds. Round 1: three honest accounts (A, B and the later replayer) commit and finalize. Round
-2: every account commits, each breaking one rule, and six of them finalize a bitmap that includes
+2: every account commits, each breaking one rule, and seven of them finalize a bitmap that includes
 every decodable blob."""
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ SHARED = SharedSettings(
     krum_f=1,
     seed=0,
     privacy=PrivacyPolicy(DUCHI),
+    max_samples=500,  # the genesis's cap, below the ledger's: rule 2 holds commits to the smaller
 )
 MECHANISM = wire.canonical(DUCHI)
 SAMPLES = 100
@@ -59,6 +61,7 @@ TABLE = {
     "A": None,  # the vetting peer itself
     "B": None,
     "squatter": "registration",  # registered B's peer id without its key
+    "over-genesis-cap": "samples",  # 700 samples: the ledger takes up to 1,000, the genesis 500
     "eps-up": "eps",
     "eps-down": "eps",
     "impossible-release": "release",  # a Duchi release scaled by 1.01
@@ -143,7 +146,8 @@ class Chain:
                 flags.append(True)
             except Exception:
                 flags.append(False)
-        model = aggregate.next_global(SHARED, previous, vectors, [SAMPLES] * len(vectors))
+        weights = [int(c.num_samples) for c, included in zip(commitments, flags) if included]
+        model = aggregate.next_global(SHARED, previous, vectors, weights)
         digest = bytes.fromhex(self.archive.put(wire.model_blob(model, r)))
         for name in attesters:
             self.clients[name].attest(r, digest, wire.encode_bitmap(flags))
@@ -177,6 +181,7 @@ def play(chain: Chain) -> Played:
     chain.commit("A", 2, own("A", release(10)), eps_micro=eps(2))
     chain.commit("B", 2, own("B", release(11)), eps_micro=eps(2))
     chain.commit("squatter", 2, own("squatter", release(12)), eps_micro=eps(1))
+    chain.commit("over-genesis-cap", 2, own("over-genesis-cap", release(18)), eps_micro=eps(1), samples=700)
     chain.commit("eps-up", 2, own("eps-up", release(13)), eps_micro=eps(1) + 1)
     chain.commit("eps-down", 2, own("eps-down", release(14)), eps_micro=eps(1) - 1)
     chain.commit("impossible-release", 2, own("impossible-release", release(15) * 1.01), eps_micro=eps(1))
@@ -196,7 +201,7 @@ def play(chain: Chain) -> Played:
     chain.anvil.rpc("evm_increaseTime", [61])  # the victim never committed: its window must pass (blocks and seconds)
     chain.anvil.mine(51)
     chain.clients["A"].close_round(2)
-    chain.finalize(2, model, ["A", "B", "squatter", "eps-up", "replayed-blob", "copied-blob"])
+    chain.finalize(2, model, ["A", "B", "squatter", "eps-up", "replayed-blob", "copied-blob", "over-genesis-cap"])
     return played
 
 
@@ -268,7 +273,7 @@ def test_a_front_run_digest_costs_the_victim_its_round_and_gains_the_front_runne
 
 
 def test_a_majority_that_includes_bent_commits_fails_verification(played):
-    """Six of eleven participants finalized every decodable blob of round 2: verify names each
+    """Seven of twelve participants finalized every decodable blob of round 2: verify names each
     commit honest peers leave out (replayed and copied blobs included) and fails the aggregate,
     although its digest recomputes (the malformed blob is outside the bitmap: nobody can aggregate it)."""
     report = played.report

@@ -5,6 +5,7 @@ peer's vetting and `swarm verify` on a real chain."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -95,6 +96,14 @@ def test_the_sample_count_is_one_to_max_samples():
     assert samples_verdict(0, 1000).check == "samples"
     rules = Rulebook(SHARED, D, max_samples=1000)
     assert rules.commit_verdict(commitment(num_samples=1001, counts=(1001,)), [1001]).check == "samples"
+    # the genesis's cap and the ledger's: the smaller holds, whichever it is
+    for genesis_cap, ledger_cap in ((500, 1000), (1000, 500)):
+        rules = Rulebook(dataclasses.replace(SHARED, max_samples=genesis_cap), D, max_samples=ledger_cap)
+        assert rules.max_samples == 500
+        assert rules.commit_verdict(commitment(num_samples=501, counts=(501,)), [501]).check == "samples"
+        assert rules.commit_verdict(commitment(num_samples=500, counts=(500,)), [500]) is None
+    with pytest.raises(ValueError, match="max_samples"):
+        dataclasses.replace(SHARED, max_samples=2**32)
 
 
 def test_the_eps_record_must_be_exactly_what_the_policy_charges_both_ways():

@@ -26,6 +26,7 @@ from node.peer.agree import (
     decide_inclusion,
 )
 from node.peer.faults import FaultyStore
+from node.peer.fetching import RETRY_INTERVAL
 from node.protocol import wire
 from node.protocol.wire import encode_bitmap
 from tests.node.peer.harness import (
@@ -214,15 +215,16 @@ def test_e_a_malformed_blob_is_left_out_at_once_like_a_missing_one(bad):
 
 
 def test_c_the_first_attestation_excludes_us_a_later_one_includes_us():
-    """Participant 1 is unreachable; 1 attests a set without us first, then 2 attests all three.
-    We adopt 2's set (the first that includes us) and fetch 1's blob from 2, who attested it."""
+    """Participant 3 is unreachable (and silent); 1 attests a set without us (nor 3) first, then 2
+    attests all four. We adopt 2's set (the first that includes us) and fetch 3's blob from 2, who
+    attested it."""
 
     async def main():
-        swarm, blobs, digests = closed_round(3)
+        swarm, blobs, digests = closed_round(4)
         p = [m.peer_id for m in swarm.members]
-        swarm.network.unreachable.add(p[1])
-        swarm.members[2].store.put(blobs[1])  # 2 fetched it earlier (and did not announce it)
-        without_us, everyone = [F, T, T], [T, T, T]
+        swarm.network.unreachable.add(p[3])
+        swarm.members[2].store.put(blobs[3])  # 2 fetched it earlier (and did not announce it)
+        without_us, everyone = [F, T, T, F], [T, T, T, T]
 
         agreement, included, elapsed = await agree(
             swarm, (1.25, 1, digest_of(blobs, without_us), without_us), (2.25, 2, digest_of(blobs, everyone), everyone)
@@ -233,9 +235,32 @@ def test_c_the_first_attestation_excludes_us_a_later_one_includes_us():
             swarm.members[2].address,
         ]
         assert agreement.blobs.focal == everyone and included == everyone
-        assert swarm.network.providers_of(digests[1], p[0]) == [p[2]]
+        assert swarm.network.providers_of(digests[3], p[0]) == [p[2]]
         assert 2.25 < elapsed <= 3.0  # done as soon as the focal set was complete, not at the timeout
-        assert agreement.blobs.holders[1] == [p[1], p[2]]
+        assert agreement.blobs.holders[3] == [p[2]]
+
+    run_virtual(main)
+
+
+def test_c_a_committer_that_serves_another_attester_but_not_us_is_fetched_from_that_attester():
+    """1 cannot reach us but served 2. Both attest all three (1's claim of its blob and 2's come
+    together): 2's claim means the blob exists beyond its committer, so it is not withheld: we
+    fetch it from 2 and include it."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        p = [m.peer_id for m in swarm.members]
+        swarm.network.unreachable.add(p[1])
+        swarm.members[2].store.put(blobs[1])
+        everyone = [T, T, T]
+
+        agreement, included, elapsed = await agree(
+            swarm, (1.25, 1, digest_of(blobs, everyone), everyone), (1.3, 2, digest_of(blobs, everyone), everyone)
+        )
+
+        assert included == everyone and not agreement.blobs.withheld[1]
+        assert swarm.network.providers_of(digests[1], p[0]) == [p[2]]
+        assert elapsed <= 1.3 + WATCH_INTERVAL + RETRY_INTERVAL  # seen, then asked on the next pass
 
     run_virtual(main)
 
