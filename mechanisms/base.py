@@ -140,6 +140,14 @@ def check_values(
     return values
 
 
+def check_finite_block(values: torch.Tensor, what: str = "x") -> torch.Tensor:
+    """`values` if all finite (ValueError otherwise): one cheap sum, NaN and inf propagate into it;
+    a non-finite sum of finite values (float32 overflow) falls back to `check_values`."""
+    if values.numel() and not math.isfinite(float(values.sum())):
+        check_values(values, what=what)
+    return values
+
+
 def scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
     """A per-thread buffer of n elements, reused across calls (slot tells a caller's buffers apart)."""
     cache: dict[tuple[torch.dtype, int], torch.Tensor] | None = getattr(_WORKSPACE, "buffers", None)

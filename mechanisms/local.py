@@ -28,6 +28,7 @@ from .base import (
     check_finite,
     check_positive,
     check_tensor,
+    check_finite_block,
     check_values,
     first_violation,
     flat_input,
@@ -52,6 +53,15 @@ def _epsilon(epsilon: object) -> float:
 
 def _output(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(like.numel(), dtype=like.dtype)
+
+
+def _words_in(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
+    """One int32 word per coordinate, drawn into the float32 output block itself (its bytes are
+    overwritten by the result computed from them: no other buffer to keep in the cache), or into
+    a scratch buffer for a float64 output."""
+    if out.dtype == torch.float32:
+        return stream.fill_(out.view(torch.int32))
+    return words32(stream, out.numel())
 
 
 def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -225,7 +235,8 @@ class Duchi(_PureLocal):
         t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
         for lo, hi in blocks(t.numel()):
-            y = duchi_sign_(out[lo:hi], words32(stream, hi - lo), self._block(t[lo:hi]), self.steps)
+            block = self._block(t[lo:hi])
+            y = duchi_sign_(out[lo:hi], _words_in(out[lo:hi], stream), block, self.steps)
             signed_(y, self.bound)
         return out.view(x.shape)
 
@@ -263,8 +274,8 @@ class LDPFL(Mechanism):
         w = flat_input(x)
         stream, out = mechanism_stream(generator), _output(w)
         for lo, hi in blocks(w.numel()):
-            s = self._scaled_(scratch(hi - lo, w.dtype, 1), check_values(w[lo:hi]))
-            y = duchi_sign_(out[lo:hi], words32(stream, hi - lo), s, self.steps)
+            s = self._scaled_(scratch(hi - lo, w.dtype, 1), check_finite_block(w[lo:hi]))
+            y = duchi_sign_(out[lo:hi], _words_in(out[lo:hi], stream), s, self.steps)
             signed_(y, self.bound).add_(self.center)
         return out.view(x.shape)
 
@@ -293,25 +304,29 @@ class LDPFL(Mechanism):
 # PNPM: a sign from an exact Bernoulli, a magnitude from a grid that does not depend on the input
 
 
-def pnpm_flip_threshold(epsilon: float) -> tuple[float, int]:
-    """(T, c): flip the sign iff float32(F) < T for a uniform int32 word F, which happens with
-    probability q = c/2^32 >= 1/(e^eps + 1) exactly (`draws.float32_threshold`), so that
-    (1 - q)/q <= e^eps."""
-    needed = math.ceil(Fraction(WORD) / (exp_lower(epsilon) + 1))
-    threshold, count = float32_threshold(needed)
-    if 2 * count >= WORD:
-        raise ValueError(f"epsilon {epsilon!r} is too small for PNPM's 2^-32 sign grid")
-    return threshold, count
+def pnpm_flip_threshold(epsilon: float) -> int:
+    """T: flip the sign iff (F >> 1) < T for a uniform int32 word F (F >> 1 is uniform on
+    [-2^30, 2^30)), which happens with probability q = (T + 2^30)/2^31 >= 1/(e^eps + 1) exactly,
+    so that (1 - q)/q <= e^eps."""
+    needed = math.ceil(Fraction(1 << 31) / (exp_lower(epsilon) + 1))  # of the 2^31 values of F >> 1
+    if 2 * needed >= 1 << 31:
+        raise ValueError(f"epsilon {epsilon!r} is too small for PNPM's 2^-31 sign grid")
+    return needed - (1 << 30)
+
+
+_MANTISSA23 = torch.tensor((1 << 23) - 1, dtype=torch.int32)
+_ONE_BITS = torch.tensor(0x3F800000, dtype=torch.int32)  # float32 1.0: exponent 0, mantissa 0
 
 
 class PNPM(Mechanism):
     """Positive and Negative Piecewise Mechanism (the PNPM paper's Algorithm 2, see
     docs/MECHANISMS.md), applied as w <- |w| * PNPM(w / |w|) (its Algorithm 1, line 20).
 
-    t* = S M: the sign S is sign(w) w.p. 1 - q and -sign(w) w.p. q, q = 1/(e+1) on the 2^-32 grid
-    (`pnpm_flip_threshold`); the magnitude M is uniform on [1, C'] (32 bits), C' = 2/(1 - 2q) - 1,
-    the paper's C = (e+3)/(e-1) for the grid's q, so E[t*] = 1 and Var[t*] = (C'-1)^2/12 +
-    ((C'+1)/2)^2 - 1 (the paper's 4(e + 1/3)/(e-1)^2 at q = 1/(e+1)). This is the paper's law:
+    t* = S M: the sign S is sign(w) w.p. 1 - q and -sign(w) w.p. q, q = 1/(e+1) on the 2^-31 grid
+    (`pnpm_flip_threshold`, from one word); the magnitude M is uniform on [1, C'] (the midpoints of
+    2^23 cells, from another word), C' = 2/(1 - 2q) - 1, the paper's C = (e+3)/(e-1) for the grid's
+    q, so E[t*] = 1 and Var[t*] = (C'-1)^2/12 + ((C'+1)/2)^2 - 1 (the paper's 4(e + 1/3)/(e-1)^2
+    at q = 1/(e+1)). This is the paper's law:
     given the sign, t* is uniform on [1, C] or [-C, -1] alike. Output S fl(|w| M): M's values do
     not depend on w, and IEEE rounding is symmetric, so w and -w have the same output set.
     PROTECTS THE SIGN ONLY: |output| lies in [|w|, C'|w|], so weights of different magnitude have
@@ -326,39 +341,47 @@ class PNPM(Mechanism):
 
     def __init__(self, epsilon: float) -> None:
         self.epsilon = _epsilon(epsilon)
-        self.threshold, flips = pnpm_flip_threshold(self.epsilon)
-        self.flip_probability = flips / WORD
+        self.threshold = pnpm_flip_threshold(self.epsilon)
+        self.flip_probability = (self.threshold + (1 << 30)) / (1 << 31)
         self.bound = 2.0 / (1.0 - 2.0 * self.flip_probability) - 1.0  # C'
-        # M = mid + slope F32(J) for a uniform int32 J: E[F32(J)] = -1/2 exactly (rounding is
-        # symmetric and -2^31 is the one unpaired word), so E[M] = (1 + C')/2
-        self._slope = (self.bound - 1.0) / WORD
-        self._mid = (1.0 + self.bound) / 2.0 + self._slope / 2.0
+        # M = 1 + (C' - 1)(j + 1/2) 2^-23 for j the low 23 bits of J: the midpoints of 2^23 cells
+        # of [1, C'], so E[M] = (1 + C')/2 exactly; as the float32 f = 1 + j 2^-23 (J's bits
+        # under a float32 1.0's exponent), M = (C' - 1) f + 2 - C' + (C' - 1) 2^-24
+        self._slope = self.bound - 1.0
+        self._offset = 2.0 - self.bound + self._slope * 2.0**-24
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         w = flat_input(x)
         stream, out = mechanism_stream(generator), _output(w)
-        if w.dtype != torch.float32:  # float64: the same law, computed without the bit tricks below
-            return self._perturb64(check_values(w), stream, out).view(x.shape)
-        mid, threshold = _scalar(self._mid, torch.float32), _scalar(self.threshold, torch.float32)
+        if w.dtype != torch.float32:  # float64: the same law, computed without the float32 tricks
+            return self._perturb64(w, stream, out).view(x.shape)
+        offset, threshold = _scalar(self._offset, torch.float32), _scalar(self.threshold, torch.int32)
+        total = torch.zeros((), dtype=torch.float32)  # NaN or inf in w propagates into it
         for lo, hi in blocks(w.numel()):
             n = hi - lo
             words = words32(stream, 2 * n)
             flip, magnitude = words[:n], words[n:]
-            # in place: each int32 word becomes the float32 computed from it (the same bytes)
-            torch.add(mid, magnitude, alpha=self._slope, out=magnitude.view(torch.float32))  # M > 0
-            torch.sub(flip, threshold, out=flip.view(torch.float32))  # negative: flip the sign
-            magnitude.bitwise_or_(flip.bitwise_and_(_SIGN_BIT))  # M with the flip's sign bit
-            torch.mul(magnitude.view(torch.float32), check_values(w[lo:hi]), out=out[lo:hi])
+            # in place, integer passes: f = 1 + j 2^-23 from J's low 23 bits; the flip's sign bit
+            f = magnitude.bitwise_and_(_MANTISSA23).bitwise_or_(_ONE_BITS).view(torch.float32)
+            torch.add(offset, f, alpha=self._slope, out=f)  # M > 0
+            flip.bitwise_right_shift_(1).sub_(threshold).bitwise_and_(_SIGN_BIT)  # set: flip
+            magnitude.bitwise_or_(flip)  # S M
+            total.add_(torch.mul(f, w[lo:hi], out=out[lo:hi]).sum())
+        if not math.isfinite(float(total)):  # no output is returned: check the input itself
+            check_values(w)
         return out.view(x.shape)
 
     def _perturb64(self, w: torch.Tensor, stream: RandomStream, out: torch.Tensor) -> torch.Tensor:
-        mid, threshold = _scalar(self._mid, torch.float64), _scalar(self.threshold, torch.float32)
+        offset = _scalar(1.0 + self._slope * 2.0**-24, torch.float64)
+        threshold = _scalar(self.threshold, torch.int32)
         for lo, hi in blocks(w.numel()):
             n = hi - lo
             words = words32(stream, 2 * n)
-            magnitude = torch.add(mid, words[n:], alpha=self._slope, out=scratch(n, torch.float64, 1))
-            flip = torch.sub(words[:n], threshold, out=scratch(n, torch.float32, 2))  # < 0: flip
-            torch.mul(magnitude.copysign_(flip), w[lo:hi], out=out[lo:hi])
+            flip, magnitude = words[:n], words[n:].bitwise_and_(_MANTISSA23)
+            m = torch.add(offset, magnitude, alpha=self._slope * 2.0**-23, out=scratch(n, torch.float64, 1))
+            sign = flip.bitwise_right_shift_(1).sub_(threshold).bitwise_right_shift_(31)  # -1: flip
+            m.mul_(torch.add(_scalar(1.0, torch.float64), sign, alpha=2.0, out=scratch(n, torch.float64, 2)))
+            torch.mul(m, check_finite_block(w[lo:hi]), out=out[lo:hi])
         return out
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -439,12 +462,13 @@ class PiecewiseGrid:
         m = self.window
         torch.add(half, position, alpha=m * 2.0**-24, out=pos).add_(t, alpha=(CELLS - m) / 2.0)
         pos.floor_().clamp_(0.0, CELLS - 1.0)  # the window's cell
-        # N/2 + floor(N W 2^-24) = N/2 + (W >> 14): "uniform over all", exact
-        everywhere = position.bitwise_right_shift_(14).view(torch.float32)
-        torch.add(half, everywhere.view(torch.int32), out=everywhere)
+        # N/2 + floor(N W 2^-24) = N/2 + (W >> 14): "uniform over all", exact; minus the window's
+        # cell (an integer-valued float32): the step to take when the branch says so
+        step = torch.sub(position.bitwise_right_shift_(14), pos, out=position.view(torch.float32)).add_(half)
         # threshold - float32(word): an integer-valued float32, >= 1 iff the word is below it
         chosen = torch.sub(torch.tensor(self.threshold), branch, out=branch.view(torch.float32)).clamp_(0.0, 1.0)
-        return pos.add_(everywhere.sub_(pos).mul_(chosen))  # integers: exact
+        return pos.addcmul_(step, chosen)  # integers times 0 or 1: exact
+
     def variance(self, t: torch.Tensor) -> torch.Tensor:
         """Var of the output for inputs t (float64): the mixture's, with a continuous U (the
         2^24 grid of U moves it by less than 2^-20 relative)."""

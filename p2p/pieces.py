@@ -213,6 +213,8 @@ class PieceFetch:
         pipeline_depth) is still split among the holders instead of going to the first one."""
         if not self.follows(holder):
             return None
+        while self.pending and self.have[self.pending[0]]:  # came in meanwhile from a list followed before
+            self.pending.popleft()
         if self.pending and in_flight < self.share:
             index = self.pending.popleft()
             self.outstanding[index] = {holder}

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from eth_account.signers.local import LocalAccount
 from web3 import HTTPProvider, Web3
+from web3.exceptions import BlockNotFound
 from web3.types import EventData, RPCEndpoint, TxReceipt
 
 from node.chain.decoder import RevertDecoder
@@ -266,6 +267,8 @@ class LedgerClient:
 
     def block_hash(self, number: int) -> bytes | None:
         """The hash of block `number` as the endpoint serves it; None if it serves no such block."""
+        if not self._raw_rpc():  # an in-process provider (eth-tester): web3's own call, nothing on a wire
+            return self._read(lambda: _in_process_block_hash(self.w3, number), "block_hash")
         request = partial(self.w3.provider.make_request, RPCEndpoint("eth_getBlockByNumber"), [hex(number), False])
         return header_hash(self._read(request, "block_hash"), number)
 
@@ -660,3 +663,10 @@ def _constructor_settings(
         commit_window_seconds,
         attest_window_seconds,
     )
+
+
+def _in_process_block_hash(w3: Web3, number: int) -> bytes | None:
+    try:
+        return bytes(w3.eth.get_block(number)["hash"])
+    except BlockNotFound:
+        return None

@@ -12,11 +12,13 @@ what the peer holds every time it is read, so a blob fetched later drops every s
 
 The steps, in order (`Agreement.run`):
 
-1. `fetch_round_set`: every blob of the on-chain set, while `watch_attestations` learns holders
+1. `fetch_round_set`: every blob of the on-chain set, while `watch_attestations` (reading the
+   attestations whenever the ledger moves, at least every WATCH_INTERVAL) learns holders
    (an attester holds the blobs it included, so a blob unreachable at its committer, or that its
    committer served corrupted, is fetched from them: node/peer/fetching.py); ends when every blob
-   is settled (fetched, malformed or withheld) or at the deadline. No attestation cuts this step
-   short: a set that leaves a slow blob out must not stop us waiting for it.
+   is settled (fetched, malformed or withheld; one not awaited is not waited for) or at the
+   deadline. No attestation cuts this step short: a set that leaves a slow blob out must not stop
+   us waiting for it.
 2. `complete_focal_set`: what of the focal set is still missing, from its attesters, for at most
    one more `fetch_timeout`: this is how peers that missed a blob converge on the set of those
    that hold it.
@@ -26,19 +28,22 @@ The steps, in order (`Agreement.run`):
 
 Withholding costs the withholder, not the swarm. A committer that attests a set including its own
 blob claims to hold it (an honest one stored it before it committed, and attests only after its own
-fetch step). If it then fails to serve it to us (answers without it, or serves nothing until the
+fetch step); the claim is probed at once, one request to the committer. If the committer then fails
+to serve it to us (refuses it or serves other bytes; or, on a regular try, serves nothing until the
 try's timeout) while nobody else claims the blob (no other attester included it, nobody else
-announced it), the blob is *withheld* once `CLAIM_PATIENCE` of `fetch_timeout` has passed since the
-claim (time for other claims to land): settled, left out, and waited for in neither step.
-(Its own early attestation used to be a focal set that every honest peer waited a second
-`fetch_timeout` to complete.) A transfer still running is no failure: a slow honest blob is waited
-for as before, so an early attestation without it still cannot censor it. A committer whose blob
-reached us from nobody in `NOT_AWAITED_AFTER` rounds in a row is *not awaited* (`Withholding`):
-its blob is still asked for while the step lasts, and included if it arrives, but nothing waits for
-it unless someone else claims to hold it; one of its blobs arriving (here, or in a prefetch
-while a round is open) makes it awaited again. Peers need not agree on who is awaited or withheld:
-that only sets how long each waits; which sets each may vote is unchanged (a peer votes every blob
-it holds), and the majority attestation decides as before.
+announced it), the blob is *withheld* `CLAIM_PATIENCE` of `fetch_timeout` after the claim (time for
+other claims to land): settled, left out, and waited for in neither step. (Its own early
+attestation used to be a focal set that every honest peer waited a second `fetch_timeout` to
+complete.) A transfer still running is no failure: a slow honest blob is waited for as before, so
+an early attestation without it still cannot censor it; a committer that answers nothing at all
+costs step 1's `fetch_timeout` (its last try fails at that deadline), never the second. A committer
+whose blob reached us from nobody in `NOT_AWAITED_AFTER` rounds in a row is *not awaited*
+(`Withholding`): its blob is still asked for while the step lasts, and included if it arrives, but
+nothing waits for it unless someone else claims to hold it; one of its blobs arriving (here, or in
+a prefetch while a round is open) makes it awaited again. Peers need not agree on who is awaited or
+withheld: that only sets how long each waits; which sets each may vote is unchanged (a peer votes
+every blob it holds), and the majority attestation decides as before. A committer that serves its
+blob to some peers only, after claiming it, can still split a round's votes that way (docs/THREATS.md).
 
 `RoundBlobs` holds what the peer knows and decides from it without any I/O, so the decisions are
 testable without trio; `Agreement` does the waiting, every wait under a deadline.
@@ -65,9 +70,9 @@ log = logging.getLogger("swarm.peer")
 
 WATCH_INTERVAL = 0.5  # seconds between two reads of the round's attestations
 # Of fetch_timeout: how long after its committer claimed it (attested a set including it) a blob
-# nobody else claims is waited for before it is withheld (see the module doc): time for the other
-# attesters' claims to land, should the committer have served some of them.
-CLAIM_PATIENCE = 0.03
+# nobody else claims is waited for before it is withheld (see the module doc): time for the claims
+# of others (attestations, announcements) to land, should the committer have served some of them.
+CLAIM_PATIENCE = 0.02
 NOT_AWAITED_AFTER = 2  # rounds in a row a committer's blob reached us from nobody: then it is not awaited
 
 
@@ -159,7 +164,7 @@ class RoundBlobs:
         return any(h != self.peer_ids[i] for h in self.holders[i] + self.announcers[i])
 
     def awaits(self, i: int) -> bool:
-        """Blob i keeps a step waiting: it is not settled, and awaited or claimed by another attester."""
+        """Blob i keeps a step waiting: it is not settled, and awaited or claimed by someone else."""
         return not self.is_settled(i) and (self.awaited[i] or self.claimed_by_others(i))
 
     def settled(self, wanted: list[bool]) -> bool:
@@ -196,21 +201,26 @@ class RoundBlobs:
 
     def _withholding(self, i: int) -> float | None:
         """When blob i's committer claimed it, if blob i is a withholding candidate: unsettled, its
-        committer failed to serve it to us after claiming it, and no other attester claims it."""
+        committer failed to serve it to us after claiming it, and nobody else claims it."""
         claimed, unserved = self.claimed_at[i], self.unserved_at[i]
         if claimed is None or unserved is None or unserved < claimed:
             return None
         return None if self.is_settled(i) or self.claimed_by_others(i) else claimed
 
-    def next_due(self, patience: float) -> float | None:
-        """When the next withholding candidate's patience runs out (trio time; None: no candidate)."""
-        claims = [self._withholding(i) for i in range(self.n)]
-        return min((t + patience for t in claims if t is not None), default=None)
+    def next_due(self, patience: float, now: float) -> float | None:
+        """When the patience of the next claim still to come due runs out (trio time; None: none):
+        a blob its committer alone claims, unsettled, whose committer may have failed us by then."""
+        due = [
+            t + patience
+            for i, t in enumerate(self.claimed_at)
+            if t is not None and not self.is_settled(i) and not self.claimed_by_others(i) and t + patience > now
+        ]
+        return min(due, default=None)
 
     def withhold_overdue(self, now: float, patience: float) -> list[int]:
         """Mark withheld every candidate (`_withholding`) claimed at least `patience` ago; the ones
         marked now."""
-        due = [i for i in range(self.n) if (t := self._withholding(i)) is not None and now - t >= patience]
+        due = [i for i in range(self.n) if (t := self._withholding(i)) is not None and t + patience <= now]
         for i in due:
             self.withheld[i] = True
         return due
@@ -286,8 +296,13 @@ class Agreement:
         return self.decide()
 
     async def fetch_round_set(self) -> None:
-        """Step 1: every blob of the on-chain set, for at most `fetch_timeout`."""
+        """Step 1: every blob of the on-chain set, for at most `fetch_timeout`. A committer that
+        claimed its blob before this step ended and served it to us by then failed us."""
         await self._fetch_until(trio.current_time() + self.fetch_timeout, [True] * self.blobs.n)
+        now = trio.current_time()
+        for i in range(self.blobs.n):
+            if self.blobs.claimed_at[i] is not None and not self.blobs.is_settled(i):
+                self.blobs.unserved_at[i] = now
 
     async def complete_focal_set(self) -> None:
         """Step 2: the rest of the focal set (its attesters hold it), for at most one more `fetch_timeout`."""
@@ -412,7 +427,7 @@ class Agreement:
             self._withhold_overdue()
             if self.blobs.settled(wanted):
                 break
-            due = self.blobs.next_due(self.patience)
+            due = self.blobs.next_due(self.patience, now)
             await self._ledger_news(WATCH_INTERVAL if due is None else min(WATCH_INTERVAL, max(0.0, due - now)))
         nursery.cancel_scope.cancel()
 

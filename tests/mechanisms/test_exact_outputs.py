@@ -11,9 +11,9 @@ exponential and Gaussian mechanisms), words are built to reach every output cell
 extreme inputs instead: every cell is reachable from every input, and the clamp takes the rest.
 
 Measured on the implementation before this one (float32 inverse CDFs on torch's 2^-24 uniforms,
-enumerated the same way): PNPM eps 1 gave outputs for w = 0.0123 that w = -0.0123 cannot
-produce with probability 0.43, PM eps 1 (t = 0.3 vs -0.2) 0.62 and HM eps 2 0.55; each test
-below would have failed on it.
+every one of them run through its perturb): PNPM eps 1 gave outputs for w = 0.0123 that
+w = -0.0123 cannot produce with probability 0.43 (eps 2: 0.46), PM eps 1 (t = 0.3 vs -0.2) 0.59
+and HM eps 2 0.53: the support checks below fail on it.
 """
 
 from __future__ import annotations
@@ -128,19 +128,15 @@ def test_duchi_decisions_are_exact(name, eps):
 
 @pytest.mark.parametrize("eps", [1.0])
 def test_pnpm_output_set_is_the_same_for_w_and_minus_w(eps):
-    """Outputs S fl(|w| M): for each magnitude word J (2^20 of them, the extremes included) and a
-    flip word on each side of the threshold, w and -w give exactly the same set of float32
-    outputs, and each output's probability ratio is (1 - q)/q <= e^eps with q counted exactly."""
+    """Outputs S fl(|w| M): every magnitude the draw can give (all 2^23 values of J's low 23 bits)
+    with a flip word on each side of the threshold: w and -w give exactly the same multiset of
+    float32 outputs, and each output's probability ratio is (1 - q)/q <= e^eps, q = (T + 2^30)/2^31
+    counted exactly."""
     mech = M.get("pnpm", epsilon=eps)
-    j = torch.cat(
-        [
-            torch.linspace(-(2**31), 2**31 - 1, (1 << 20) - 2, dtype=torch.float64).to(torch.int64),
-            torch.tensor([-(2**31), 2**31 - 1]),
-        ]
-    ).to(torch.int32)
+    j = torch.arange(1 << 23, dtype=torch.int32)
     n = j.numel()
-    flips = torch.tensor([below(mech.threshold), at_or_above(mech.threshold)], dtype=torch.int32)
-    q = Fraction(float32_count_below(mech.threshold), WORD)
+    flips = torch.tensor([2 * mech.threshold - 1, 2 * mech.threshold], dtype=torch.int32)  # (F >> 1) < T, = T
+    q = Fraction(mech.threshold + (1 << 30), 1 << 31)
     assert (1 - q) / q <= exp_lower(eps) and q == Fraction(mech.flip_probability)
     for w in (0.0123, 3.0e-7):
         outputs = {}
@@ -152,9 +148,8 @@ def test_pnpm_output_set_is_the_same_for_w_and_minus_w(eps):
             outputs[sign] = torch.cat(ys)
         plus, minus = outputs[1.0], outputs[-1.0]
         assert torch.equal(torch.sort(plus).values, torch.sort(minus).values)
-        assert bool((plus.abs() >= w * (1 - 2**-23)).all()) and bool(
-            (plus.abs() <= w * mech.bound * (1 + 2**-22)).all()
-        )
+        assert int((plus > 0).sum()) == n  # one flip word flips, the other keeps: half each
+        assert bool((plus.abs() >= w * (1 - 2**-23)).all()) and bool((plus.abs() <= w * mech.bound * (1 + 2**-22)).all())
 
 
 def _pm_law(

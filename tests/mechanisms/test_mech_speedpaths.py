@@ -41,14 +41,15 @@ def below(word: torch.Tensor, threshold: float) -> torch.Tensor:
 def test_pnpm_sign_and_magnitude_come_from_their_words():
     mech = M.get("pnpm", epsilon=1.0)
     w = torch.randn(N, generator=torch.Generator().manual_seed(6))
-    y = mech.perturb(w, generator=seeded_generator(5))
     flip, magnitude = words(5, 2)
-    flipped = torch.sign(y) != torch.sign(w)
-    assert torch.equal(flipped, below(flip, mech.threshold))
-    reference = mech._mid + mech._slope * magnitude.to(torch.float32).double()
-    # float32: the magnitude rounds twice at <= C', y = w M once more
-    rel = 3 * U32 * mech.bound
-    assert torch.allclose((y.double() / w.double()).abs(), reference, rtol=rel, atol=0)
+    for dtype in (torch.float32, torch.float64):
+        y = mech.perturb(w.to(dtype), generator=seeded_generator(5))
+        flipped = torch.sign(y) != torch.sign(w.to(dtype))
+        assert torch.equal(flipped, (flip >> 1) < mech.threshold)
+        reference = 1.0 + mech._slope * ((magnitude & ((1 << 23) - 1)).double() + 0.5) * 2.0**-23
+        # float32: the magnitude rounds once or twice at <= C', y = w M once more
+        rel = 3 * U32 * mech.bound if dtype == torch.float32 else 1e-15
+        assert torch.allclose((y.double() / w.double()).abs(), reference, rtol=rel, atol=0)
 
 
 def test_duchi_decision_is_the_sign_of_its_sum():

@@ -48,43 +48,42 @@ def test_a_member_claiming_the_cap_moves_the_model_no_further_than_an_honest_one
     cap = max(partition_sizes(config))
     assert cap == 337 and _ledger_terms(load_config(None, [*CONFIG, "chain.max_samples=100"])).max_samples == 100
     settings = peer_settings(config)
+    shared = settings.shared
+    assert shared.max_samples == cap and shared.aggregation == "median"  # "auto" under PNPM
+    # Every member's update first (the real round code, seeded): the chain's windows need not wait for it.
+    model = init_model(shared.model, input_shape=shared.input_shape, num_classes=shared.num_classes, seed=shared.seed)
+    genesis, spec = flatten(model)
+    pnpm = mechanisms.from_params(dict(shared.privacy.mechanism))
+    updates, counts = [], []
+    for i in range(PEERS):
+        (x, y), _ = load_shard(config, (i, PEERS))
+        c = contribute(
+            model,
+            spec,
+            genesis,
+            x,
+            y,
+            settings=settings,
+            mechanism=None,
+            round_number=1,
+            seed=i,
+            noise=seeded_generator(i),
+        )
+        updates.append(c.vector)
+        counts.append(c.num_samples)
+    assert counts[0] == cap
+    releases = [pnpm.perturb(u, generator=seeded_generator(100 + i)).to(torch.float32) for i, u in enumerate(updates)]
+    others, weights = releases[1:], counts[1:]
+    # The attacker commits last, having fetched the others' releases: against their mean, at the bound.
+    attack = -torch.sign(torch.stack(others).mean(dim=0)) * EXTREME
+
     with LocalSwarm(config, tmp_path / "run") as swarm:
         params = swarm.ledger.params()
         genesis_blob = swarm.archive.get(bytes(params.genesis_digest).hex())
         assert genesis_blob is not None
         _, meta = decode_blob(genesis_blob, max_size=1 << 24, expected=None)
-        shared = SharedSettings.from_dict(json.loads(meta["swarm"]))
         # the cap derived from the swarm's data, in the genesis and the deployment alike
-        assert params.max_samples == shared.max_samples == cap and shared == settings.shared
-        assert shared.aggregation == "median"  # "auto" under PNPM
-
-        model = init_model(
-            shared.model, input_shape=shared.input_shape, num_classes=shared.num_classes, seed=shared.seed
-        )
-        genesis, spec = flatten(model)
-        pnpm = mechanisms.from_params(dict(shared.privacy.mechanism))
-        updates, counts = [], []
-        for i in range(PEERS):
-            (x, y), _ = load_shard(config, (i, PEERS))
-            c = contribute(
-                model,
-                spec,
-                genesis,
-                x,
-                y,
-                settings=settings,
-                mechanism=None,
-                round_number=1,
-                seed=i,
-                noise=seeded_generator(i),
-            )
-            updates.append(c.vector)
-            counts.append(c.num_samples)
-        assert counts[0] == cap
-        releases = [
-            pnpm.perturb(u, generator=seeded_generator(100 + i)).to(torch.float32) for i, u in enumerate(updates)
-        ]
-        others, weights = releases[1:], counts[1:]
+        assert SharedSettings.from_dict(json.loads(meta["swarm"])) == shared and params.max_samples == cap
 
         clients = [LedgerClient(swarm.w3, swarm.ledger.address, swarm.chain.peer_account(i)) for i in range(PEERS)]
         mechanism_json = wire.canonical(dict(shared.privacy.mechanism))
@@ -98,8 +97,6 @@ def test_a_member_claiming_the_cap_moves_the_model_no_further_than_an_honest_one
 
         for i in range(1, PEERS):
             commit(i, releases[i], counts[i])
-        # The attacker commits last, having fetched the others' releases: against their mean, at the bound.
-        attack = -torch.sign(torch.stack(others).mean(dim=0)) * EXTREME
         with pytest.raises(errors.NumSamplesOverCap) as refused:
             commit(0, attack, cap + 1)
         assert refused.value.fields == {"numSamples": cap + 1, "maxSamples": cap}
@@ -109,8 +106,7 @@ def test_a_member_claiming_the_cap_moves_the_model_no_further_than_an_honest_one
         commit(0, attack, cap)
         clients[0].close_round(1)  # every registered member committed
 
-        vectors = [attack, *others]
-        finalized = aggregate.next_global(shared, genesis, vectors, [cap, *weights])
+        finalized = aggregate.next_global(shared, genesis, [*others, attack], [*weights, cap])  # ledger order
         digest = bytes.fromhex(swarm.archive.put(wire.model_blob(finalized, 1)))
         order = [c.peer for c in swarm.ledger.commitments(1)]
         assert order == [c.account.address for c in clients[1:]] + [clients[0].account.address]

@@ -116,9 +116,10 @@ def test_a_blob_is_withheld_once_its_committer_claimed_it_then_failed_us_and_nob
     blobs = RoundBlobs(["p0", "p1", "p2"], mine=0)
     blobs.vectors[0] = blobs.vectors[1] = torch.zeros(1)
     blobs.claimed_at[2], blobs.unserved_at[2] = 5.0, 4.0  # it failed us before its claim only
-    assert blobs.withhold_overdue(10.0, 1.0) == [] and blobs.next_due(1.0) is None
+    assert blobs.next_due(1.0, 5.5) == 6.0  # when its claim comes due
+    assert blobs.withhold_overdue(10.0, 1.0) == [] and blobs.next_due(1.0, 10.0) is None
     blobs.unserved_at[2] = 5.5  # and after it
-    assert blobs.next_due(1.0) == 6.0 and blobs.withhold_overdue(5.9, 1.0) == []
+    assert blobs.withhold_overdue(5.9, 1.0) == []
     blobs.holders[2] = ["p2", "p1"]  # 1 attested it too: it is waited for as any blob
     assert blobs.withhold_overdue(6.0, 1.0) == [] and not blobs.done()
     blobs.holders[2] = ["p2"]
@@ -293,6 +294,24 @@ def test_c_a_committer_that_attests_its_own_blob_and_serves_it_to_nobody_is_left
     with caplog.at_level(logging.WARNING, logger="swarm.peer"):
         run_virtual(main)
     assert any("withheld, not waited for" in r.getMessage() for r in caplog.records)
+
+
+def test_c_a_committer_that_attests_its_own_blob_and_answers_nothing_costs_one_fetch_timeout_not_two():
+    """2 attests {0, 1, 2} at once and then takes every request for its blob without answering. A
+    silent transfer may be a slow one, so step 1 waits its fetch timeout; but 2 served us nothing in
+    all that time after claiming the blob, so it is withheld: its own set is not waited for again."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        swarm.network.stall(digests[2])
+        everyone = [T, T, T]
+
+        agreement, included, elapsed = await agree(swarm, (0.25, 2, digest_of(blobs, everyone), everyone))
+
+        assert included == [T, T, F] and agreement.blobs.withheld[2] and agreement.blobs.focal == everyone
+        assert elapsed == pytest.approx(FETCH_TIMEOUT)
+
+    run_virtual(main)
 
 
 def test_c_a_slow_blob_whose_committer_attested_early_is_still_waited_for():

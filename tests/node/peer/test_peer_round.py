@@ -122,29 +122,31 @@ def test_b_e_peers_leave_out_a_blob_that_never_arrives_or_is_malformed_and_still
 
 
 def test_c_a_peer_adopts_the_first_attested_set_that_includes_it_and_the_round_finalizes():
-    """One real peer (already committed, the round closed) and two scripted ones. Member 1 is
-    unreachable; it attests a set without us at 1.25 s, member 2 attests all three at 2.25 s. Our
-    peer votes 2's (digest, bitmap), fetching 1's blob from 2: 2 of 3 votes finalize."""
+    """One real peer (already committed, the round closed) and three scripted ones. Member 3 is
+    unreachable to us (member 2 fetched its blob earlier, and did not announce it); member 1 attests
+    a set without us at 1.25 s, member 2 all four at 2.25 s, member 3 all four at 2.5 s. Our peer
+    votes 2's (digest, bitmap), fetching 3's blob from 2: 3 of 4 votes finalize."""
 
     async def main():
-        swarm, blobs, digests = closed_round(3)
-        swarm.network.unreachable.add(swarm.members[1].peer_id)
-        swarm.members[2].store.put(blobs[1])
-        without_us, everyone = [F, T, T], [T, T, T]
+        swarm, blobs, digests = closed_round(4)
+        swarm.network.unreachable.add(swarm.members[3].peer_id)
+        swarm.members[2].store.put(blobs[3])
+        without_us, everyone = [F, T, T, F], [T, T, T, T]
         log = PhaseLog()
         peer = swarm.peer(0, on_status=log)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(swarm.attest_at, 1.25, 1, digest_of(blobs, without_us), without_us)
             nursery.start_soon(swarm.attest_at, 2.25, 2, digest_of(blobs, everyone), everyone)
+            nursery.start_soon(swarm.attest_at, 2.5, 3, digest_of(blobs, everyone), everyone)
             outcome, vector = await peer.play_round(1, genesis_vector())
 
         assert outcome.state == "finalized" and outcome.committed and outcome.included == everyone
         assert outcome.global_digest == digest_of(blobs, everyone).hex()
-        ours = swarm.chain.rounds[0].attestations[-1]
-        assert ours.peer == swarm.members[0].address and ours.votes == 2
+        ours = next(a for a in swarm.chain.rounds[0].attestations if a.peer == swarm.members[0].address)
+        assert ours.aggregate_digest == digest_of(blobs, everyone)
         assert 2.25 < log.duration("fetching") <= 3.0
-        assert swarm.network.providers_of(digests[1], swarm.members[0].peer_id) == [swarm.members[2].peer_id]
+        assert swarm.network.providers_of(digests[3], swarm.members[0].peer_id) == [swarm.members[2].peer_id]
         assert outcome.accuracy is not None and vector.shape == genesis_vector().shape
 
     run_virtual(main)
