@@ -117,7 +117,6 @@ def _time_train_local() -> list[float]:
 def _baseline(sim, config, indices) -> float:
     """Mean seconds of `train_local` alone for these peers: same shard, seed and settings as
     their first round in the simulation, from the genesis model."""
-    import torch
 
     from mechanisms.randomness import seeded_generator
     from node.learning.contribute import round_seed

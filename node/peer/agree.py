@@ -297,7 +297,7 @@ class Agreement:
 
     async def fetch_round_set(self) -> None:
         """Step 1: every blob of the on-chain set, for at most `fetch_timeout`. A committer that
-        claimed its blob before this step ended and served it to us by then failed us."""
+        claimed its blob before this step ended and has not served it to us by then failed us."""
         await self._fetch_until(trio.current_time() + self.fetch_timeout, [True] * self.blobs.n)
         now = trio.current_time()
         for i in range(self.blobs.n):

@@ -194,9 +194,7 @@ def _last_bias_slice(config) -> slice:
 def _undo_seeded_pnpm(blob_vector: torch.Tensor, mechanism: dict, seed: int) -> torch.Tensor:
     """PNPM releases w * t with t drawn from the generator; with the generator's seed, t is drawn
     again and divided out (the attack that recovered every update of session 2's demo)."""
-    t = mechanisms.from_params(mechanism).perturb(
-        torch.ones_like(blob_vector), generator=seeded_generator(seed)
-    )
+    t = mechanisms.from_params(mechanism).perturb(torch.ones_like(blob_vector), generator=seeded_generator(seed))
     return blob_vector / t
 
 

@@ -149,7 +149,9 @@ def test_pnpm_output_set_is_the_same_for_w_and_minus_w(eps):
         plus, minus = outputs[1.0], outputs[-1.0]
         assert torch.equal(torch.sort(plus).values, torch.sort(minus).values)
         assert int((plus > 0).sum()) == n  # one flip word flips, the other keeps: half each
-        assert bool((plus.abs() >= w * (1 - 2**-23)).all()) and bool((plus.abs() <= w * mech.bound * (1 + 2**-22)).all())
+        assert bool((plus.abs() >= w * (1 - 2**-23)).all()) and bool(
+            (plus.abs() <= w * mech.bound * (1 + 2**-22)).all()
+        )
 
 
 def _pm_law(
