@@ -113,7 +113,7 @@ class PeerSettings:
     linger: float = 5.0  # seconds to keep serving after the last round, for peers still fetching its model
     device: str = "cpu"  # torch device local training runs on (node/learning/device.py)
     augmentations: int = 1  # DP-SGD augmentation multiplicity (node.learning.train); 1 = off
-    fault: str | None = None  # testing only: "wrong-bytes" or "scale:K" (node/peer/faults.py)
+    fault: str | None = None  # testing only: "wrong-bytes", "withhold" or "scale:K" (node/peer/faults.py)
 
     @property
     def mechanism(self) -> dict[str, object]:
