@@ -118,12 +118,8 @@ def classic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1.
 TAIL_RADIUS = math.sqrt(2.0 * TAIL_EXPONENT) * (1.0 - 2.0**-40)
 # A release has at most 2^62 Box-Muller pairs (a tensor has fewer than 2^63 elements).
 MAX_PAIRS = 2.0**62
-# The largest finite radius (in sigmas) the sampler can draw at all: U* >= 2^-1074 (the smallest
-# subnormal; below 2^-1022 with probability 2^-1022), sqrt(2 * 1074 ln 2) = 38.587, rounded up.
-# (U* = 0, after 40 levels of redraws, would give an infinite value: refused as non-finite anyway.)
-MAX_RADIUS = 38.6
 # `l2_norm` is within ~1e-6 relative of the true norm (float32 rows of 256), so a clipped
-# coordinate can exceed clip_norm by that much: the release check allows 2^-16 (1.5e-5).
+# coordinate can exceed clip_norm by that much: the snapping's reach allows 2^-16 (1.5e-5).
 CLIP_SLACK = 1.0 + 2.0**-16
 # exp(-r^2/2) is convex in r^2 on [0, D^2] when r/D exceeds (3 + sqrt 5)/2 = 2.618.
 _CONVEX_RATIO = 2.62
