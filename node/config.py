@@ -38,9 +38,10 @@ DEFAULT_MODELS = {
 }
 PARTITIONS = ("iid", "dirichlet", "shards")
 RULES = ("fedavg", "median", "trimmed-mean", "krum")
-# aggregation.rule = "auto": median under PNPM, whose releases can be any vector (a member's weight
-# then bounds nothing: docs/THREATS.md, "A member claiming the cap"), fedavg under the others
+# aggregation.rule = "auto": trimmed-mean under PNPM, whose releases can be any vector (a member's
+# weight then bounds nothing: docs/THREATS.md, "A member claiming the cap"), fedavg under the others
 UNBOUNDED_RELEASES = ("pnpm",)
+MAX_TRIM_RATIO = 0.49  # trimmed-mean keeps at least one value (trim_ratio < 0.5)
 MECHANISMS = ("duchi", "exponential", "gaussian", "hm", "laplace", "ldp-fl", "pm", "pnpm", "rr", "sampled")
 DEVICES = ("auto", "cpu", "cuda")  # whether this machine has CUDA is checked where training starts
 
@@ -163,11 +164,21 @@ class Config:
 
     @property
     def aggregation_rule(self) -> str:
-        """The rule to aggregate with: `aggregation.rule`, or when it is "auto" median under a
+        """The rule to aggregate with: `aggregation.rule`, or when it is "auto" trimmed-mean under a
         mechanism whose releases can be any vector (PNPM) and fedavg under the others."""
         if self.aggregation.rule != "auto":
             return self.aggregation.rule
-        return "median" if self.privacy.mechanism in UNBOUNDED_RELEASES else "fedavg"
+        return "trimmed-mean" if self.privacy.mechanism in UNBOUNDED_RELEASES else "fedavg"
+
+    @property
+    def trim_ratio(self) -> float:
+        """`aggregation.trim_ratio`; under "auto" at least 1/quorum (rounded up to a millionth), so
+        that a round of a quorum or more drops at least its lowest and its highest value in every
+        coordinate: one member's release never reaches the mean."""
+        ratio = self.aggregation.trim_ratio
+        if self.aggregation.rule == "auto" and self.aggregation_rule == "trimmed-mean":
+            ratio = max(ratio, min(MAX_TRIM_RATIO, math.ceil(1_000_000 / quorum(self)) / 1_000_000))
+        return ratio
 
 
 def _section_types() -> dict[str, type]:

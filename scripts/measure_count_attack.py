@@ -42,6 +42,7 @@ from node.protocol.blob import flatten, unflatten  # noqa: E402
 EXTREME = 2.0**20 - 1  # the largest value an update blob may hold (wire.read_vector): exact in float32
 RULES = (("fedavg", {}), ("median", {}), ("trimmed-mean", {"trim_ratio": 0.1}))
 RULES += (("trimmed-mean", {"trim_ratio": 0.2}), ("krum", {"krum_f": 1}))
+RULES += (("auto", {}),)  # the config's own rule: aggregation.rule = "auto" resolved (node.config)
 
 
 def main() -> None:
@@ -103,7 +104,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|")
     for rule, knobs in RULES:
-        rule_shared = dataclasses.replace(shared, aggregation=rule, **knobs)
+        rule_shared = shared if rule == "auto" else dataclasses.replace(shared, aggregation=rule, **knobs)
         without = aggregate.next_global(rule_shared, genesis, others, weights)
 
         def moved(vector: torch.Tensor, rule_shared=rule_shared, without=without) -> tuple[float, float, torch.Tensor]:
@@ -115,6 +116,8 @@ def main() -> None:
         h_l2, h_max, h_model = max(honest_moves, key=lambda m: m[0])
         name, (a_l2, a_max, a_model) = max(((n, moved(v)) for n, v in attacks.items()), key=lambda m: m[1][0])
         label = rule + (f" {knobs['trim_ratio']}" if "trim_ratio" in knobs else "")
+        if rule == "auto":
+            label = f"auto: {shared.aggregation} {shared.trim_ratio:g}"
         print(
             f"| {label} | {h_l2:.3g} / {h_max:.3g} | {a_l2:.3g} / {a_max:.3g} ({name}) | {a_l2 / h_l2:.3g} "
             f"| {accuracy(without):.3f} / {accuracy(h_model):.3f} / {accuracy(a_model):.3f} |"
