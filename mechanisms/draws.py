@@ -81,7 +81,7 @@ def round_down_uniform_(
     extra.bitwise_or_(ob.bitwise_left_shift_(extra_bits))  # h < 2^53: exact as a float64
     out.copy_(extra).mul_(2.0**-grid)  # h 2^-grid: exact
     ob.bitwise_and_(_EXPONENT_MASK).bitwise_or_(bits.bitwise_and_(_MANTISSA_MASK))
-    if depth < _MAX_DEPTH and out.numel() and float(out.min()) < _NORMAL_MIN:  # h = 0 somewhere
+    if depth < _MAX_DEPTH and out.numel() and float(out.amin()) < _NORMAL_MIN:  # h = 0 somewhere
         idx = torch.nonzero(out < _NORMAL_MIN).view(-1)
         k = idx.numel()
         more = bits63_(torch.empty(k, dtype=torch.int64), stream)

@@ -42,6 +42,9 @@ from .randomness import PrivacyGenerator, RandomStream, mechanism_stream
 MAX_EPSILON = 700.0
 HALF = 1 << 23  # the 24-bit grid of the two-point decisions: w >> 8 is uniform on [-2^23, 2^23)
 _SIGN_BIT = torch.tensor(-(2**31), dtype=torch.int32)  # a float32's sign bit, as an int32
+# Operands of the per-block passes as 0-dim tensors: a Python number costs a tensor per call
+_ONE32 = torch.tensor(1, dtype=torch.int32)
+_THIRTY_ONE = torch.tensor(31, dtype=torch.int32)
 
 
 def _epsilon(epsilon: object) -> float:
@@ -145,7 +148,7 @@ def duchi_sign_(y: torch.Tensor, words: torch.Tensor, s: torch.Tensor, steps: in
     """y <- W + 1/2 + A s (doubled: 2W + 1 + 2A s, odd integers plus a product, so that the
     half is exact), whose sign is the decision: >= 0 (+0 included) means +B. `words` (int32)
     are used as scratch; s in [-1, 1]."""
-    words.bitwise_right_shift_(7).bitwise_or_(1)  # 2W + 1: W = w >> 8, odd values in (-2^24, 2^24)
+    words.bitwise_right_shift_(7).bitwise_or_(_ONE32)  # 2W + 1: W = w >> 8, odd values in (-2^24, 2^24)
     return torch.add(words, s, alpha=2.0 * steps, out=y)
 
 
@@ -157,13 +160,14 @@ def _select_(out: torch.Tensor, other: torch.Tensor, mask: torch.Tensor) -> torc
     return out.view(bits.dtype).bitwise_xor_(torch.bitwise_xor(bits, other_bits).bitwise_and_(mask)).view(out.dtype)
 
 
-def signed_(y: torch.Tensor, magnitude: float) -> torch.Tensor:
-    """y <- copysign(magnitude, y) in place (magnitude > 0): for float32, two integer passes on
-    y's bits (keep the sign bit, set the magnitude's bits), cheaper than torch's copysign."""
+def signed_(y: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
+    """y <- copysign(magnitude, y) in place (magnitude: a positive 0-dim tensor of y's dtype):
+    for float32, two integer passes on y's bits (keep the sign bit, set the magnitude's bits),
+    cheaper than torch's copysign."""
     if y.dtype != torch.float32:
-        return torch.copysign(_scalar(magnitude, y.dtype), y, out=y)
+        return torch.copysign(magnitude, y, out=y)
     bits = y.view(torch.int32)
-    bits.bitwise_and_(_SIGN_BIT).bitwise_or_(_scalar(magnitude, torch.float32).view(torch.int32))
+    bits.bitwise_and_(_SIGN_BIT).bitwise_or_(magnitude.view(torch.int32))
     return y
 
 
@@ -184,7 +188,8 @@ class _PureLocal(Mechanism):
 
     def _block(self, t: torch.Tensor, spare: int = 6) -> torch.Tensor:
         """One block of the input, checked (finite, in [-1, 1]) or clamped into scratch `spare`."""
-        return check_values(t, low=-1.0, high=1.0, clip=self.clip, out=scratch(t.numel(), t.dtype, spare))
+        out = scratch(t.numel(), t.dtype, spare) if self.clip else None
+        return check_values(t, low=-1.0, high=1.0, clip=self.clip, out=out)
 
     def _block32(self, t: torch.Tensor) -> torch.Tensor:
         """`_block`, as float32 (the grid PM computes its positions in float32)."""
@@ -234,10 +239,10 @@ class Duchi(_PureLocal):
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
+        magnitude = _scalar(self.bound, t.dtype)
         for lo, hi in blocks(t.numel()):
-            block = self._block(t[lo:hi])
-            y = duchi_sign_(out[lo:hi], _words_in(out[lo:hi], stream), block, self.steps)
-            signed_(y, self.bound)
+            y = out[lo:hi]
+            signed_(duchi_sign_(y, _words_in(y, stream), self._block(t[lo:hi]), self.steps), magnitude)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -260,6 +265,7 @@ class LDPFL(Mechanism):
         self.radius = check_positive(radius, "radius")
         self.steps = duchi_steps(self.epsilon)
         self.bound = self.radius * HALF / self.steps
+        self._center, self._radius = torch.tensor(self.center), torch.tensor(self.radius)  # float64 0-dim
 
     def release_violation(self, y: torch.Tensor) -> str | None:
         output = OutputSet(points=(self.center - self.bound, self.center + self.bound))
@@ -268,15 +274,18 @@ class LDPFL(Mechanism):
     def _scaled_(self, s: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """s <- (w - c)/r clamped to [-1, 1]: the paper's clamp (without it eps does not hold), on
         w - c so that the decision keeps its precision even when |c| >> r."""
-        return torch.sub(w, self.center, out=s).div_(self.radius).clamp_(-1.0, 1.0)
+        return torch.sub(w, self._center, out=s).div_(self._radius).clamp_(-1.0, 1.0)
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         w = flat_input(x)
         stream, out = mechanism_stream(generator), _output(w)
+        magnitude, center = _scalar(self.bound, w.dtype), _scalar(self.center, w.dtype)
         for lo, hi in blocks(w.numel()):
             s = self._scaled_(scratch(hi - lo, w.dtype, 1), check_finite_block(w[lo:hi]))
-            y = duchi_sign_(out[lo:hi], _words_in(out[lo:hi], stream), s, self.steps)
-            signed_(y, self.bound).add_(self.center)
+            y = out[lo:hi]
+            signed_(duchi_sign_(y, _words_in(y, stream), s, self.steps), magnitude)
+            if self.center != 0.0:  # + 0 changes nothing (-0 + 0 is +0, and the outputs are +-rB')
+                y.add_(center)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -364,7 +373,7 @@ class PNPM(Mechanism):
             # in place, integer passes: f = 1 + j 2^-23 from J's low 23 bits; the flip's sign bit
             f = magnitude.bitwise_and_(_MANTISSA23).bitwise_or_(_ONE_BITS).view(torch.float32)
             torch.add(offset, f, alpha=self._slope, out=f)  # M > 0
-            flip.bitwise_right_shift_(1).sub_(threshold).bitwise_and_(_SIGN_BIT)  # set: flip
+            flip.bitwise_right_shift_(_ONE32).sub_(threshold).bitwise_and_(_SIGN_BIT)  # set: flip
             magnitude.bitwise_or_(flip)  # S M
             total.add_(torch.mul(f, w[lo:hi], out=out[lo:hi]).sum())
         if not math.isfinite(float(total)):  # no output is returned: check the input itself
@@ -413,6 +422,9 @@ CELLS = 1 << 10  # PM's output grid: 1024 cells over [-C', C']
 # The window position is computed in float32 from at most 4 roundings of values below CELLS
 # (in cells): it is within 4 * 2^-24 * CELLS = 2^-12 cell of its exact value.
 _POSITION_ERROR = 4.0 * 2.0**-24 * CELLS
+_HALF_CELLS = torch.tensor(CELLS / 2.0)
+_FOURTEEN = torch.tensor(14, dtype=torch.int32)
+_EIGHT = torch.tensor(8, dtype=torch.int32)
 
 
 class PiecewiseGrid:
@@ -447,6 +459,7 @@ class PiecewiseGrid:
             raise ValueError(f"epsilon {epsilon!r} is outside what PM's grid can realise")
         self.alpha = (count - skipped) / (WORD - skipped)
         self.scale = 2.0 / ((1.0 - self.alpha) * (n - m))
+        self._threshold = torch.tensor(self.threshold)  # float32 0-dim operands of `cells_`
 
     @property
     def values(self) -> tuple[float, float, int]:
@@ -458,15 +471,15 @@ class PiecewiseGrid:
         decides "uniform over all" (float32(word) < threshold) or the window, `position`
         (24-bit words in [-2^23, 2^23)) the position; t is the input (float32). Both words are
         used as scratch. No masks: the branch is an exact 0/1 factor on integer cells."""
-        half = torch.tensor(CELLS / 2.0)
+        half = _HALF_CELLS
         m = self.window
         torch.add(half, position, alpha=m * 2.0**-24, out=pos).add_(t, alpha=(CELLS - m) / 2.0)
         pos.floor_().clamp_(0.0, CELLS - 1.0)  # the window's cell
         # N/2 + floor(N W 2^-24) = N/2 + (W >> 14): "uniform over all", exact; minus the window's
         # cell (an integer-valued float32): the step to take when the branch says so
-        step = torch.sub(position.bitwise_right_shift_(14), pos, out=position.view(torch.float32)).add_(half)
+        step = torch.sub(position.bitwise_right_shift_(_FOURTEEN), pos, out=position.view(torch.float32)).add_(half)
         # threshold - float32(word): an integer-valued float32, >= 1 iff the word is below it
-        chosen = torch.sub(torch.tensor(self.threshold), branch, out=branch.view(torch.float32)).clamp_(0.0, 1.0)
+        chosen = torch.sub(self._threshold, branch, out=branch.view(torch.float32)).clamp_(0.0, 1.0)
         return pos.addcmul_(step, chosen)  # integers times 0 or 1: exact
 
     def variance(self, t: torch.Tensor) -> torch.Tensor:
@@ -507,7 +520,7 @@ class Piecewise(_PureLocal):
             n = hi - lo
             words = words32(stream, 2 * n)
             pos = scratch(n, torch.float32, 1)
-            position = words[n:].bitwise_right_shift_(8)
+            position = words[n:].bitwise_right_shift_(_EIGHT)
             self.law.cells_(pos, words[:n], position, self._block32(t[lo:hi]))
             _grid_values_(out[lo:hi], pos, self.law.values)
         return out.view(x.shape)
@@ -550,7 +563,7 @@ class Hybrid(_PureLocal):
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
-        threshold = torch.tensor(self.duchi_threshold)
+        threshold, magnitude = torch.tensor(self.duchi_threshold), _scalar(self.bound, t.dtype)
         for lo, hi in blocks(t.numel()):
             n = hi - lo
             block = self._block(t[lo:hi])
@@ -558,12 +571,12 @@ class Hybrid(_PureLocal):
             branch, drive = words[:n], words[n:]
             # float32(branch) - threshold < 0 for Duchi's share: its sign bit spread over the word
             duchi_mask = torch.sub(branch, threshold, out=scratch(n, torch.float32, 4)).view(torch.int32)
-            duchi_mask.bitwise_right_shift_(31)  # all ones: Duchi; all zeros: PM
-            duchi = signed_(duchi_sign_(scratch(n, t.dtype, 3), drive, block, self.steps), self.bound)
+            duchi_mask.bitwise_right_shift_(_THIRTY_ONE)  # all ones: Duchi; all zeros: PM
+            duchi = signed_(duchi_sign_(scratch(n, t.dtype, 3), drive, block, self.steps), magnitude)
             if self.law is None:
                 out[lo:hi].copy_(duchi)
                 continue
-            position = drive.bitwise_right_shift_(1)  # (2W + 1) >> 1 = W: J's 24 bits again
+            position = drive.bitwise_right_shift_(_ONE32)  # (2W + 1) >> 1 = W: J's 24 bits again
             block32 = block if block.dtype == torch.float32 else block.to(torch.float32)
             pos = self.law.cells_(scratch(n, torch.float32, 1), branch, position, block32)
             _select_(_grid_values_(out[lo:hi], pos, self.law.values), duchi, duchi_mask)
@@ -605,6 +618,7 @@ class RandomizedResponse(Mechanism):
         else:
             self.flip_threshold, self.other = math.nan, math.ceil(Fraction(WORD) / (bound + k - 1))
         self.keep = WORD - (k - 1) * self.other
+        self._flip_threshold = torch.tensor(self.flip_threshold)  # float32 0-dim
         if not (self.keep > 0 and Fraction(self.keep, self.other) <= bound and self.other <= bound * self.keep):
             raise ValueError(f"epsilon {epsilon!r} is too small for randomized response's 2^-32 grid")
 
@@ -644,7 +658,7 @@ class RandomizedResponse(Mechanism):
     def _perturb_block(self, words: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
         if self.k == 2:  # out = |v - flip|
             # threshold - float32(word) is an integer-valued float32, >= 1 iff the word flips
-            flip = torch.sub(torch.tensor(self.flip_threshold), words, out=words.view(torch.float32))
+            flip = torch.sub(self._flip_threshold, words, out=words.view(torch.float32))
             torch.sub(flip.clamp_(0.0, 1.0), v, out=out).abs_()
             return
         shift = self._shift(words, scratch(out.numel(), torch.float64, 1))

@@ -26,6 +26,9 @@ from .randomness import PrivacyGenerator, mechanism_stream
 # Assumed bound on the error of torch's float64 log and exp, in ulps of the result (Sleef's u10 and
 # glibc's are documented within 1 ulp; tests/mechanisms/test_float_noise.py measures it).
 LOG_ULPS = 4.0
+_DITHER_BITS = torch.tensor(4095)
+_DITHER_CENTRE = torch.tensor(2047.5, dtype=torch.float64)
+_SIGN64 = torch.tensor(-(1 << 63))  # a float64's sign bit, as an int64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,16 +168,19 @@ class Laplace(_PureLocal):
             aux = bits63_(scratch(n, torch.int64, 1), stream)
             extra = torch.bitwise_right_shift(aux, 21, out=scratch(n, torch.int64, 2))
             noise = round_down_uniform_(scratch(n, torch.float64, 0), bits, extra, 42, stream).log_()
-            # w uniform on 0..4095, s = w - 2047.5: sign(s) is a fair sign S and |s| - 1/2 = j is
+            # w uniform on 0..4095, s = 2047.5 - w: sign(s) is a fair sign and |s| - 1/2 = j is
             # uniform on 0..2047 and independent of it; the dither is phi = (j + 1/2)/2048 - 1/2
-            s = scratch(n, torch.float64, 1).copy_(aux.bitwise_and_(4095)).sub_(2047.5)
-            noise.copysign_(s)  # S LOG(U*): the Laplace noise over b
+            s = torch.sub(_DITHER_CENTRE, aux.bitwise_and_(_DITHER_BITS), out=scratch(n, torch.float64, 1))
+            # LOG(U*) < 0, its sign flipped where s < 0 (two integer passes, cheaper than
+            # copysign): S |LOG(U*)| for the fair sign S = -sign(s), the Laplace noise over b
+            sign = torch.bitwise_and(s.view(torch.int64), _SIGN64, out=aux)
+            noise.view(torch.int64).bitwise_xor_(sign)
             neg_phi = affine_(s.abs_(), -1.0 / 2048.0, 0.5)  # -phi = 1/2 - |s|/2048: exact
             v = scratch(n, torch.float64, 2).copy_(self._block(t[lo:hi]))  # mixed-dtype ops are slow
             torch.add(neg_phi, v, alpha=1.0 / snap, out=v)  # t/L - phi (t/L exact)
             v.add_(noise, alpha=c).clamp_(-steps, steps).round_()  # k: snapped, in units of L
-            torch.sub(v, neg_phi, out=v)  # k + phi: exact
-            torch.mul(v, snap, out=out[lo:hi])  # (k + phi) L rounded once into the output
+            torch.sub(v, neg_phi, out=v).mul_(snap)  # (k + phi) L: exact
+            out[lo:hi].copy_(v)  # rounded once into the output
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:

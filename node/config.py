@@ -42,6 +42,8 @@ RULES = ("fedavg", "median", "trimmed-mean", "krum")
 # weight then bounds nothing: docs/THREATS.md, "A member claiming the cap"), fedavg under the others
 UNBOUNDED_RELEASES = ("pnpm",)
 MAX_TRIM_RATIO = 0.49  # trimmed-mean keeps at least one value (trim_ratio < 0.5)
+# secure aggregation with distributed DP (mechanisms.secagg): a privacy policy, not a local mechanism
+SECURE_AGGREGATION = "secagg"
 MECHANISMS = ("duchi", "exponential", "gaussian", "hm", "laplace", "ldp-fl", "pm", "pnpm", "rr", "sampled")
 DEVICES = ("auto", "cpu", "cuda")  # whether this machine has CUDA is checked where training starts
 
@@ -116,6 +118,7 @@ class ChainConfig:
     fetch_timeout: float
     block_time: float
     run_timeout: float
+    confirmations: int  # blocks on top of the head a peer's chain reads and receipts wait for (docs/TESTNET.md)
     max_samples: int = 0  # cap on a commit's numSamples (the FedAvg weight); 0 = the largest shard (node.derive)
     rpc_url: str | None = None
     ledger: str | None = None
@@ -355,11 +358,12 @@ def _check_ranges(c: Config) -> None:
         (c.chain.fetch_timeout > 0, "chain.fetch_timeout", "must be > 0"),
         (c.chain.block_time > 0, "chain.block_time", "must be > 0"),
         (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),
+        (0 <= c.chain.confirmations <= 64, "chain.confirmations", "must be in 0..64 blocks"),
         (c.chain.min_peers <= c.swarm.peers, "chain.min_peers", f"must be <= swarm.peers ({c.swarm.peers})"),
         (
-            c.privacy.mechanism in ("none", *MECHANISMS),
+            c.privacy.mechanism in ("none", SECURE_AGGREGATION, *MECHANISMS),
             "privacy.mechanism",
-            f"must be none or one of {', '.join(MECHANISMS)}",
+            f"must be none, {SECURE_AGGREGATION} or one of {', '.join(MECHANISMS)}",
         ),
         (0 <= c.p2p.listen_port <= 65535, "p2p.listen_port", "must be in 0..65535"),
         (c.train.device in DEVICES, "train.device", f"must be one of {', '.join(DEVICES)}"),

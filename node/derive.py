@@ -13,7 +13,9 @@ import torch
 import mechanisms
 from mechanisms.accounting import cumulative_spend
 from mechanisms.record_level import DPSGDPolicy, record_level_spend
-from node.config import Config
+from mechanisms.secagg import accounting as secagg_accounting
+from mechanisms.secagg.policy import SecAggPolicy
+from node.config import SECURE_AGGREGATION, Config
 from node.learning.data import DatasetError, dataset_meta, load_dataset
 from node.learning.device import resolve_device
 from node.learning.models import build_model, init_model, model_inputs
@@ -28,6 +30,8 @@ def mechanism_params(config: Config) -> dict[str, object]:
 
     extra: dict[str, object] = dict(config.privacy.params or {})
     name = config.privacy.mechanism
+    if name == SECURE_AGGREGATION:
+        return secagg_policy(config).to_dict()
     if name == "none":
         raise ValueError(
             "privacy.mechanism = none is for `swarm simulate` baselines only: a swarm peer "
@@ -47,6 +51,42 @@ def mechanism_params(config: Config) -> dict[str, object]:
         extra.setdefault("delta", config.privacy.delta)
     mechanism = mechanisms.get(name, epsilon=config.privacy.epsilon, **extra)
     return mechanism.params()
+
+
+def secagg_policy(config: Config) -> SecAggPolicy:
+    """The secure-aggregation policy of privacy.mechanism = secagg: every peer in every round, one
+    full-batch DP-GD step each, records clipped to train.dp_max_grad_norm. [privacy.params] may set
+    bits (32), dropout_fraction (0) and noise_multiplier; without it, the smallest one whose
+    swarm.rounds rounds stay within privacy.epsilon at privacy.delta."""
+    params = dict(config.privacy.params or {})
+    unknown = set(params) - {"bits", "dropout_fraction", "noise_multiplier"}
+    if unknown:
+        raise ValueError(f"privacy.params for secagg: unknown {', '.join(sorted(unknown))}")
+    if config.train.dp_sgd:
+        raise ValueError("privacy.mechanism = secagg clips and noises the sum itself: set train.dp_sgd = false")
+    bits = params.get("bits", 32.0)
+    if bits != int(bits):
+        raise ValueError(f"privacy.params.bits must be a whole number, got {bits}")
+
+    def policy(z: float) -> SecAggPolicy:
+        return SecAggPolicy(
+            members=config.swarm.peers,
+            max_records=config.swarm.peers * max_samples(config),
+            dim=num_params(config),
+            clip=config.train.dp_max_grad_norm,
+            noise_multiplier=z,
+            bits=int(bits),
+            dropout_fraction=params.get("dropout_fraction", 0.0),
+            delta=config.privacy.delta,
+        )
+
+    if "noise_multiplier" in params:
+        return policy(params["noise_multiplier"])
+    target, rounds = config.privacy.epsilon, config.swarm.rounds
+    z = secagg_accounting.calibrate_noise_multiplier(target, rounds, config.privacy.delta)
+    while (candidate := policy(z)).epsilon(rounds) > target:  # tau and the integer variance
+        z *= 1.0001
+    return candidate
 
 
 def dp_policy(config: Config) -> DPSGDPolicy | None:

@@ -121,6 +121,8 @@ def run_swarm(peers: int, rounds: int) -> dict:
         "outside_s": outside,
         "outside_share": outside / round_s,
         "phases": {name: phase(name) for name, _ in PHASES},
+        "protocol_cpu": mean("protocol_cpu_s"),
+        "compute_cpu": mean("compute_cpu_s"),
         "sent": mean("bytes_sent"),
         "received": mean("bytes_received"),
         "busiest_share": statistics.fmean(b / (s * peers) for b, s in zip(busiest, sizes)),
@@ -210,7 +212,8 @@ def main() -> int:
         r = results[-1]
         print(
             f"  round {r['round_s']:.2f} s, training {r['train_s']:.2f} s, outside training {r['outside_s']:.2f} s "
-            f"({r['outside_share']:.0%}), phases "
+            f"({r['outside_share']:.0%}), protocol CPU {r['protocol_cpu']:.3f} s, training + evaluation CPU "
+            f"{r['compute_cpu']:.3f} s, phases "
             + ", ".join(f"{label} {r['phases'][name]:.2f}" for name, label in PHASES)
             + f"; finalized {r['states'].count('finalized')}/{len(r['states'])}",
             flush=True,
@@ -245,6 +248,8 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
             f"{r['eval_s']:.2f}",
             f"{r['outside_s']:.2f}",
             f"**{r['outside_share']:.0%}**",
+            f"**{r['protocol_cpu']:.2f}**",
+            f"{r['compute_cpu']:.2f}",
             *(f"{r['phases'][name]:.2f}" for name, _ in PHASES if name not in ("training", "evaluating")),
             f"{r['sent'] / 1e3:,.0f}",
             f"{r['busiest_share']:.2f}",
@@ -280,6 +285,7 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
         )
 
     headers = ["peers", "finalized", "round s", "training s", "evaluation s", "outside training s", "share"]
+    headers += ["protocol CPU-s", "training + evaluation CPU-s"]
     headers += [f"{label} s" for name, label in PHASES if name not in ("training", "evaluating")]
     headers += ["kB sent / peer", "busiest upload / (blob x N)", "gas / peer", "GRAFT-flood penalties"]
     return "\n".join(

@@ -15,13 +15,18 @@ model with the member and the model without it:
   2^20 - 1 against the sign of the honest mean; and, under FedAvg, the vector that makes the model
   exactly an arbitrary target (the genesis with its sign flipped), for any rule;
 and the test accuracy of each model. Five peers by default so that Krum (f = 1) can aggregate the
-round without the member (it needs f + 3 = 4).
+round without the member (it needs f + 3 = 4; with fewer peers its row is left out). The "auto" row
+is the config's own rule (`aggregation.rule = "auto"`: under PNPM a trimmed mean whose ratio is at
+least 1/quorum, node.config). Last, for that rule, what it does not stop: t and t + 1 colluding
+members (t = the values it trims at each end of the round), each at 2^20 - 1 against the sign of the
+honest mean, against the model of the same round with every member honest.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -104,6 +109,8 @@ def main() -> None:
     )
     print("|---|---|---|---|---|")
     for rule, knobs in RULES:
+        if rule == "krum" and args.peers - 1 < knobs["krum_f"] + 3:
+            continue  # it cannot aggregate the round without the member
         rule_shared = shared if rule == "auto" else dataclasses.replace(shared, aggregation=rule, **knobs)
         without = aggregate.next_global(rule_shared, genesis, others, weights)
 
@@ -118,6 +125,8 @@ def main() -> None:
         label = rule + (f" {knobs['trim_ratio']}" if "trim_ratio" in knobs else "")
         if rule == "auto":
             label = f"auto: {shared.aggregation} {shared.trim_ratio:g}"
+            if shared.aggregation == "trimmed-mean":
+                label += f" ({math.floor(shared.trim_ratio * args.peers)} of {args.peers} trimmed at each end)"
         print(
             f"| {label} | {h_l2:.3g} / {h_max:.3g} | {a_l2:.3g} / {a_max:.3g} ({name}) | {a_l2 / h_l2:.3g} "
             f"| {accuracy(without):.3f} / {accuracy(h_model):.3f} / {accuracy(a_model):.3f} |"
@@ -126,6 +135,18 @@ def main() -> None:
     taken = aggregate.next_global(fedavg, genesis, [attacks["FedAvg takeover"], *others], [cap, *weights])
     off = float((taken - target).abs().max())
     print(f"FedAvg takeover: the model is the attacker's target to {off:.2g} per coordinate")
+    if shared.aggregation == "trimmed-mean":
+        trimmed = math.floor(shared.trim_ratio * args.peers)
+        honest_model = aggregate.next_global(shared, genesis, releases, counts)
+        for colluders in (trimmed, trimmed + 1):
+            bent = [attacks["against the honest mean"]] * colluders + releases[colluders:]
+            bent_model = aggregate.next_global(shared, genesis, bent, counts)
+            delta = (bent_model - honest_model).double()
+            print(
+                f"auto, {colluders} colluding member(s) at 2^20 - 1 against the honest mean: the model moves "
+                f"{float(delta.norm()):.3g} (L2) / {float(delta.abs().max()):.3g} (largest coordinate) from the "
+                f"all-honest one, accuracy {accuracy(honest_model):.3f} -> {accuracy(bent_model):.3f}"
+            )
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ thread-safe: call it from `trio.to_thread.run_sync`.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 from eth_account.signers.local import LocalAccount
 from web3 import HTTPProvider, Web3
 from web3.exceptions import BlockNotFound
-from web3.types import EventData, RPCEndpoint, TxReceipt
+from web3.types import EventData, RPCEndpoint, RPCResponse, TxReceipt
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, NotParticipant
@@ -79,7 +80,7 @@ def connect(rpc_url: str, *, timeout: float = 10.0, check_evm: bool = True) -> W
     # The chain id is cached: web3 checks it before every call and transaction, which would double
     # the requests of a peer that watches the chain (an endpoint does not change chains under us).
     w3 = Web3(
-        HTTPProvider(
+        CountingHTTPProvider(
             rpc_url,
             request_kwargs={"timeout": timeout},
             exception_retry_configuration=None,
@@ -93,6 +94,26 @@ def connect(rpc_url: str, *, timeout: float = 10.0, check_evm: bool = True) -> W
     return w3
 
 
+class CountingHTTPProvider(HTTPProvider):
+    """web3's HTTP provider, counting the requests it sends (a batch counts once): with the raw
+    reader's own count, what a peer asks of its endpoint per round (`LedgerClient.rpc_requests`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests = 0
+        self._count_lock = threading.Lock()
+
+    def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
+        with self._count_lock:
+            self.requests += 1
+        return super().make_request(method, params)
+
+    def make_batch_request(self, batch_requests: list[tuple[RPCEndpoint, Any]]) -> list[RPCResponse] | RPCResponse:
+        with self._count_lock:
+            self.requests += 1
+        return super().make_batch_request(batch_requests)
+
+
 def head_block(w3: Web3) -> int:
     """The latest block number, straight from the provider past web3's middleware (the chain
     watcher's read; a peer's LedgerClient reads it cheaper still, through `RawRPC`)."""
@@ -101,19 +122,38 @@ def head_block(w3: Web3) -> int:
 
 
 class LedgerClient:
-    """One SwarmLedger deployment. `account` None gives a read-only client."""
+    """One SwarmLedger deployment. `account` None gives a read-only client.
+
+    `confirmations`: how deep the chain state this client reads lies. With 0 every read is of the
+    head. With k > 0, `block_number()` is the head less k, every view is pinned to that block and
+    every log read ends there, and a transaction's receipt counts once k blocks are built on its
+    own (`node.chain.sender`): a reorganisation up to k blocks deep then changes nothing a peer
+    has acted on (`chain.confirmations`, docs/TESTNET.md)."""
 
     def __init__(
-        self, w3: Web3, address: str, account: LocalAccount | None = None, *, tx_timeout: float = DEFAULT_TX_TIMEOUT_S
+        self,
+        w3: Web3,
+        address: str,
+        account: LocalAccount | None = None,
+        *,
+        tx_timeout: float = DEFAULT_TX_TIMEOUT_S,
+        confirmations: int = 0,
     ) -> None:
+        if isinstance(confirmations, bool) or not isinstance(confirmations, int) or confirmations < 0:
+            raise ValueError(f"confirmations must be an integer >= 0, got {confirmations!r}")
         artifact = load_artifact()
         self.w3 = w3
         self.address = Web3.to_checksum_address(address)
         self.account = account
         self.tx_timeout = tx_timeout
+        self.confirmations = confirmations
         self.contract = w3.eth.contract(address=self.address, abi=artifact["abi"])
         self._errors = RevertDecoder(artifact["abi"])
-        self._tx = TransactionSender(w3, account, self._errors, tx_timeout) if account is not None else None
+        self._tx = (
+            TransactionSender(w3, account, self._errors, tx_timeout, confirmations=confirmations)
+            if account is not None
+            else None
+        )
         self.gas_used: dict[str, int] = {}  # last receipt's gasUsed per function, for benchmarks
         self._chain_id: int | None = None
         self._raw: RawRPC | None | bool = None  # None: not made yet; False: not available
@@ -147,6 +187,7 @@ class LedgerClient:
         allowlist: list[str] | None = None,
         max_samples: int = 0,
         tx_timeout: float = DEFAULT_TX_TIMEOUT_S,
+        confirmations: int = 0,
     ) -> LedgerClient:
         """Deploy a new swarm ledger from `account` and return a client on it.
 
@@ -183,7 +224,8 @@ class LedgerClient:
         address = receipt["contractAddress"]
         if address is None:
             raise LedgerError(f"deploy: receipt 0x{bytes(receipt['transactionHash']).hex()} holds no contract address")
-        client = cls(w3, address, account, tx_timeout=tx_timeout)
+        client = cls(w3, address, account, tx_timeout=tx_timeout, confirmations=confirmations)
+        sender.confirmations = confirmations
         client._tx = sender  # keeps its nonce count
         client.gas_used["deploy"] = receipt["gasUsed"]
         return client
@@ -247,6 +289,8 @@ class LedgerClient:
         """A view call, at the latest block or at `block` (reads that must agree with each other
         and with logs pin one block: the chain moves between two calls)."""
         fn = getattr(self.contract.functions, fn_name)(*args)
+        if block is None and self.confirmations:
+            block = self.block_number()
         call = fn.call if block is None else partial(fn.call, block_identifier=block)
         try:
             return self._read(call, fn_name)
@@ -259,11 +303,22 @@ class LedgerClient:
             raise
 
     def block_number(self) -> int:
+        """The block this client reads the chain at: the head less `confirmations`."""
+        return max(0, self.head() - self.confirmations)
+
+    def head(self) -> int:
         """The chain's head: never behind one read before, and a jump past a bound only once the
         endpoint serves that block (`rawrpc.HeadGuard`; `HeadRefused` if it does not)."""
         raw = self._raw_rpc()
         read = raw.block_number if raw else lambda: head_block(self.w3)
         return self._head.check(lambda: self._read(read, "block_number"))
+
+    def rpc_requests(self) -> int:
+        """HTTP requests this client's endpoint has had from it so far (web3's and the raw
+        reader's; everything else on the same Web3, such as the chain watcher, counts too)."""
+        provider = self.w3.provider
+        raw = self._raw_rpc()
+        return (provider.requests if isinstance(provider, CountingHTTPProvider) else 0) + (raw.requests if raw else 0)
 
     def block_hash(self, number: int) -> bytes | None:
         """The hash of block `number` as the endpoint serves it; None if it serves no such block."""

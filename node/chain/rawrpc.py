@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from node.chain.errors import LedgerError, LedgerUnavailable
+from node.chain.retries import RateLimited, parse_retry_after
 
 log = logging.getLogger("swarm.chain")
 
@@ -36,7 +37,8 @@ HEAD_REREADS = 2  # reads again of a head that is refused, before the endpoint i
 
 
 class RawRPCUnavailable(ConnectionError):
-    """The endpoint did not answer (a transient failure: `node.chain.retries` retries it)."""
+    """The endpoint did not answer (a transient failure: `node.chain.retries` retries it). An
+    HTTP 429 is `retries.RateLimited` instead: waited out after its Retry-After, not an outage."""
 
 
 class RawRPC:
@@ -54,6 +56,7 @@ class RawRPC:
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self._id = 0
+        self.requests = 0  # HTTP requests sent (the per-round request count: docs/TESTNET.md)
 
     def call(self, method: str, params: list[Any]) -> Any:
         """The call's `result`; LedgerError for an error answer, RawRPCUnavailable if none came."""
@@ -62,10 +65,14 @@ class RawRPC:
             body = json.dumps({"jsonrpc": "2.0", "id": self._id, "method": method, "params": params}).encode()
             try:
                 raw = self._post(body)
+            except RateLimited:
+                raise  # the endpoint answered: asking again at once is the burst it refused
             except (OSError, http.client.HTTPException) as exc:  # one reconnect: a kept-alive socket may be stale
                 self._close()
                 try:
                     raw = self._post(body)
+                except RateLimited:
+                    raise
                 except (OSError, http.client.HTTPException) as again:
                     self._close()
                     raise RawRPCUnavailable(f"{method}: {again}") from exc
@@ -93,10 +100,13 @@ class RawRPC:
         if self._conn is None:
             kind = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
             self._conn = kind(self._host, self._port, timeout=self._timeout)
+        self.requests += 1
         self._conn.request("POST", self._path, body=body, headers={"Content-Type": "application/json"})
         response = self._conn.getresponse()
         raw = response.read(MAX_ANSWER_BYTES + 1)
-        if response.status == 429 or response.status >= 500:
+        if response.status == 429:
+            raise RateLimited("HTTP 429", parse_retry_after(response.getheader("Retry-After")))
+        if response.status >= 500:
             raise http.client.HTTPException(f"HTTP {response.status}")
         if len(raw) > MAX_ANSWER_BYTES:
             self._close()

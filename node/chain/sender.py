@@ -2,25 +2,40 @@
 contract's custom error without spending gas), send with a margin on the estimate (Anvil
 under-estimates deployments), track nonces locally, await the receipt with a timeout, and check
 its status. A node that refuses a transaction for want of funds becomes `InsufficientFunds`, naming
-the account, what it holds and what the transaction needed, so the user knows what to fund."""
+the account, what it holds and what the transaction needed, so the user knows what to fund.
+
+On a public chain a transaction may wait for ever: a node drops it from its pool, or the base fee
+rises past its max fee. One that STUCK_AFTER_BLOCKS blocks pass without is signed again with the
+same nonce and both EIP-1559 fees raised by at least 12.5% (FEE_BUMP, the least a node takes as a
+replacement; the max fee also to twice the latest base fee plus the tip), at most MAX_BUMPS times;
+whichever of its versions is mined is the receipt. With `confirmations` > 0 a receipt counts only
+once that many blocks are built on its block and it is still there: a reorganisation that took it
+out gets the transaction broadcast again (and bumped if it then waits), so a commit is not lost."""
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TypeAlias
+from typing import Any, TypeAlias, cast
 
 from eth_account.datastructures import SignedTransaction
 from eth_account.signers.local import LocalAccount
 from hexbytes import HexBytes
 from web3 import Web3
 from web3.contract.contract import ContractConstructor, ContractFunction
-from web3.exceptions import TimeExhausted
+from web3.exceptions import TimeExhausted, TransactionNotFound
 from web3.types import Nonce, TxParams, TxReceipt, Wei
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, LedgerTimeout, TransactionFailed
-from node.chain.retries import BACKOFF_S, RETRIES, is_transient, with_retries
+from node.chain.retries import (
+    BACKOFF_S,
+    RATE_LIMIT_BUDGET_S,
+    RETRIES,
+    is_transient,
+    rate_limit_pause,
+    with_retries,
+)
 
 GAS_MARGIN = 1.25  # multiply estimates: Anvil's deployment estimate came out 2% short
 GAS_PAD = 20_000  # plus a constant, for small transactions whose estimate is tight
@@ -30,6 +45,13 @@ FALLBACK_GAS = {"deploy": 4_000_000, "call": 300_000}
 
 # What `send` sends: a bound contract function call, or a deployment.
 ContractCall: TypeAlias = ContractFunction | ContractConstructor
+
+STUCK_AFTER_BLOCKS = 3  # blocks mined without our transaction before it is sent again with higher fees
+FEE_BUMP = (9, 8)  # x 9/8 (+12.5%, rounded up): the least most nodes take to replace a pending transaction
+MAX_BUMPS = 10  # x 3.2 in all, past what the max fee's 2 x base fee already covers
+RECEIPT_POLL_FIRST_S = 0.02  # a local chain mines at once: ask again soon, then every doubling pause
+RECEIPT_POLL_MAX_S = 1.0
+HEAD_CHECK_S = 1.0  # seconds between two reads of the head while a receipt is awaited
 
 WEI_PER_ETH = 10**18
 TRANSFER_GAS = 21_000  # a plain ETH transfer to an account (not a contract)
@@ -54,11 +76,16 @@ def _is_insufficient_funds(exc: BaseException) -> bool:
 class TransactionSender:
     """Signs and sends one account's transactions: nonce tracking, gas margin, receipt wait."""
 
-    def __init__(self, w3: Web3, account: LocalAccount, errors: RevertDecoder, tx_timeout: float) -> None:
+    def __init__(
+        self, w3: Web3, account: LocalAccount, errors: RevertDecoder, tx_timeout: float, *, confirmations: int = 0
+    ) -> None:
         self.w3 = w3
         self.account = account
         self.errors = errors
         self.tx_timeout = tx_timeout
+        self.confirmations = confirmations  # blocks on top of a receipt's block before it counts
+        self.replacements = 0  # transactions signed again with higher fees (stuck or dropped)
+        self.rebroadcasts = 0  # transactions sent again after a reorganisation took them out
         self._lock = threading.Lock()
         self._nonce: int | None = None
 
@@ -106,7 +133,12 @@ class TransactionSender:
             signed = self.account.sign_transaction(tx)  # type: ignore[arg-type]
             tx_hash = self._send_raw(signed, label, tx)
             self._nonce = nonce + 1
-        receipt = self._wait(tx_hash, label)
+        try:
+            receipt = self._wait(_Pending(tx, signed, [tx_hash]), label)
+        except LedgerTimeout:
+            with self._lock:  # it may never be mined: the next send asks the chain for the nonce
+                self._nonce = None
+            raise
         if receipt["status"] != 1:
             raise self._explain_failure(fn, receipt, label)
         return receipt
@@ -131,7 +163,8 @@ class TransactionSender:
                 return None
 
     def _send_raw(self, signed: SignedTransaction, label: str, tx: TxParams) -> HexBytes:
-        for attempt in range(RETRIES + 1):
+        attempt, limited = 0, 0.0  # outage retries used; seconds paused for 429s (not an outage)
+        while True:
             try:
                 return self.w3.eth.send_raw_transaction(signed.raw_transaction)
             except Exception as exc:
@@ -140,6 +173,11 @@ class TransactionSender:
                 text = str(exc).lower()
                 if "already known" in text:  # an earlier attempt reached the node
                     return signed.hash
+                pause = rate_limit_pause(exc)
+                if pause is not None and limited + pause <= RATE_LIMIT_BUDGET_S:  # a 429: nothing was sent
+                    limited += pause
+                    time.sleep(pause)
+                    continue
                 if "nonce too low" in text or "nonce too high" in text:
                     # Another process used this account: resync once and fail clearly.
                     self._nonce = None
@@ -150,7 +188,7 @@ class TransactionSender:
                 if not is_transient(exc) or attempt == RETRIES:
                     raise LedgerError(f"{label}: sending failed: {exc}") from exc
                 time.sleep(BACKOFF_S * 2**attempt)
-        raise AssertionError("unreachable")
+                attempt += 1
 
     def _insufficient_funds(self, label: str, needed_wei: int | None) -> InsufficientFunds:
         """The error naming the account, its balance and (when known) the transaction's cost."""
@@ -169,20 +207,93 @@ class TransactionSender:
         )
         return error
 
-    def _wait(self, tx_hash: HexBytes, label: str) -> TxReceipt:
+    def _wait(self, pending: _Pending, label: str) -> TxReceipt:
+        """The receipt of one of `pending`'s versions, `confirmations` deep; re-sent with higher
+        fees while STUCK_AFTER_BLOCKS blocks pass without it, broadcast again if a reorganisation
+        took it out. LedgerTimeout after tx_timeout s."""
         deadline = time.monotonic() + self.tx_timeout
+        pause = RECEIPT_POLL_FIRST_S
+        head = sent_at = self._head()
+        head_read = time.monotonic()
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise LedgerTimeout(f"{label}: no receipt for 0x{bytes(tx_hash).hex()} within {self.tx_timeout:.0f} s")
             try:
-                return self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=remaining, poll_latency=0.02)
-            except TimeExhausted:
-                continue
+                receipt = self._receipt(pending.hashes)
+                if receipt is not None:
+                    if self.confirmations == 0 or head >= receipt["blockNumber"] + self.confirmations:
+                        again = self._receipt([receipt["transactionHash"]]) if self.confirmations else receipt
+                        if again is not None and again["blockNumber"] + self.confirmations <= max(head, self._head()):
+                            return again
+                        if again is None:  # a reorganisation took it out: into the pool again
+                            self._rebroadcast(pending, label)
+                            sent_at = head
+                elif head >= sent_at + STUCK_AFTER_BLOCKS and pending.bumps < MAX_BUMPS:
+                    self._replace(pending, label)
+                    sent_at = head
+                if time.monotonic() - head_read >= HEAD_CHECK_S or receipt is not None:
+                    head, head_read = self._head(), time.monotonic()
+            except LedgerError:
+                raise
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                time.sleep(BACKOFF_S)
+                pause = max(pause, rate_limit_pause(exc) or BACKOFF_S)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LedgerTimeout(
+                    f"{label}: no receipt for 0x{bytes(pending.hashes[-1]).hex()} within {self.tx_timeout:.0f} s"
+                )
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, RECEIPT_POLL_MAX_S)
+
+    def _head(self) -> int:
+        return int(with_retries(lambda: self.w3.eth.block_number, what="block number"))
+
+    def _receipt(self, hashes: list[HexBytes]) -> TxReceipt | None:
+        """The receipt of whichever of `hashes` (the versions of one nonce) was mined, if any."""
+        for tx_hash in reversed(hashes):
+            try:
+                return self.w3.eth.get_transaction_receipt(tx_hash)
+            except TransactionNotFound:
+                continue
+        return None
+
+    def _rebroadcast(self, pending: _Pending, label: str) -> None:
+        """Send the last signed version again (a reorganisation dropped it from the chain)."""
+        self.rebroadcasts += 1
+        self._resend(pending.signed, label, pending.tx)
+
+    def _replace(self, pending: _Pending, label: str) -> None:
+        """Sign `pending` again, same nonce, fees raised by FEE_BUMP at least (the max fee to twice
+        the latest base fee plus the tip, if that is more), and send it."""
+        tx: dict[str, Any] = dict(pending.tx)
+        if "maxFeePerGas" in tx:
+            tip = _bumped(int(tx["maxPriorityFeePerGas"]))
+            base = int(with_retries(lambda: self.w3.eth.get_block("latest"), what="base fee").get("baseFeePerGas", 0))
+            tx["maxPriorityFeePerGas"] = tip
+            tx["maxFeePerGas"] = max(_bumped(int(tx["maxFeePerGas"])), 2 * base + tip)
+        else:
+            price = int(with_retries(lambda: self.w3.eth.gas_price, what="gas price"))
+            tx["gasPrice"] = max(_bumped(int(tx["gasPrice"])), price)
+        replacement = cast(TxParams, tx)  # the same keys, other fees
+        signed = self.account.sign_transaction(replacement)  # type: ignore[arg-type]
+        pending.tx, pending.signed, pending.bumps = replacement, signed, pending.bumps + 1
+        self.replacements += 1
+        if self._resend(signed, label, replacement):
+            pending.hashes.append(signed.hash)
+
+    def _resend(self, signed: SignedTransaction, label: str, tx: TxParams) -> bool:
+        """Send a version of a pending transaction; False if the node took none: one version is
+        mined already ("nonce too low") or an earlier one stands (a replacement refused)."""
+        try:
+            self._send_raw(signed, label, tx)
+            return True
+        except InsufficientFunds:
+            raise
+        except LedgerError as exc:
+            text = str(exc).lower()
+            if "nonce" in text or "underpriced" in text:
+                return False
+            raise
 
     def _explain_failure(self, fn: ContractCall, receipt: TxReceipt, label: str) -> LedgerError:
         """Status 0: replay the call on the block's resulting state to name the reason (the usual
@@ -199,6 +310,21 @@ class TransactionSender:
             f"{label}: transaction 0x{bytes(receipt['transactionHash']).hex()} reverted in block {block} "
             f"(gas used {receipt['gasUsed']} of the limit sent)"
         )
+
+
+class _Pending:
+    """One nonce's transaction while it awaits its receipt: its latest version (unsigned and
+    signed), the hash of every version sent, and how many times its fees were raised."""
+
+    def __init__(self, tx: TxParams, signed: SignedTransaction, hashes: list[HexBytes]) -> None:
+        self.tx, self.signed, self.hashes = tx, signed, hashes
+        self.bumps = 0
+
+
+def _bumped(fee: int) -> int:
+    """`fee` raised by FEE_BUMP, rounded up, and by 1 wei at least."""
+    num, den = FEE_BUMP
+    return max(-(-fee * num // den), fee + 1)
 
 
 def _max_cost(tx: TxParams) -> int | None:

@@ -26,17 +26,22 @@ The steps, in order (`Agreement.run`):
    what we fetched ourselves. Both are exactly the blobs we hold, since a focal set contains them.
    Every blob left out is named with its reason in `RoundBlobs.left_out`.
 
-Withholding costs the withholder, not the swarm. A committer that attests a set including its own
-blob claims to hold it (an honest one stored it before it committed, and attests only after its own
-fetch step); the claim is probed at once, one request to the committer. If the committer then fails
-to serve it to us (refuses it or serves other bytes; or, on a regular try, serves nothing until the
-try's timeout) while nobody else claims the blob (no other attester included it, nobody else
-announced it), the blob is *withheld* `CLAIM_PATIENCE` of `fetch_timeout` after the claim (time for
-other claims to land): settled, left out, and waited for in neither step. (Its own early
-attestation used to be a focal set that every honest peer waited a second `fetch_timeout` to
-complete.) A transfer still running is no failure: a slow honest blob is waited for as before, so
-an early attestation without it still cannot censor it; a committer that answers nothing at all
-costs step 1's `fetch_timeout` (its last try fails at that deadline), never the second. A committer
+Withholding costs the withholder, not the swarm. A committer claims to hold its blob when it
+announces it (a HAVE: an honest committer announces only once it stored the blob, after its commit)
+or attests a set including it (it attests only after its own fetch step); the claim is probed at
+once, one request to the committer. If the committer then fails to serve it to us (refuses it or
+serves other bytes; or, on a regular try, serves nothing until the try's timeout) while nobody else
+claims the blob (no other attester included it, nobody else announced it), the blob is *withheld*
+`CLAIM_PATIENCE` of `fetch_timeout` after the claim (time for other claims to land): left out and
+waited for in neither step, unless somebody else claims it after all (then it is fetched from them
+like any blob). A withholder that announces its blob is thus left out at the close, whether or not
+it ever attests: it costs a round that patience, not a `fetch_timeout` (nor, as its own early
+attestation used to, a second one to complete that attested set). A transfer still running is no
+failure: a slow honest blob is waited for as before, so an early attestation without it still
+cannot censor it; a committer that answers nothing at all costs step 1's `fetch_timeout` (its last
+try fails at that deadline), never the second. A committer that neither announces nor attests its
+blob, and does not serve it, cannot be told from an honest one we cannot reach: it costs step 1's
+`fetch_timeout` in its first `NOT_AWAITED_AFTER` rounds. A committer
 whose blob reached us from nobody in `NOT_AWAITED_AFTER` rounds in a row is *not awaited*
 (`Withholding`): its blob is still asked for while the step lasts, and included if it arrives, but
 nothing waits for it unless someone else claims to hold it; one of its blobs arriving (here, or in
@@ -69,7 +74,7 @@ from p2p import FetchTimeout
 log = logging.getLogger("swarm.peer")
 
 WATCH_INTERVAL = 0.5  # seconds between two reads of the round's attestations
-# Of fetch_timeout: how long after its committer claimed it (attested a set including it) a blob
+# Of fetch_timeout: how long after its committer claimed it (announced it, or attested a set including it) a blob
 # nobody else claims is waited for before it is withheld (see the module doc): time for the claims
 # of others (attestations, announcements) to land, should the committer have served some of them.
 CLAIM_PATIENCE = 0.02
@@ -128,13 +133,12 @@ class RoundBlobs:
     announcers: list[list[str]] = field(default_factory=list)  # who announced blob i (a HAVE), as last read
     bitmaps: list[list[bool]] = field(default_factory=list)  # the round's attested bitmaps, chain order
     awaited: list[bool] = field(default_factory=list)  # False: nothing waits for blob i (`Withholding`)
-    # trio time we first saw blob i's committer attest a set including it (it claims to hold it)
+    # trio time we first saw blob i's committer announce it or attest a set including it (it claims to hold it)
     claimed_at: list[float | None] = field(default_factory=list)
     # trio time its committer last failed to serve blob i to us (answered without it, or not at all)
     unserved_at: list[float | None] = field(default_factory=list)
-    withheld: list[bool] = field(
-        default_factory=list
-    )  # claimed by its committer, refused by it, claimed by nobody else
+    # claimed by its committer, not served by it, claimed by nobody else (when marked: `is_settled`)
+    withheld: list[bool] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.peer_ids)
@@ -155,8 +159,9 @@ class RoundBlobs:
         return len(self.peer_ids)
 
     def is_settled(self, i: int) -> bool:
-        """Nothing more to fetch for blob i: we have it, or it is malformed, or withheld."""
-        return self.vectors[i] is not None or self.malformed[i] or self.withheld[i]
+        """Nothing more to fetch for blob i: we have it, or it is malformed, or withheld while
+        nobody but its committer claims it (a later claim by another makes it a blob to fetch again)."""
+        return self.vectors[i] is not None or self.malformed[i] or (self.withheld[i] and not self.claimed_by_others(i))
 
     def claimed_by_others(self, i: int) -> bool:
         """A peer other than blob i's committer claims to hold it: an attester that included it, or
@@ -198,6 +203,15 @@ class RoundBlobs:
                 if bits[i] and self.peer_ids[k] not in self.holders[i]:
                     self.holders[i].append(self.peer_ids[k])
         return claimed
+
+    def hear(self, i: int, announcers: list[str], now: float) -> bool:
+        """Who announced blob i, as read at trio time `now`; whether that is its committer's
+        first claim to hold it (its own announcement)."""
+        self.announcers[i] = list(announcers)
+        if self.peer_ids[i] in announcers and self.claimed_at[i] is None:
+            self.claimed_at[i] = now
+            return True
+        return False
 
     def _withholding(self, i: int) -> float | None:
         """When blob i's committer claimed it, if blob i is a withholding candidate: unsettled, its
@@ -325,10 +339,10 @@ class Agreement:
 
     def _missing(self, i: int) -> str:
         """Why blob i, which nobody served us, is missing."""
-        if self.blobs.withheld[i]:
+        if self.blobs.withheld[i] and not self.blobs.claimed_by_others(i):
             return (
-                "is withheld: its committer attested a set including it (it claims to hold it) but did not serve "
-                "it to us, and nobody else claims it"
+                "is withheld: its committer announced it or attested a set including it (it claims to hold it) "
+                "but did not serve it to us, and nobody else claims it"
             )
         if not self.blobs.awaited[i]:
             return (
@@ -411,17 +425,22 @@ class Agreement:
         with contextlib.suppress(Exception):
             timeout = REQUEST_SHARE * self.fetch_timeout
             self._accept(i, await self._ask(i, self._digest(i), [self.blobs.peer_ids[i]], timeout, slow_fails=False))
-            if self.blobs.settled(wanted):
-                scope.cancel()
+        self._withhold_overdue()  # a refusal that came after the claim's patience ran out decides now
+        if self.blobs.settled(wanted):
+            scope.cancel()
 
     async def watch_attestations(self, wanted: list[bool], nursery: trio.Nursery) -> None:
-        """Read the attestations when the ledger moves (at least every WATCH_INTERVAL): holders,
-        claims (each new one probed at once), focal candidates; mark the overdue claims withheld;
-        stop once nothing of `wanted` is left to wait for."""
+        """Read the attestations when the ledger moves (at least every WATCH_INTERVAL), and who
+        announced the unsettled blobs: holders, claims (each new one probed at once), focal
+        candidates; mark the overdue claims withheld; stop once nothing of `wanted` is left to wait for."""
         while True:
             attestations = await self._read_attestations()
             now = trio.current_time()
-            for i in self.blobs.learn(attestations, self.index, now):
+            claimed = self.blobs.learn(attestations, self.index, now)
+            for i in range(self.blobs.n):
+                if not self.blobs.is_settled(i) and self.blobs.hear(i, self._announced(self._digest(i)), now):
+                    claimed.append(i)
+            for i in dict.fromkeys(claimed):
                 if not self.blobs.is_settled(i):
                     nursery.start_soon(self._probe, i, wanted, nursery.cancel_scope)
             self._withhold_overdue()
@@ -432,16 +451,13 @@ class Agreement:
         nursery.cancel_scope.cancel()
 
     def _withhold_overdue(self) -> None:
-        """Read who announced the unsettled blobs; mark (and log) withheld those whose committer
-        claimed them and then failed us, `patience` after the claim, and that nobody else claims
-        (called right after the attestations were read: the latest claims decide)."""
-        for i in range(self.blobs.n):
-            if not self.blobs.is_settled(i):
-                self.blobs.announcers[i] = self._announced(self._digest(i))
+        """Mark (and log) withheld the blobs whose committer claimed them and then failed us,
+        `patience` after the claim, and that nobody else claims (as last read: called right after
+        the attestations and announcements were, or after a failed probe)."""
         for i in self.blobs.withhold_overdue(trio.current_time(), self.patience):
             log.warning(
-                "round %d: %s attested its own blob %s, did not serve it to us, and nobody else claims it: "
-                "withheld, not waited for",
+                "round %d: %s claimed its blob %s (announced it or attested it), did not serve it to us, and "
+                "nobody else claims it: withheld, not waited for",
                 self.round,
                 self.who(i),
                 self._digest(i)[:16],

@@ -31,6 +31,7 @@ from node.learning.models import init_model
 from node.learning.train import evaluate
 from node.peer.agree import Agreement, NothingToAggregate, Withholding
 from node.peer.catchup import CatchUp, ModelUnavailable
+from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.endpoints import Witness
 from node.peer.fetching import obtain
 from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
@@ -95,6 +96,9 @@ class RoundOutcome:
     bytes_sent: int = 0  # blob bytes this peer served to others during the round
     gas_used: int = 0
     phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time per Phase value
+    # CPU seconds of the process over the round (node/peer/cpu.py): training and evaluation, and the rest
+    compute_cpu_s: float = 0.0
+    protocol_cpu_s: float = 0.0
     global_digest: str | None = None  # the model this peer holds after the round
     left_out: list[str] = field(default_factory=list)  # each blob this peer's vote left out, and why
 
@@ -177,7 +181,9 @@ class Peer:
         self.eval_model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
         self._background: trio.Nursery | None = None  # run()'s: speculative trainings outlive their round
         # self.model is the training's scratch space: the room trains on it, one training at a time
-        self.training = Training(lambda r, v: self._train_and_perturb(r, v), self._off_loop, last_round=settings.rounds)
+        self.training = Training(
+            PROCESS_COMPUTE.timed(lambda r, v: self._train_and_perturb(r, v)), self._off_loop, last_round=settings.rounds
+        )
         self._model_digest: bytes | None = None  # digest of the finalized model we hold (None: genesis)
         self._own_aggregate: tuple[int, bytes, torch.Tensor] | None = None  # (round, digest, vector) we attested
         # the swarm's mechanism (its policy, in the genesis): every fetched update must be one of
@@ -335,13 +341,16 @@ class Peer:
 
     @contextlib.contextmanager
     def _measured(self, out: RoundOutcome) -> Iterator[None]:
-        """The round's wall time, time per phase and blob bytes moved, into `out`."""
+        """The round's wall time, time per phase, CPU time and blob bytes moved, into `out`."""
         started = time.monotonic()
         self._phase_seconds, self._phase_since = {}, started
         sent0, received0 = self.host.bytes_served, self.host.bytes_fetched
+        compute0, protocol0 = PROCESS_COMPUTE.compute_seconds(), PROCESS_COMPUTE.protocol_seconds()
         yield
         self._set(Phase.WAITING_FINAL)  # closes the last phase's timer
         out.round_seconds = time.monotonic() - started
+        out.compute_cpu_s = round(PROCESS_COMPUTE.compute_seconds() - compute0, 4)
+        out.protocol_cpu_s = round(PROCESS_COMPUTE.protocol_seconds() - protocol0, 4)
         out.phase_seconds = {k: round(v, 4) for k, v in self._phase_seconds.items() if v > 0}
         out.bytes_sent, out.bytes_received = self.host.bytes_served - sent0, self.host.bytes_fetched - received0
 
@@ -404,7 +413,7 @@ class Peer:
         self._model_digest = await self.catchup.finalized_digest(r)
         out.global_digest = self._model_digest.hex()
         self._set(Phase.EVALUATING)
-        out.accuracy, out.loss = await self._off_loop(self._evaluate, vector)
+        out.accuracy, out.loss = await self._off_loop(PROCESS_COMPUTE.timed(self._evaluate), vector)
         return vector
 
     # ----------------------------------------------------------- overlapping

@@ -116,7 +116,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     w3 = await trio.to_thread.run_sync(lambda: connect(options.rpc_url))
     account = options.account or load_account(workdir / "eth-keystore.json", create=True)
-    ledger = LedgerClient(w3, options.ledger, account)
+    ledger = LedgerClient(w3, options.ledger, account, confirmations=config.chain.confirmations)
     witness = await trio.to_thread.run_sync(lambda: open_witness(ledger, options))
     settings = peer_settings(config, fault=options.fault)
     train_xy, test_xy = await trio.to_thread.run_sync(lambda: load_shard(config, options.partition))
@@ -145,8 +145,12 @@ async def run_node(config: Config, options: NodeOptions) -> int:
             def on_status(status: dict) -> None:
                 write_json_atomic(status_path, status)
 
+            requests_before = [ledger.rpc_requests()]  # at the end of the last round (start-up's go to round 1)
+
             def on_round(outcome: RoundOutcome) -> None:
                 record = {"peer": account.address, "time": time.time(), **asdict(outcome)}
+                requests_before.append(ledger.rpc_requests())
+                record["rpc_requests"] = requests_before[-1] - requests_before[-2]  # to the endpoint, this round
                 record["included"] = sum(outcome.included) if outcome.included else None
                 metrics.write(record)
                 log.info("round %d %s acc=%s", outcome.round, outcome.state, outcome.accuracy)

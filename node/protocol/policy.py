@@ -22,6 +22,8 @@ import mechanisms
 from mechanisms.accounting import Spend, cumulative_spend
 from mechanisms.gaussian import Gaussian
 from mechanisms.record_level import record_level_spend
+from mechanisms.secagg.policy import NAME as SECAGG
+from mechanisms.secagg.policy import SecAggPolicy, secagg_spend
 from node.protocol.settings import PrivacyPolicy
 from node.protocol.wire import canonical, eps_to_micro
 
@@ -31,7 +33,9 @@ _spend_lock = threading.Lock()  # see privacy_spend
 def eps_step_micro(mechanism_params: dict[str, object], num_params: int) -> int:
     """What one release spends under a pure mechanism, rounded up to whole micro-eps: the contract
     requires every commit to add exactly this. 0 for the Gaussian (its RDP spend per round is not
-    a constant)."""
+    a constant) and under secure aggregation (likewise)."""
+    if mechanism_params.get("name") == SECAGG:
+        return 0
     if isinstance(mechanisms.from_params(mechanism_params), Gaussian):
         return 0
     return eps_to_micro(cumulative_spend(mechanism_params, num_params, 1).epsilon)
@@ -71,6 +75,10 @@ def _privacy_spend(policy_json: str, num_params: int, sample_counts: tuple[int, 
     policy = PrivacyPolicy.from_dict(json.loads(policy_json))
     params = dict(policy.mechanism)
     k = len(sample_counts)
+    if params.get("name") == SECAGG:
+        secure = secagg_spend(SecAggPolicy.from_dict(params), k)
+        micro = eps_to_micro(secure.epsilon)
+        return PrivacySpend(secure, secure, micro, micro)
     spend = cumulative_spend(params, num_params, k)
     step = eps_step_micro(params, num_params)
     eps = k * step if step else eps_to_micro(spend.epsilon)

@@ -46,6 +46,8 @@ def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
                     "committed": 0,
                     "train_seconds": [],
                     "round_seconds": [],
+                    "protocol_cpu_s": {},  # per peer: its process's CPU less training and evaluation
+                    "rpc_requests": {},  # per peer: HTTP requests to its chain endpoint over the round
                 },
             )
             row["state"] = m["state"]
@@ -62,6 +64,10 @@ def round_rows(peers: Sequence[PeerRecord]) -> list[dict]:
             row["committed"] += bool(m.get("committed"))
             row["train_seconds"].append(m.get("train_seconds") or 0.0)
             row["round_seconds"].append(m.get("round_seconds") or 0.0)
+            if m.get("protocol_cpu_s") is not None:
+                row["protocol_cpu_s"][m["peer"]] = m["protocol_cpu_s"]
+            if m.get("rpc_requests") is not None:
+                row["rpc_requests"][m["peer"]] = m["rpc_requests"]
     rows = []
     for r in sorted(by_round):
         row = by_round[r]

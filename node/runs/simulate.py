@@ -39,6 +39,9 @@ from mechanisms.randomness import PrivacyGenerator, secret_generator, seeded_gen
 from mechanisms.record_level import ACCOUNTANT as RECORD_ACCOUNTANT
 from mechanisms.record_level import PROTECTS as RECORD_PROTECTS
 from mechanisms.record_level import record_level_spend
+from mechanisms.secagg.policy import NAME as SECAGG
+from mechanisms.secagg.policy import PROTECTS as SECAGG_PROTECTS
+from mechanisms.secagg.policy import SecAggPolicy
 from node.chain.anvil import find_anvil
 from node.config import Config
 from node.derive import peer_settings
@@ -52,6 +55,7 @@ from node.protocol.blob import flatten, unflatten
 from node.protocol.settings import PeerSettings, PrivacyPolicy
 from node.runfiles import MetricsWriter, write_json_atomic
 from node.runs.recorder import ChainRecorder, DigestOnly
+from node.runs.secure_round import SecureRounds
 
 SEEDED_NOISE = "noise reproducible from the seed: a simulation, not a private run"
 SECRET_NOISE = "noise from the OS CSPRNG (as a real peer draws it): not reproducible"
@@ -170,6 +174,8 @@ class Simulation:
         self.out = Path(out) if out is not None else None
         if self.out is not None and self.out.exists() and any(self.out.iterdir()):
             raise FileExistsError(f"--out {self.out} exists and is not empty: choose a new folder")
+        if config.privacy.mechanism == SECAGG and (ledger or fraction != 1):
+            raise SimulationError("secure aggregation simulates every peer in every round, without the ledger")
         if ledger:
             find_anvil()  # fail before any work or folder when the chain binary is missing
         self.use_ledger = ledger
@@ -196,8 +202,10 @@ class Simulation:
         c = self.config
         self.settings = simulation_settings(c, self.mechanism_override)
         self.mechanism_params = dict(self.settings.mechanism)
-        self.mechanism = (
-            None if self.mechanism_params.get("name") == NO_MECHANISM else mechanisms.from_params(self.mechanism_params)
+        name = self.mechanism_params.get("name")
+        self.mechanism = None if name in (NO_MECHANISM, SECAGG) else mechanisms.from_params(self.mechanism_params)
+        self.secure = (
+            SecureRounds(SecAggPolicy.from_dict(self.mechanism_params), self.settings) if name == SECAGG else None
         )
         sh = self.settings.shared
         self.model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
@@ -243,6 +251,8 @@ class Simulation:
     def _record_spend(self, samples: int, commits: int) -> float | None:
         """Record-level eps of a peer with `samples` records after `commits` DP-SGD rounds (None
         without DP-SGD); computed once per (samples, commits)."""
+        if self.secure is not None:
+            return self.secure.policy.epsilon(commits)
         if self.settings.dp is None:
             return None
         key = (samples, commits)
@@ -301,12 +311,15 @@ class Simulation:
         evaluated. Returns the round's record, the next global model and why the run stops (None)."""
         round_start = time.perf_counter()
         chosen = sample_peers(self.config.swarm.seed, r, len(self.peers), self.fraction)
-        vectors, weights, losses, diverged = self._contributions(r, chosen, global_vector, timing)
-        if diverged:
-            record = self._record(r, chosen, None, None, losses, None, diverged=True)
-            return record, global_vector, f"diverged in round {r} ({diverged})"
-        with timing.spent("aggregate"):
-            global_vector = aggregate.next_global(self.settings.shared, global_vector, vectors, weights)
+        if self.secure is not None:
+            vectors, weights, losses, global_vector = self._secure_step(r, chosen, global_vector, timing)
+        else:
+            vectors, weights, losses, diverged = self._contributions(r, chosen, global_vector, timing)
+            if diverged:
+                record = self._record(r, chosen, None, None, losses, None, diverged=True)
+                return record, global_vector, f"diverged in round {r} ({diverged})"
+            with timing.spent("aggregate"):
+                global_vector = aggregate.next_global(self.settings.shared, global_vector, vectors, weights)
         with timing.spent("ledger"):
             model_digest = recorder.round(self, r, chosen, vectors, weights, global_vector)
         t0 = time.perf_counter()
@@ -361,6 +374,24 @@ class Simulation:
             self.on_progress({"round": r, "done": done, "of": len(chosen)})
         return vectors, weights, losses, None
 
+    def _secure_step(
+        self, r: int, chosen: list[int], global_vector: torch.Tensor, timing: _Timing
+    ) -> tuple[list[torch.Tensor], list[int], list[float], torch.Tensor]:
+        """A secure-aggregation round (node.runs.secure_round): no individual vectors, the next
+        global model straight from the aggregate."""
+        assert self.secure is not None
+        members = [self.peers[i] for i in chosen]
+        seed = self.config.swarm.seed
+        with timing.spent("train"):
+            next_global, losses = self.secure.step(
+                self.model, self.spec, global_vector, members, r, lambda name: self._noise(seed, name, r)
+            )
+        for peer in members:
+            peer.commits += 1
+            peer.record_eps = self._record_spend(len(peer.y), peer.commits)
+        self.on_progress({"round": r, "done": len(members), "of": len(members)})
+        return [], [], losses, next_global
+
     def _recorder(self) -> ChainRecorder | DigestOnly:
         if self.use_ledger:
             if self.out is None:
@@ -407,6 +438,8 @@ class Simulation:
         for each training record, never a "non-private baseline"."""
         if spend is not None:
             return spend.protects
+        if self.secure is not None:
+            return SECAGG_PROTECTS
         if self.settings.dp is not None:
             return "no local DP on the shared vector; DP-SGD protects each training record (see dp_sgd)"
         return "nothing (non-private baseline)"
@@ -467,6 +500,19 @@ class Simulation:
         mechanism's whole-update figure; `scope` says which. The mechanism's own figures keep
         their names beside it. None for the non-private baseline."""
         dp = self._dp_sgd_summary()
+        if self.secure is not None:
+            policy = self.secure.policy
+            return {
+                "epsilon": policy.epsilon(max_commits),
+                "delta": policy.delta,
+                "scope": "record",
+                "protects": SECAGG_PROTECTS,
+                "secagg": {
+                    **policy.to_dict(),
+                    "scale": policy.scale,
+                    "local_noise_variance": policy.local_noise.variance,
+                },
+            }
         if spend is None and dp is None:
             return None
         summary: dict = {}
@@ -517,6 +563,8 @@ def summary_line(summary: dict) -> str:
     p = summary.get("privacy")
     dp = summary.get("dp_sgd")
     records = "" if not dp else (f"; DP-SGD: ({dp['epsilon']:.4g}, {dp['delta']:g})-DP for {dp['protects']}")
+    if p is not None and "secagg" in p:
+        return f"record-level ({p['epsilon']:.4g}, {p['delta']:g})-DP: {p['protects']} [{summary['noise']}]"
     if p is None or "per_contribution_eps" not in p:  # no local mechanism
         return ("no local DP on the shared vector" + records) if dp else "no privacy: non-private baseline"
     note = (

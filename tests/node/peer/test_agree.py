@@ -127,6 +127,19 @@ def test_a_blob_is_withheld_once_its_committer_claimed_it_then_failed_us_and_nob
     assert blobs.decide() == [T, T, F]
 
 
+def test_a_committers_own_announcement_is_a_claim_and_a_withheld_blob_another_claims_is_fetched_again():
+    blobs = RoundBlobs(["p0", "p1", "p2"], mine=0)
+    blobs.vectors[0] = blobs.vectors[1] = torch.zeros(1)
+    assert not blobs.hear(2, ["p1"], 1.0) and blobs.claimed_at[2] is None  # another's HAVE: no claim of 2's
+    blobs.announcers[2] = []
+    assert blobs.hear(2, ["p2"], 2.0) and blobs.claimed_at[2] == 2.0  # its committer's own HAVE
+    assert not blobs.hear(2, ["p2"], 3.0) and blobs.claimed_at[2] == 2.0  # first seen then
+    blobs.unserved_at[2] = 2.1
+    assert blobs.withhold_overdue(3.0, 1.0) == [2] and blobs.is_settled(2) and blobs.done()
+    blobs.hear(2, ["p2", "p1"], 4.0)  # 1 fetched it after all: it is a blob to fetch again
+    assert not blobs.is_settled(2) and not blobs.done()
+
+
 def test_a_blob_not_awaited_keeps_no_step_waiting_unless_another_attester_claims_it():
     blobs = RoundBlobs(["p0", "p1", "p2"], mine=0, awaited=[T, T, F])
     blobs.vectors[0] = blobs.vectors[1] = torch.zeros(1)
@@ -327,6 +340,44 @@ def test_c_a_slow_blob_whose_committer_attested_early_is_still_waited_for():
         agreement, included, elapsed = await agree(swarm, (0.25, 2, digest_of(blobs, everyone), everyone))
 
         assert included == everyone and not agreement.blobs.withheld[2]
+        assert elapsed == pytest.approx(6.0)
+
+    run_virtual(main)
+
+
+def test_c_a_committer_that_announces_its_blob_and_serves_it_to_nobody_is_withheld_without_attesting():
+    """2 announces its blob (a claim to hold it, as an honest committer makes once it stored it)
+    and serves it to nobody; it never attests. The claim is probed at once, refused, and
+    CLAIM_PATIENCE of the fetch timeout later the blob is withheld: the step ends there, not at
+    the fetch timeout."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        await swarm.members[2].host.announce_blob(digests[2])
+        swarm.network.unreachable.add(swarm.members[2].peer_id)  # serves nobody
+
+        agreement, included, elapsed = await agree(swarm)
+
+        assert included == [T, T, F] and agreement.blobs.withheld[2]
+        assert elapsed == pytest.approx(CLAIM_PATIENCE * FETCH_TIMEOUT)
+        why = agreement.blobs.left_out[2]
+        assert why is not None and swarm.members[2].address in why and "is withheld" in why
+
+    run_virtual(main)
+
+
+def test_c_a_slow_blob_whose_committer_announced_it_is_still_waited_for():
+    """2 announced its blob, which takes 6 s to reach us: a transfer still running is no refusal,
+    so the claim's patience does not cut it short: we wait for it and include it."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        await swarm.members[2].host.announce_blob(digests[2])
+        swarm.network.delay(digests[2], 6.0)
+
+        agreement, included, elapsed = await agree(swarm)
+
+        assert included == [T, T, T] and not agreement.blobs.withheld[2]
         assert elapsed == pytest.approx(6.0)
 
     run_virtual(main)

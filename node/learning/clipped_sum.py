@@ -1,0 +1,70 @@
+"""The sum over a member's records of each record's loss gradient clipped to l2 norm `clip`: what a
+secure-aggregation member contributes to a full-batch DP-GD step (mechanisms.secagg.policy).
+
+opacus' ghost clipping computes it without materialising per-record gradients (as DP-SGD does in
+node.learning.train): a backward pass for the per-record norms, then a second one of the loss
+weighted by each record's clipping factor, min(1, c / (||g|| + 1e-6)). It clips to
+c = clip (1 - 2^-20): the margin keeps each clipped gradient's norm below `clip` whatever the
+float32 rounding (relative error ~1e-7 per coordinate). Records go through in chunks; the chunk
+sums are accumulated in float64.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from opacus.grad_sample import GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizerFastGradientClipping
+from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
+from torch import nn
+
+CLIP_MARGIN = 1.0 - 2.0**-20
+CHUNK = 4096
+
+
+def clipped_gradient_sum(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, chunk: int = CHUNK
+) -> tuple[torch.Tensor, float]:
+    """(sum of clipped per-record gradients as one float64 vector in the order of
+    `node.protocol.blob.flatten`: sorted names; mean loss). Every entry of the model's state must
+    be a parameter (no batch statistics: group norm is fine, batch norm is not)."""
+    if not clip > 0:
+        raise ValueError(f"clip must be > 0, got {clip!r}")
+    names = sorted(name for name, _ in model.named_parameters())
+    if set(model.state_dict()) != set(names):
+        raise ValueError("a secure-aggregation model's state must hold parameters only (no buffers)")
+    parameters = dict(model.named_parameters())
+    total = torch.zeros(sum(p.numel() for p in parameters.values()), dtype=torch.float64)
+    loss_sum = 0.0
+    model.train()
+    grad_module = GradSampleModuleFastGradientClipping(
+        model, max_grad_norm=clip * CLIP_MARGIN, use_ghost_clipping=True, loss_reduction="sum"
+    )
+    optimizer = DPOptimizerFastGradientClipping(
+        torch.optim.SGD(grad_module.parameters(), lr=1.0),
+        noise_multiplier=0.0,
+        max_grad_norm=clip * CLIP_MARGIN,
+        expected_batch_size=chunk,
+        loss_reduction="sum",
+    )
+    try:
+        with warnings.catch_warnings():
+            # opacus warns on every backward pass that inputs need no gradient (they never do here)
+            warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
+            for lo in range(0, len(y), chunk):
+                optimizer.zero_grad(set_to_none=True)
+                per_record = F.cross_entropy(grad_module(x[lo : lo + chunk]), y[lo : lo + chunk], reduction="none")
+                loss_sum += float(per_record.detach().sum())
+                DPTensorFastGradientClipping(grad_module, optimizer, per_record, "sum").backward()
+                total += torch.cat([_grad(parameters[name]).reshape(-1).to(torch.float64) for name in names])
+    finally:
+        grad_module._close()
+        for p in model.parameters():
+            p.grad = None
+    return total, loss_sum / max(1, len(y))
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)

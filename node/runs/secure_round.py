@@ -1,0 +1,76 @@
+"""`swarm simulate` under secure aggregation (privacy.mechanism = secagg): one full-batch DP-GD step
+of the union per round, with each member's integer arithmetic as a swarm member computes it.
+
+Each member: the clipped gradient sum of all its records at the global model
+(`node.learning.clipped_sum`), scaled, stochastically rounded, plus its discrete Gaussian share,
+mod 2^bits (`mechanisms.secagg.member.encode`, its draws from the member's privacy generator:
+rounding on the `mechanism` stream, noise on `dpsgd_noise`). The residues are summed mod 2^bits
+and decoded to the noisy mean gradient; the global model takes an SGD step with momentum (the
+velocity is a function of the public aggregates, so every member can hold it).
+
+What a swarm adds and this leaves out: the masks. Pairwise masks cancel exactly in the sum mod
+2^bits and self-masks are removed from it (tests/secagg/test_masks.py sums masked vectors and gets
+these residues' sum bit for bit), so the aggregate here is the one a swarm would unmask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from mechanisms.randomness import PrivacyGenerator
+from mechanisms.secagg.member import decode, encode, sum_residues
+from mechanisms.secagg.policy import SecAggPolicy
+from node.learning.clipped_sum import clipped_gradient_sum
+from node.learning.train import round_lr
+from node.protocol.blob import TensorSpec, unflatten
+from node.protocol.settings import PeerSettings
+
+
+class Member(Protocol):
+    name: str
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class SecureRounds:
+    """The state a secure-aggregation run carries between rounds: the momentum velocity."""
+
+    def __init__(self, policy: SecAggPolicy, settings: PeerSettings) -> None:
+        self.policy = policy
+        self.settings = settings
+        self.velocity: torch.Tensor | None = None
+
+    def step(
+        self,
+        model: nn.Module,
+        spec: tuple[TensorSpec, ...],
+        global_vector: torch.Tensor,
+        members: Sequence[Member],
+        round_number: int,
+        noise: Callable[[str], PrivacyGenerator],
+    ) -> tuple[torch.Tensor, list[float]]:
+        """The next global model and each member's mean training loss. `noise(name)` is the
+        member's privacy generator for this round."""
+        if len(members) != self.policy.members:
+            raise ValueError(f"a secure round takes all {self.policy.members} members, got {len(members)}")
+        model.load_state_dict(unflatten(global_vector, spec))
+        residues, losses, records = [], [], 0
+        for member in members:
+            gradient_sum, loss = clipped_gradient_sum(model, member.x, member.y, self.policy.clip)
+            generator = noise(member.name)
+            residues.append(encode(self.policy, gradient_sum.numpy(), generator.mechanism, generator.dpsgd_noise))
+            losses.append(loss)
+            records += len(member.y)
+        mean_gradient = torch.from_numpy(decode(self.policy, sum_residues(residues, self.policy.bits), records))
+        velocity = mean_gradient if self.velocity is None else self.settings.momentum * self.velocity + mean_gradient
+        self.velocity = velocity
+        lr = round_lr(self.settings.lr, self.settings.lr_decay, round_number - 1)
+        next_global = (global_vector.to(torch.float64) - lr * velocity).to(torch.float32)
+        if not bool(torch.isfinite(next_global).all()):
+            raise FloatingPointError("the global model is not finite")
+        return next_global, [float(v) for v in np.asarray(losses)]

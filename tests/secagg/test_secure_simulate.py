@@ -1,0 +1,54 @@
+"""privacy.mechanism = secagg: the policy enters the genesis settings, and `swarm simulate` learns
+with the integer arithmetic and spends exactly what the policy's accountant says."""
+
+from __future__ import annotations
+
+import pytest
+
+from mechanisms.secagg.policy import SecAggPolicy
+from node.config import load_config
+from node.derive import secagg_policy, shared_settings
+from node.protocol.policy import privacy_spend
+from node.runs.simulate import Simulation, SimulationError
+
+# 3 peers on 8x8 digits (1,347 training images), logistic regression, 4 full-batch rounds
+SECURE = [
+    "data.dataset=digits",
+    "model.name=logreg",
+    "train.dp_sgd=false",
+    "train.dp_max_grad_norm=1.0",
+    "train.lr=2.0",
+    "train.momentum=0.5",
+    "train.lr_decay=1",
+    "swarm.peers=3",
+    "swarm.rounds=4",
+    "swarm.seed=3",
+    "privacy.mechanism=secagg",
+    "privacy.epsilon=8.0",
+    "privacy.perturb=update",
+]
+
+
+def test_policy_is_in_the_genesis_and_calibrated_to_the_target():
+    config = load_config(None, SECURE)
+    policy = secagg_policy(config)
+    genesis = shared_settings(config).to_dict()["privacy"]["mechanism"]
+    assert SecAggPolicy.from_dict(genesis) == policy
+    assert policy.epsilon(4) <= 8.0
+    assert policy.epsilon(4) > 7.99  # the smallest noise that meets it
+    spent = privacy_spend(shared_settings(config).privacy, policy.dim, [449, 449, 449, 449])
+    assert spent.record is not None and spent.record.epsilon == policy.epsilon(4)
+    with pytest.raises(ValueError, match="dp_sgd"):
+        secagg_policy(load_config(None, [*SECURE, "train.dp_sgd=true"]))
+
+
+def test_simulate_learns_under_secure_aggregation(tmp_path):
+    result = Simulation(load_config(None, SECURE), out=tmp_path / "secure").run()
+    policy = secagg_policy(load_config(None, SECURE))
+    accuracies = [r["accuracy"] for r in result.records]
+    assert accuracies[-1] > 0.8  # logistic regression on digits, eps 8
+    assert [r["record_eps_max"] for r in result.records] == [policy.epsilon(k) for k in range(1, 5)]
+    assert result.summary["privacy"]["scope"] == "record"
+    assert result.summary["privacy"]["epsilon"] == policy.epsilon(4)
+    with pytest.raises(SimulationError):
+        Simulation(load_config(None, SECURE), fraction=0.5)
