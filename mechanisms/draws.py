@@ -45,6 +45,9 @@ def bits63_(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
 _LOW63 = torch.tensor((1 << 63) - 1)
 _EXPONENT_MASK = torch.tensor(0x7FF0000000000000)  # the exponent field of a float64 (0-dim
 _MANTISSA_MASK = torch.tensor((1 << 52) - 1)  # tensors: a Python int operand is slower)
+_FIFTY_TWO = torch.tensor(52)
+_SHIFTS = [torch.tensor(k) for k in range(64)]
+_SCALES = [torch.tensor(2.0**-k, dtype=torch.float64) for k in range(64)]
 # A U* whose binade draw came out 0 (R below 2^-bits) is drawn again one level down; below
 # 2^-1022 (where U* is no longer exact) nothing needs it: -ln U* > 708 either way.
 _NORMAL_MIN = 2.0**-1022
@@ -77,9 +80,9 @@ def round_down_uniform_(
     """
     grid = 11 + extra_bits
     ob = out.view(torch.int64)
-    torch.bitwise_right_shift(bits, 52, out=ob)
-    extra.bitwise_or_(ob.bitwise_left_shift_(extra_bits))  # h < 2^53: exact as a float64
-    out.copy_(extra).mul_(2.0**-grid)  # h 2^-grid: exact
+    torch.bitwise_right_shift(bits, _FIFTY_TWO, out=ob)
+    extra.bitwise_or_(ob.bitwise_left_shift_(_SHIFTS[extra_bits]))  # h < 2^53: exact as a float64
+    out.copy_(extra).mul_(_SCALES[grid])  # h 2^-grid: exact
     ob.bitwise_and_(_EXPONENT_MASK).bitwise_or_(bits.bitwise_and_(_MANTISSA_MASK))
     if depth < _MAX_DEPTH and out.numel() and float(out.amin()) < _NORMAL_MIN:  # h = 0 somewhere
         idx = torch.nonzero(out < _NORMAL_MIN).view(-1)

@@ -49,6 +49,8 @@ from .snapping import LOG_ULPS
 
 _SQRT2 = math.sqrt(2.0)
 _LOW63 = torch.tensor((1 << 63) - 1)
+_ANGLE_BITS = torch.tensor((1 << 53) - 1)
+_SIXTY_THREE, _FIFTY_THREE = torch.tensor(63), torch.tensor(53)
 
 
 def _phi(x: float) -> float:
@@ -167,15 +169,17 @@ def standard_normal_pairs_(out: torch.Tensor, stream: RandomStream) -> torch.Ten
     U*'s binade. Randomness: only `stream`."""
     m = out.numel() // 2
     first = stream.fill_(scratch(m, torch.int64, 0))
-    coin = torch.lt(first, 0, out=scratch(m, torch.bool, 0))
+    coin = torch.bitwise_right_shift(first, _SIXTY_THREE, out=scratch(m, torch.int64, 3))  # all ones: R = Y
     bits = first.bitwise_and_(_LOW63)
     aux = bits63_(scratch(m, torch.int64, 1), stream)
-    extra = torch.bitwise_right_shift(aux, 53, out=scratch(m, torch.int64, 2))
+    extra = torch.bitwise_right_shift(aux, _FIFTY_THREE, out=scratch(m, torch.int64, 2))
     y = round_down_uniform_(scratch(m, torch.float64, 0), bits, extra, 10, stream).mul_(0.5)
     low = torch.log(y, out=scratch(m, torch.float64, 1))  # -l when R = Y
     high = torch.log1p(y.neg_(), out=y)  # -l when R = 1 - Y
-    radius = torch.where(coin, low, high, out=low).mul_(-2.0).sqrt_()
-    theta = scratch(m, torch.float64, 2).copy_(aux.bitwise_and_((1 << 53) - 1)).mul_(2.0 * math.pi * 2.0**-53)
+    # high <- low where the coin is set, bit for bit (integer passes: cheaper than torch.where)
+    picked = low.view(torch.int64).bitwise_xor_(high.view(torch.int64)).bitwise_and_(coin)
+    radius = high.view(torch.int64).bitwise_xor_(picked).view(torch.float64).mul_(-2.0).sqrt_()
+    theta = scratch(m, torch.float64, 2).copy_(aux.bitwise_and_(_ANGLE_BITS)).mul_(2.0 * math.pi * 2.0**-53)
     torch.mul(torch.cos(theta, out=out[:m]), radius, out=out[:m])
     torch.mul(torch.sin(theta, out=out[m:]), radius, out=out[m:])
     return out
@@ -330,7 +334,8 @@ class Gaussian(Mechanism):
         for lo, hi in blocks(flat.numel()):
             n = hi - lo
             v = standard_normal_pairs_(scratch(n + n % 2, torch.float64, 3), stream)[:n]
-            torch.add(v.mul_(self.sigma / grid), flat[lo:hi], alpha=scale / grid, out=v)
+            x = flat[lo:hi] if flat.dtype == torch.float64 else scratch(n, torch.float64, 4).copy_(flat[lo:hi])
+            torch.add(v.mul_(self.sigma / grid), x, alpha=scale / grid, out=v)  # one dtype: mixed is slow
             v.round_().clamp_(-steps, steps).mul_(grid)  # k L: exact
             out[lo:hi].copy_(v)
         return out

@@ -423,7 +423,6 @@ CELLS = 1 << 10  # PM's output grid: 1024 cells over [-C', C']
 # (in cells): it is within 4 * 2^-24 * CELLS = 2^-12 cell of its exact value.
 _POSITION_ERROR = 4.0 * 2.0**-24 * CELLS
 _HALF_CELLS = torch.tensor(CELLS / 2.0)
-_FOURTEEN = torch.tensor(14, dtype=torch.int32)
 _EIGHT = torch.tensor(8, dtype=torch.int32)
 
 
@@ -471,13 +470,14 @@ class PiecewiseGrid:
         decides "uniform over all" (float32(word) < threshold) or the window, `position`
         (24-bit words in [-2^23, 2^23)) the position; t is the input (float32). Both words are
         used as scratch. No masks: the branch is an exact 0/1 factor on integer cells."""
-        half = _HALF_CELLS
         m = self.window
-        torch.add(half, position, alpha=m * 2.0**-24, out=pos).add_(t, alpha=(CELLS - m) / 2.0)
+        w = position.view(torch.float32).copy_(position)  # W as a float32 (24 bits: exact), in place
+        torch.add(_HALF_CELLS, w, alpha=m * 2.0**-24, out=pos).add_(t, alpha=(CELLS - m) / 2.0)
         pos.floor_().clamp_(0.0, CELLS - 1.0)  # the window's cell
-        # N/2 + floor(N W 2^-24) = N/2 + (W >> 14): "uniform over all", exact; minus the window's
-        # cell (an integer-valued float32): the step to take when the branch says so
-        step = torch.sub(position.bitwise_right_shift_(_FOURTEEN), pos, out=position.view(torch.float32)).add_(half)
+        # floor(N/2 + W 2^-14) = N/2 + (W >> 14): "uniform over all", exact (W 2^-14 and the sum
+        # have at most 24 significant bits); minus the window's cell (an integer-valued
+        # float32): the step to take when the branch says so
+        step = torch.add(_HALF_CELLS, w, alpha=2.0**-14, out=w).floor_().sub_(pos)
         # threshold - float32(word): an integer-valued float32, >= 1 iff the word is below it
         chosen = torch.sub(self._threshold, branch, out=branch.view(torch.float32)).clamp_(0.0, 1.0)
         return pos.addcmul_(step, chosen)  # integers times 0 or 1: exact

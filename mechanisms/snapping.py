@@ -29,6 +29,7 @@ LOG_ULPS = 4.0
 _DITHER_BITS = torch.tensor(4095)
 _DITHER_CENTRE = torch.tensor(2047.5, dtype=torch.float64)
 _SIGN64 = torch.tensor(-(1 << 63))  # a float64's sign bit, as an int64
+_TEN = torch.tensor(10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,19 +282,23 @@ class Exponential(_PureLocal):
         c = math.exp(-1.0 / b)
         for lo, hi in blocks(t.numel()):
             n = hi - lo
-            u = bits63_(scratch(n, torch.int64, 0), stream).bitwise_right_shift_(10)  # 53 bits
-            u = scratch(n, torch.float64, 0).copy_(u).mul_(2.0**-53)  # on [0, 1), exact
+            bits = bits63_(scratch(n, torch.int64, 0), stream).bitwise_right_shift_(_TEN)  # 53 bits
+            u = scratch(n, torch.float64, 0).copy_(bits)  # U = u 2^53 for u on [0, 1): exact
             tb = scratch(n, torch.float64, 1).copy_(self._block(t[lo:hi]))
             # masses over b: left of t 1 - c h, right of t 1 - c / h, with c = exp(-1/b) and
             # h = exp(-t/b): ONE exp per coordinate, float64 so the masses resolve the uniform
             h = torch.mul(tb, -1.0 / b, out=scratch(n, torch.float64, 2)).exp_()
             neg_left = torch.add(_MINUS_ONE, h, alpha=c, out=scratch(n, torch.float64, 3))
-            total = affine_(h.reciprocal_(), -c, 1.0).sub_(neg_left)
+            # the total mass times 2^-53, so that U total 2^-53 = u total (scalings by powers of
+            # 2 are exact: the same values as scaling u)
+            total = affine_(h.reciprocal_(), -c * 2.0**-53, 2.0**-53).sub_(neg_left, alpha=2.0**-53)
             s = torch.addcmul(neg_left, u, total, out=u)  # signed mass from t over b: < 0 goes left
             # |s| < 1 in exact arithmetic; the clamp keeps a rounding at huge eps from a NaN
-            distance = affine_(torch.abs(s, out=total), -1.0, 1.0).clamp_(min=0.0).log_()
-            distance.copysign_(s)  # signed distance from t over b: sign(s) |log(1 - |s|)|
-            y = torch.add(tb, distance, alpha=b, out=distance).clamp_(-1.0, 1.0)
+            distance = affine_(torch.abs(s, out=total), -1.0, 1.0).clamp_(min=0.0).log_()  # <= 0
+            # its sign flipped where s < 0 (two integer passes, cheaper than copysign): minus
+            # the signed distance from t over b, sign(s) |log(1 - |s|)|, so it is added times -b
+            distance.view(torch.int64).bitwise_xor_(torch.bitwise_and(s.view(torch.int64), _SIGN64, out=bits))
+            y = torch.add(tb, distance, alpha=-b, out=distance).clamp_(-1.0, 1.0)
             y.mul_(1.0 / EXPONENTIAL_GRID).round_().mul_(EXPONENTIAL_GRID)  # snapped: exact
             out[lo:hi].copy_(y)
         return out.view(x.shape)

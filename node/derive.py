@@ -187,6 +187,11 @@ def eps_cap_micro(config: Config) -> int:
     """The swarm's per-peer cap. 0 in the config means: exactly what `rounds` rounds of the
     configured mechanism spend, so the demo never silently stops a peer."""
 
+    if config.privacy.mechanism == SECURE_AGGREGATION:
+        raise ValueError(
+            "privacy.mechanism = secagg runs in `swarm simulate` only: its swarm protocol (masked "
+            "vectors and shares over libp2p and the chain) is not built yet (docs/SECAGG.md)"
+        )
     if config.chain.eps_cap > 0:
         return wire.eps_to_micro(config.chain.eps_cap)
     step = eps_step_micro(config)

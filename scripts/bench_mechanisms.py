@@ -2,11 +2,15 @@
 time to allocate (and so fault in) the float32 output and draw, from a ChaCha20 stream as the
 mechanism does (block by block, into the output and a reused buffer), the keystream bytes the
 mechanism needs per coordinate, measured in the same run. Targets: <= 2x the floor, PNPM <= 1.5x.
+The bytes per coordinate are checked against what each perturb actually drew (`RandomStream.drawn`),
+so the floor is the mechanism's own draw, neither more nor less.
 
 Floor and mechanism are timed in alternation, `--repeat` rounds, and each keeps its fastest
-round: on a machine shared with other jobs the minimum is the run least disturbed by them.
+round: on a machine shared with other jobs the minimum is the run least disturbed by them. One
+torch thread by default: what a peer runs with (node/peer/runner.py), and the keystream is one
+core's work either way.
 
-    python scripts/bench_mechanisms.py [--n 10000000] [--repeat 15] [--threads N] [--no-write]
+    python scripts/bench_mechanisms.py [--n 10000000] [--repeat 15] [--threads 1] [--no-write]
 """
 
 from __future__ import annotations
@@ -26,18 +30,21 @@ import mechanisms  # noqa: E402
 from mechanisms.draws import BLOCK  # noqa: E402
 from mechanisms.randomness import PrivacyGenerator, seeded_generator  # noqa: E402
 
-CASES = [  # name, params, input kind, keystream bytes per coordinate, target
-    ("pnpm", {"epsilon": 1.0}, "weights", 8, 1.5),
-    ("duchi", {"epsilon": 1.0}, "unit", 4, 2.0),
-    ("pm", {"epsilon": 1.0}, "unit", 8, 2.0),
-    ("hm", {"epsilon": 1.0}, "unit", 8, 2.0),
-    ("ldp-fl", {"epsilon": 1.0, "radius": 0.1}, "weights", 4, 2.0),
-    ("laplace", {"epsilon": 1.0}, "unit", 16, 2.0),
-    ("exponential", {"epsilon": 1.0}, "unit", 8, 2.0),
-    ("rr", {"epsilon": 1.0, "k": 2}, "binary", 4, 2.0),
-    ("gaussian", {"clip_norm": 1.0, "noise_multiplier": 1.0}, "weights", 8, 2.0),
-    ("sampled", {"base": "pm", "epsilon": 10.0}, "unit", 0, 2.0),
+CASES = [  # name, params, input kind, keystream bytes per coordinate, what they are, target
+    ("pnpm", {"epsilon": 1.0}, "weights", 8, "2 x 32-bit words (sign flip, magnitude)", 1.5),
+    ("duchi", {"epsilon": 1.0}, "unit", 4, "1 x 32-bit word (the decision)", 2.0),
+    ("pm", {"epsilon": 1.0}, "unit", 8, "2 x 32-bit words (branch, position)", 2.0),
+    ("hm", {"epsilon": 1.0}, "unit", 8, "2 x 32-bit words (branch, decision or position)", 2.0),
+    ("ldp-fl", {"epsilon": 1.0, "radius": 0.1}, "weights", 4, "1 x 32-bit word (the decision)", 2.0),
+    ("laplace", {"epsilon": 1.0}, "unit", 16, "2 x 64-bit words (U*; sign and dither)", 2.0),
+    ("exponential", {"epsilon": 1.0}, "unit", 8, "1 x 64-bit word (53-bit uniform)", 2.0),
+    ("rr", {"epsilon": 1.0, "k": 2}, "binary", 4, "1 x 32-bit word (the flip)", 2.0),
+    ("gaussian", {"clip_norm": 1.0, "noise_multiplier": 1.0}, "weights", 8, "2 x 64-bit words per pair", 2.0),
+    ("sampled", {"base": "pm", "epsilon": 10.0}, "unit", 0, "none (draws 2k words in all)", 2.0),
 ]
+# A U* whose first binade draw is 0 (probability 2^-21 for the Gaussian's, 2^-53 for Laplace's)
+# draws 16 bytes more: the drawn bytes may exceed the floor's by this share
+DRAWN_SLACK = 1e-4
 
 
 def keystream_floor(n: int, per_coordinate: int, generator: PrivacyGenerator) -> torch.Tensor:
@@ -56,6 +63,15 @@ def keystream_floor(n: int, per_coordinate: int, generator: PrivacyGenerator) ->
         if per_coordinate > 4:
             stream.fill_(rest[: (hi - lo) * (per_coordinate - 4) // 4])
     return out
+
+
+def check_floor(name: str, mech, x: torch.Tensor, per_coordinate: int) -> None:
+    """The floor's bytes per coordinate are what perturb draws (SystemExit otherwise)."""
+    gen = seeded_generator(1)
+    mech.perturb(x, generator=gen)
+    drawn = gen.mechanism.drawn / x.numel()
+    if not per_coordinate <= drawn <= per_coordinate * (1 + DRAWN_SLACK) + 64 / x.numel():
+        raise SystemExit(f"{name}: perturb drew {drawn:.6f} bytes per coordinate, the floor assumes {per_coordinate}")
 
 
 def _timed(fn) -> tuple[float, float]:
@@ -80,7 +96,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=10_000_000)
     ap.add_argument("--repeat", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--no-write", action="store_true", help="print only, do not write docs/BENCHMARKS.md")
     args = ap.parse_args()
     if args.threads:
@@ -93,9 +109,10 @@ def main() -> int:
     }
     gen = seeded_generator(0)  # a benchmark: the same ChaCha20 draws as a secret generator, public key
     rows, ok = [], True
-    for name, params, kind, per_coordinate, target in CASES:
+    for name, params, kind, per_coordinate, what, target in CASES:
         mech = mechanisms.get(name, **params)
         x = inputs[kind]
+        check_floor(name, mech, x, per_coordinate)
         (floor, floor_cpu), (cost, cost_cpu) = floor_and_cost(
             lambda b=per_coordinate: keystream_floor(args.n, b, gen),
             lambda mech=mech, x=x: mech.perturb(x, generator=gen),
@@ -106,7 +123,7 @@ def main() -> int:
         rows.append(
             [
                 name,
-                f"{per_coordinate} B" if per_coordinate else "zeros",
+                f"{per_coordinate} B: {what}" if per_coordinate else f"writing the zero output; {what}",
                 f"{floor * 1e3:.1f}",
                 f"{cost * 1e3:.1f}",
                 f"{ratio:.2f}",
@@ -125,7 +142,16 @@ def main() -> int:
         f"keystream bytes the mechanism needs per coordinate from the same ChaCha20 stream, block by "
         f"block as it does ({torch.get_num_threads()} torch threads).\n\n"
         + benchdoc.table(
-            ["mechanism", "floor", "floor ms", "perturb ms", "ratio", "CPU-time ratio", "target", "met (wall ratio)"],
+            [
+                "mechanism",
+                "floor: keystream per coordinate",
+                "floor ms",
+                "perturb ms",
+                "ratio",
+                "CPU-time ratio",
+                "target",
+                "met (wall ratio)",
+            ],
             rows,
         )
         + f"\n\nMachine: {benchdoc.machine_line()}; 1-minute load average at the end of the run: "

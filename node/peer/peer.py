@@ -426,12 +426,12 @@ class Peer:
             while True:  # until play_round cancels us at close
                 moves = self.watcher.moves
                 with contextlib.suppress(Exception):
-                    info = await self._off_loop(self.ledger.round_info, r)
-                    if info.participant_count > len(started):
-                        for c in await self._off_loop(self.ledger.commitments, r):
-                            if bytes(c.digest) not in started:
-                                started.add(bytes(c.digest))
-                                nursery.start_soon(self._prefetch_one, r, c)
+                    # no round_info first: commitments() reads it anyway, and a move while the round
+                    # is open is almost always a new commit (a view call costs a few ms of CPU)
+                    for c in await self._off_loop(self.ledger.commitments, r):
+                        if bytes(c.digest) not in started:
+                            started.add(bytes(c.digest))
+                            nursery.start_soon(self._prefetch_one, r, c)
                 await self.watcher.moved_since(moves)  # a commit is a ledger event
 
     async def _prefetch_one(self, r: int, c: Commitment) -> None:

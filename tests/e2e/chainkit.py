@@ -43,9 +43,10 @@ def _rpc(url: str, method: str) -> object:
 
 
 @contextmanager
-def start_ganache(binary: str, *, accounts: int = 4, log_path: Path, timeout: float = 60.0) -> Iterator[LocalChain]:
+def start_ganache(binary: str, *, accounts: int = 4, log_path: Path, timeout: float = 300.0) -> Iterator[LocalChain]:
     """Ganache on 127.0.0.1 started plainly (it mines a block per transaction and none otherwise),
-    funded from Anvil's mnemonic so the dev keys are the ones the Anvil tests use."""
+    funded from Anvil's mnemonic so the dev keys are the ones the Anvil tests use. It is waited for
+    until it answers, for up to `timeout` (generous: node.js starts slowly on a loaded machine)."""
     port = free_port()
     cmd = [binary, "--server.host", "127.0.0.1", "--server.port", str(port)]
     cmd += ["--wallet.mnemonic", ANVIL_MNEMONIC, "--wallet.totalAccounts", str(accounts)]

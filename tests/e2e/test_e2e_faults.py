@@ -49,7 +49,8 @@ from node.runs.local import LocalSwarm, PeerProcess
 from p2p.store import DiskBlobStore
 from tests.e2e.tcpproxy import tcp_proxy
 
-pytestmark = pytest.mark.slow
+# slow; under load a run takes several times its 4 minutes alone: PATIENCE, not pytest's 600 s, bounds each wait
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 TINY = [
     "data.dataset=digits",
@@ -281,7 +282,7 @@ def test_sigkill_in_every_phase_a_third_at_once_and_restarts(tmp_path):
             if ledger.round_info(committed_in).state.name == "OPEN":
                 break
             freeze(swarm, 5, 2, resume=True)
-            watch.until(lambda: ledger.current_round() > committed_in, "the next round")
+            watch.until(lambda r=committed_in: ledger.current_round() > r, "the next round")
         killed = kill(swarm, 5)
         deaths += killed
         assert killed[0][1:3] == (committed_in, "waiting-close")  # killed before the close

@@ -47,7 +47,8 @@ BOX = [
     f"chain.confirmations={CONFIRMATIONS}",
 ]
 # what a hosted endpoint does, on the same 12x clock for Retry-After (a hosted one says 1 s or more)
-FAULTS = ProxyFaults(latency_s=0.15, jitter_s=0.05, rate=40.0, burst=20, retry_after="0.25", log_lag_s=0.5, seed=7)
+# (4 peers make about 12 requests a second in all: a bucket of 10 a second refuses their bursts)
+FAULTS = ProxyFaults(latency_s=0.15, jitter_s=0.05, rate=10.0, burst=15, retry_after="0.25", log_lag_s=0.5, seed=7)
 
 
 def logs(swarm: LocalSwarm) -> str:
@@ -88,8 +89,9 @@ def test_four_peers_three_rounds_on_a_testnet_in_a_box(tmp_path):
         for r in range(1, ROUNDS + 1):
             digests = {next(m["global_digest"] for m in ms if m["round"] == r) for ms in rows.values()}
             assert digests == {bytes(ledger.finalized_digest(r)).hex()}, (r, digests)
-        # the box did what it says: 429s, held-back logs, reorganisations and spikes reached the peers
-        assert stats.refused > 0 and stats.logs_held_back > 0, stats
+        # the box did what it says: 429s, reorganisations and spikes reached the peers (logs held back
+        # never do here: the peers read logs 3 blocks deep, older than the lag; test_testnet_faults.py)
+        assert stats.refused > 0, stats
         assert len(chaos.log.reorgs) >= 2 and chaos.log.spikes >= 1, chaos.log
         requests = [m["rpc_requests"] for ms in rows.values() for m in ms if m["round"] > 1]
         assert requests and all(n > 0 for n in requests)
@@ -98,7 +100,7 @@ def test_four_peers_three_rounds_on_a_testnet_in_a_box(tmp_path):
         print(
             f"\nbox: {stats.requests} requests, {stats.refused} refused (429), {stats.logs_held_back} logs held back, "
             f"reorgs {chaos.log.reorgs}, spikes {chaos.log.spikes}; requests per member per round after round 1: "
-            f"median {sorted(requests)[len(requests) // 2]}, max {max(requests)}"
+            f"median {sorted(requests)[len(requests) // 2]}, max {max(requests)}; by method {stats.by_method}"
         )
     verify = subprocess.run(
         [sys.executable, "-m", "node.cli", "verify", "--run", str(tmp_path / "run"), "--json"],

@@ -2,10 +2,13 @@
 it answers "not found" for its own blob, though it announces it, aggregates it and attests a set
 that includes it). Real Anvil, real libp2p hosts on 127.0.0.1, real peer processes.
 
-It used to make every round wait twice the fetch timeout for its blob; now each honest peer leaves
-it out as soon as the withholder's own attestation claims a blob it did not serve (node/peer/agree.py),
-names it in the round's record, and stops waiting for it at all after two such rounds. The fetch
-timeout is set far above what a round needs, so a round that waited for the blob shows."""
+It used to make every round wait twice the fetch timeout for its blob, then (caught by its
+attestation) until that attestation came; now each honest peer leaves it out at the close, as soon
+as the withholder refuses the blob its own announcement claims (node/peer/agree.py), names it in the
+round's record, and after two such rounds no longer awaits it. The fetch timeout is set far above
+what a round needs, so a round that waited for the blob shows. What a round costs against an honest
+one is asserted in virtual time (tests/node/peer/test_withholding.py); each round's seconds are
+printed here (`-s`) as the real-process measurement (docs/NODE.md, "Withholding")."""
 
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ def test_a_withholding_peer_costs_the_rounds_nothing_and_is_named(tmp_path):
     config = load_config(None, sets)
     with LocalSwarm(config, tmp_path / "run", faults={3: "withhold"}) as swarm:
         swarm.start()
-        swarm.wait(400)
+        swarm.wait(900)  # generous: a loaded machine is slow, not wrong
         assert [p.process.returncode for p in swarm.peers[:3]] == [0, 0, 0]
         withholder = swarm.peers[3].address
         for r in (1, 2, 3):
@@ -48,7 +51,10 @@ def test_a_withholding_peer_costs_the_rounds_nothing_and_is_named(tmp_path):
                 assert withholder in why and ("is withheld" in why or "was not awaited" in why), why
                 # the blob was never waited out: the step ended long before the fetch timeout
                 assert m["phase_seconds"].get("fetching", 0.0) < FETCH_TIMEOUT / 2, m["phase_seconds"]
-            assert "was not awaited" in rounds[2]["left_out"][0]
+            assert "is withheld" in rounds[0]["left_out"][0] and "is withheld" in rounds[1]["left_out"][0]
+            # after its second round it is no longer awaited (whichever reason then names it in round 3)
+            assert "served its blob to nobody in 2 rounds in a row" in (p.workdir / "peer.log").read_text()
+            print(f"peer {p.index}: round seconds", [round(m["round_seconds"], 2) for m in rounds])
         swarm.finish(interrupted=False)
     verified = subprocess.run(
         [sys.executable, "-m", "node.cli", "verify", "--run", str(tmp_path / "run")], capture_output=True, text=True

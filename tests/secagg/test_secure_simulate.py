@@ -7,7 +7,7 @@ import pytest
 
 from mechanisms.secagg.policy import SecAggPolicy
 from node.config import load_config
-from node.derive import secagg_policy, shared_settings
+from node.derive import eps_cap_micro, secagg_policy, shared_settings
 from node.protocol.policy import privacy_spend
 from node.runs.simulate import Simulation, SimulationError
 
@@ -40,6 +40,8 @@ def test_policy_is_in_the_genesis_and_calibrated_to_the_target():
     assert spent.record is not None and spent.record.epsilon == policy.epsilon(4)
     with pytest.raises(ValueError, match="dp_sgd"):
         secagg_policy(load_config(None, [*SECURE, "train.dp_sgd=true"]))
+    with pytest.raises(ValueError, match="simulate` only"):  # no swarm protocol yet: `swarm up` refuses
+        eps_cap_micro(config)
 
 
 def test_simulate_learns_under_secure_aggregation(tmp_path):
@@ -52,3 +54,22 @@ def test_simulate_learns_under_secure_aggregation(tmp_path):
     assert result.summary["privacy"]["epsilon"] == policy.epsilon(4)
     with pytest.raises(SimulationError):
         Simulation(load_config(None, SECURE), fraction=0.5)
+
+
+def test_scatter_linear_closed_form_equals_opacus_ghost_clipping():
+    """The closed-form clipped sum of ScatterNet + linear is the opacus path's, to float32 rounding."""
+    import torch
+
+    from node.learning import clipped_sum
+    from node.learning.models import init_model
+
+    model = init_model("scatter-linear", input_shape=(1, 28, 28), num_classes=10, seed=1)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 81, 7, 7, generator=generator) * 3 + 1
+    y = torch.randint(0, 10, (300,), generator=generator)
+    fast, fast_loss = clipped_sum.clipped_gradient_sum(model, x, y, 0.1)
+    model.__class__ = torch.nn.Module  # not a ScatterLinear any more: the generic opacus path
+    model.forward = lambda inputs: model.linear(model.norm(inputs).flatten(1))  # type: ignore[method-assign]
+    hooks, hooks_loss = clipped_sum.clipped_gradient_sum(model, x, y, 0.1)
+    assert torch.allclose(fast, hooks, rtol=0, atol=1e-6 * float(hooks.abs().max()))
+    assert abs(fast_loss - hooks_loss) < 1e-4

@@ -120,13 +120,39 @@ def test_a_transaction_priced_out_by_a_base_fee_spike_is_bumped_past_it(manual_c
     ChainChaos(manual_chain.url).spike()  # tenfold: past its max fee (twice the base fee plus the tip)
     manual_chain.rpc("evm_mine", [])
     spiked = int(manual_chain.rpc("eth_getBlockByNumber", ["latest", False])["baseFeePerGas"], 16)
-    assert spiked > int(first["maxFeePerGas"], 16) and not manual_chain.rpc("eth_getTransactionReceipt", [first["hash"]])
+    assert spiked > int(first["maxFeePerGas"], 16)
+    assert not manual_chain.rpc("eth_getTransactionReceipt", [first["hash"]])
     mine_until_done(manual_chain, thread)
     assert "error" not in out, out
     receipt = out["value"]
     mined = manual_chain.rpc("eth_getTransactionByHash", [receipt["transactionHash"].to_0x_hex()])
     assert int(mined["nonce"], 16) == nonce and int(mined["maxFeePerGas"], 16) > int(first["maxFeePerGas"], 16)
     assert [c.peer for c in reader.commitments(1)] == [me]
+
+
+def test_a_transaction_sent_into_a_base_fee_spike_is_priced_past_it(manual_chain, kit):
+    peer, reader = deploy(manual_chain, kit)
+    ChainChaos(manual_chain.url).spike(factor=50)  # the block being built: web3's default fees fall short
+    thread, out = in_background(lambda: peer.commit(1, kit.digest("into a spike"), 100, 1_000_000, kit.MECHANISM))
+    mine_until_done(manual_chain, thread)
+    assert "error" not in out, out  # the node's refusal ("less than block base fee") was answered
+    assert peer._tx is not None and peer._tx.replacements >= 1
+    block = manual_chain.rpc("eth_getBlockByNumber", [hex(out["value"]["blockNumber"]), False])
+    assert out["value"]["effectiveGasPrice"] >= int(block["baseFeePerGas"], 16)
+    assert [c.peer for c in reader.commitments(1)] == [peer.account.address]
+
+
+def test_logs_that_lag_their_block_are_read_again_until_complete(automine_chain, kit):
+    """An endpoint that serves a block's logs 0.5 s after the block: the commitments read at
+    once after a commit still come out complete (read again while storage shows more)."""
+    swarm = kit.Swarm(automine_chain, 2, min_peers=1)
+    swarm.register(2)
+    with rpc_proxy(automine_chain.url, ProxyFaults(latency_s=0.0, jitter_s=0.0, log_lag_s=0.5)) as proxy:
+        reader = LedgerClient(connect(proxy.url), swarm.address)
+        reader.commitments(1)  # the proxy has seen the chain up to here
+        swarm.commit_all(1, 2)
+        assert [c.peer for c in reader.commitments(1)] == [a.address for a in swarm.accounts[:2]]
+        assert proxy.stats.logs_held_back > 0  # the lag was real
 
 
 def test_reads_lag_the_head_by_the_confirmations(manual_chain, kit):
@@ -192,4 +218,3 @@ def test_retry_after_is_read_as_seconds_or_a_date_and_bounded():
     assert parse_retry_after("soon") == retries.RATE_LIMIT_DEFAULT_S
     assert parse_retry_after("100000") == retries.RATE_LIMIT_WAIT_MAX_S
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
-
