@@ -29,6 +29,7 @@ import dataclasses
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,11 +44,17 @@ from node.learning.models import init_model  # noqa: E402
 from node.learning.train import evaluate  # noqa: E402
 from node.protocol import aggregate  # noqa: E402
 from node.protocol.blob import flatten, unflatten  # noqa: E402
+from node.protocol.settings import SharedSettings  # noqa: E402
 
 EXTREME = 2.0**20 - 1  # the largest value an update blob may hold (wire.read_vector): exact in float32
-RULES = (("fedavg", {}), ("median", {}), ("trimmed-mean", {"trim_ratio": 0.1}))
-RULES += (("trimmed-mean", {"trim_ratio": 0.2}), ("krum", {"krum_f": 1}))
-RULES += (("auto", {}),)  # the config's own rule: aggregation.rule = "auto" resolved (node.config)
+RULES: tuple[tuple[str, dict[str, Any]], ...] = (  # rule, the SharedSettings fields it sets
+    ("fedavg", {}),
+    ("median", {}),
+    ("trimmed-mean", {"trim_ratio": 0.1}),
+    ("trimmed-mean", {"trim_ratio": 0.2}),
+    ("krum", {"krum_f": 1}),
+    ("auto", {}),  # the config's own rule: aggregation.rule = "auto" resolved (node.config)
+)
 
 
 def main() -> None:
@@ -114,7 +121,9 @@ def main() -> None:
         rule_shared = shared if rule == "auto" else dataclasses.replace(shared, aggregation=rule, **knobs)
         without = aggregate.next_global(rule_shared, genesis, others, weights)
 
-        def moved(vector: torch.Tensor, rule_shared=rule_shared, without=without) -> tuple[float, float, torch.Tensor]:
+        def moved(
+            vector: torch.Tensor, rule_shared: SharedSettings = rule_shared, without: torch.Tensor = without
+        ) -> tuple[float, float, torch.Tensor]:
             model_with = aggregate.next_global(rule_shared, genesis, [vector, *others], [cap, *weights])
             delta = (model_with - without).double()
             return float(delta.norm()), float(delta.abs().max()), model_with

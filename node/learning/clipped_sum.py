@@ -9,7 +9,7 @@ float32 rounding (relative error ~1e-7 per coordinate). Records go through in ch
 sums are accumulated in float64.
 
 ScatterNet + linear (group norm, then one linear layer) has its per-record gradients in closed
-form, and they are computed directly (`_scatter_linear_sum`), six times faster than the hooks: with
+form, and they are computed directly (`scatter_linear_sum`), six times faster than the hooks: with
 e = softmax - onehot, z the group norm's output and x^ its normalised input, the linear layer's
 gradient is e z^T (bias e), the group norm's gamma_c and beta_c get the sums over channel c of
 (W^T e) x^ and of W^T e. The same clipping factor, the same sum (a test holds the two paths equal).
@@ -40,22 +40,29 @@ def clipped_gradient_sum(
     be a parameter (no batch statistics: group norm is fine, batch norm is not)."""
     if not clip > 0:
         raise ValueError(f"clip must be > 0, got {clip!r}")
-    names = sorted(name for name, _ in model.named_parameters())
-    if set(model.state_dict()) != set(names):
+    if set(model.state_dict()) != {name for name, _ in model.named_parameters()}:
         raise ValueError("a secure-aggregation model's state must hold parameters only (no buffers)")
     if isinstance(model, ScatterLinear):
-        return _scatter_linear_sum(model, x, y, clip * CLIP_MARGIN, chunk)
+        return scatter_linear_sum(model, x, y, clip * CLIP_MARGIN, chunk)
+    return ghost_clipped_sum(model, x, y, clip * CLIP_MARGIN, chunk)
+
+
+def ghost_clipped_sum(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, clip: float, chunk: int = CHUNK
+) -> tuple[torch.Tensor, float]:
+    """`clipped_gradient_sum` through opacus' ghost clipping, for any model (clip used as is)."""
+    names = sorted(name for name, _ in model.named_parameters())
     parameters = dict(model.named_parameters())
     total = torch.zeros(sum(p.numel() for p in parameters.values()), dtype=torch.float64)
     loss_sum = 0.0
     model.train()
     grad_module = GradSampleModuleFastGradientClipping(
-        model, max_grad_norm=clip * CLIP_MARGIN, use_ghost_clipping=True, loss_reduction="sum"
+        model, max_grad_norm=clip, use_ghost_clipping=True, loss_reduction="sum"
     )
     optimizer = DPOptimizerFastGradientClipping(
         torch.optim.SGD(grad_module.parameters(), lr=1.0),
         noise_multiplier=0.0,
-        max_grad_norm=clip * CLIP_MARGIN,
+        max_grad_norm=clip,
         expected_batch_size=chunk,
         loss_reduction="sum",
     )
@@ -81,9 +88,10 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _scatter_linear_sum(
-    model: ScatterLinear, x: torch.Tensor, y: torch.Tensor, clip: float, chunk: int
+def scatter_linear_sum(
+    model: ScatterLinear, x: torch.Tensor, y: torch.Tensor, clip: float, chunk: int = CHUNK
 ) -> tuple[torch.Tensor, float]:
+    """`clipped_gradient_sum` of ScatterNet + linear in closed form (clip used as is)."""
     norm, linear = model.norm, model.linear
     sums = {name: torch.zeros_like(p, dtype=torch.float64) for name, p in model.named_parameters()}
     loss_sum = 0.0

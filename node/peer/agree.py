@@ -293,6 +293,10 @@ class Agreement:
         self._announced = announced
         self._read_update = read_update
         self._read_attestations = read_attestations
+        # requests for blob i that ask its committer, in flight: a claim made meanwhile waits for
+        # their answer instead of asking the committer for the same bytes a second time
+        self._asking = [0] * len(commitments)
+        self._step: tuple[list[bool], trio.CancelScope] | None = None  # the running step's wanted blobs and scope
         # returns once the ledger emitted an event (an attestation among them), or after the seconds given
         self._ledger_news = ledger_news or trio.sleep
 
@@ -363,6 +367,7 @@ class Agreement:
         deadline (blobs not awaited are asked for meanwhile, and kept if they arrive)."""
         with trio.move_on_at(deadline):
             async with trio.open_nursery() as nursery:
+                self._step = (wanted, nursery.cancel_scope)
                 for i in range(self.blobs.n):
                     if wanted[i] and not self.blobs.is_settled(i):
                         nursery.start_soon(self.fetch_blob, i, wanted, nursery.cancel_scope, deadline)
@@ -411,12 +416,17 @@ class Agreement:
     ) -> bytes:
         """Ask `providers` for blob i (fetching.Obtain), noting when its committer failed to serve
         it: refused it, served other bytes or, unless `slow_fails` is False, nothing in time."""
+        committer = self.blobs.peer_ids[i] in providers
+        self._asking[i] += committer
         try:
             return await self._obtain(digest_hex, providers, timeout)
         except Exception as exc:
-            if self.blobs.peer_ids[i] in providers and (slow_fails or not isinstance(exc, FetchTimeout)):
+            if committer and (slow_fails or not isinstance(exc, FetchTimeout)):
                 self.blobs.unserved_at[i] = trio.current_time()
+                self._settle()  # a failure after the claim's patience ran out decides now
             raise
+        finally:
+            self._asking[i] -= committer
 
     async def _probe(self, i: int, wanted: list[bool], scope: trio.CancelScope) -> None:
         """Ask blob i's committer for it once, right after its claim: it serves it, or its refusal
@@ -425,14 +435,14 @@ class Agreement:
         with contextlib.suppress(Exception):
             timeout = REQUEST_SHARE * self.fetch_timeout
             self._accept(i, await self._ask(i, self._digest(i), [self.blobs.peer_ids[i]], timeout, slow_fails=False))
-        self._withhold_overdue()  # a refusal that came after the claim's patience ran out decides now
         if self.blobs.settled(wanted):
             scope.cancel()
 
     async def watch_attestations(self, wanted: list[bool], nursery: trio.Nursery) -> None:
         """Read the attestations when the ledger moves (at least every WATCH_INTERVAL), and who
-        announced the unsettled blobs: holders, claims (each new one probed at once), focal
-        candidates; mark the overdue claims withheld; stop once nothing of `wanted` is left to wait for."""
+        announced the unsettled blobs: holders, claims (each new one probed at once, unless its
+        committer is being asked already), focal candidates; mark the overdue claims withheld;
+        stop once nothing of `wanted` is left to wait for."""
         while True:
             attestations = await self._read_attestations()
             now = trio.current_time()
@@ -441,7 +451,7 @@ class Agreement:
                 if not self.blobs.is_settled(i) and self.blobs.hear(i, self._announced(self._digest(i)), now):
                     claimed.append(i)
             for i in dict.fromkeys(claimed):
-                if not self.blobs.is_settled(i):
+                if not self.blobs.is_settled(i) and not self._asking[i]:  # else that request's answer tells
                     nursery.start_soon(self._probe, i, wanted, nursery.cancel_scope)
             self._withhold_overdue()
             if self.blobs.settled(wanted):
@@ -450,10 +460,17 @@ class Agreement:
             await self._ledger_news(WATCH_INTERVAL if due is None else min(WATCH_INTERVAL, max(0.0, due - now)))
         nursery.cancel_scope.cancel()
 
+    def _settle(self) -> None:
+        """Mark the overdue claims withheld now, and end the running step if nothing it wants is
+        left to wait for."""
+        self._withhold_overdue()
+        if self._step is not None and self.blobs.settled(self._step[0]):
+            self._step[1].cancel()
+
     def _withhold_overdue(self) -> None:
         """Mark (and log) withheld the blobs whose committer claimed them and then failed us,
         `patience` after the claim, and that nobody else claims (as last read: called right after
-        the attestations and announcements were, or after a failed probe)."""
+        the attestations and announcements were, or after a failed request)."""
         for i in self.blobs.withhold_overdue(trio.current_time(), self.patience):
             log.warning(
                 "round %d: %s claimed its blob %s (announced it or attested it), did not serve it to us, and "

@@ -182,7 +182,9 @@ class Peer:
         self._background: trio.Nursery | None = None  # run()'s: speculative trainings outlive their round
         # self.model is the training's scratch space: the room trains on it, one training at a time
         self.training = Training(
-            PROCESS_COMPUTE.timed(lambda r, v: self._train_and_perturb(r, v)), self._off_loop, last_round=settings.rounds
+            PROCESS_COMPUTE.timed(lambda r, v: self._train_and_perturb(r, v)),
+            self._off_loop,
+            last_round=settings.rounds,
         )
         self._model_digest: bytes | None = None  # digest of the finalized model we hold (None: genesis)
         self._own_aggregate: tuple[int, bytes, torch.Tensor] | None = None  # (round, digest, vector) we attested

@@ -18,7 +18,7 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -59,6 +59,7 @@ class RpcProxy:
         self._tokens = float(self.faults.burst)
         self._refilled = time.monotonic()
         self._forced_refusals = 0
+        self._hooks: dict[str, Callable[[], None]] = {}  # method -> run once before the next such request
         self._first_seen: dict[int, float] = {}  # block number -> when the proxy first saw it
         self._local = threading.local()  # one upstream connection per serving thread
         proxy = self
@@ -93,6 +94,12 @@ class RpcProxy:
         self._server.shutdown()
         self._server.server_close()
 
+    def before_next(self, method: str, hook: Callable[[], None]) -> None:
+        """Run `hook` once, before the next `method` request is forwarded (a spike between a
+        transaction's fee quote and its send, say)."""
+        with self._lock:
+            self._hooks[method] = hook
+
     def refuse_next(self, n: int) -> None:
         """Answer the next `n` requests with 429, whatever the bucket holds."""
         with self._lock:
@@ -117,6 +124,9 @@ class RpcProxy:
         method = request.get("method") if isinstance(request, dict) else None
         with self._lock:
             self.stats.by_method[str(method)] = self.stats.by_method.get(str(method), 0) + 1
+            hook = self._hooks.pop(str(method), None)
+        if hook is not None:
+            hook()
         answer = self._forward(body)
         if method == "eth_getLogs" and f.log_lag_s > 0:
             answer = self._hold_back_new_logs(answer)

@@ -131,12 +131,17 @@ def test_a_transaction_priced_out_by_a_base_fee_spike_is_bumped_past_it(manual_c
 
 
 def test_a_transaction_sent_into_a_base_fee_spike_is_priced_past_it(manual_chain, kit):
+    """The base fee jumps between the fee quote and the send: the node refuses the transaction
+    ("max fee per gas less than block base fee"), and the sender reprices it at once."""
     peer, reader = deploy(manual_chain, kit)
-    ChainChaos(manual_chain.url).spike(factor=50)  # the block being built: web3's default fees fall short
-    thread, out = in_background(lambda: peer.commit(1, kit.digest("into a spike"), 100, 1_000_000, kit.MECHANISM))
-    mine_until_done(manual_chain, thread)
-    assert "error" not in out, out  # the node's refusal ("less than block base fee") was answered
-    assert peer._tx is not None and peer._tx.replacements >= 1
+    with rpc_proxy(manual_chain.url, ProxyFaults(latency_s=0.0, jitter_s=0.0)) as proxy:
+        client = LedgerClient(connect(proxy.url), peer.address, peer.account, tx_timeout=60)
+        proxy.before_next("eth_sendRawTransaction", lambda: ChainChaos(manual_chain.url).spike(factor=50))
+        thread, out = in_background(lambda: client.commit(1, kit.digest("spike"), 100, 1_000_000, kit.MECHANISM))
+        mine_until_done(manual_chain, thread)
+        assert "error" not in out, out
+        assert client._tx is not None and client._tx.replacements >= 1  # refused once, repriced
+        assert proxy.stats.by_method["eth_sendRawTransaction"] >= 2
     block = manual_chain.rpc("eth_getBlockByNumber", [hex(out["value"]["blockNumber"]), False])
     assert out["value"]["effectiveGasPrice"] >= int(block["baseFeePerGas"], 16)
     assert [c.peer for c in reader.commitments(1)] == [peer.account.address]
