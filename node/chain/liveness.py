@@ -17,7 +17,8 @@ WAITING_PHASES) and no block has come for a while, it acts:
   `evm_mine` rather than a zero-value self-transaction: it needs no gas and, above all, no nonce,
   so it cannot race the peer's own transactions (the sender tracks nonces locally);
 - anywhere else (a testnet, a private chain) nothing is mined for it: it warns after 30 s
-  (STALL_AFTER_S; a public chain's slot is 12 s, so a shorter limit would cry wolf);
+  (STALL_AFTER_S; a public chain's slot is 12 s, so a shorter limit would cry wolf), reading the
+  head every 5 s only (CHECK_EVERY_S_NOT_DEV);
 - either way it logs one warning naming the URL and the fix: start the chain with interval
   mining, `swarm chain` or `anvil --block-time 1`. A dev chain that refuses `evm_mine` (geth
   --dev) gets the same warning and is no longer nudged.
@@ -44,6 +45,9 @@ STALL_AFTER_DEV_S = 3.0
 STALL_AFTER_S = 30.0
 NUDGE_EVERY_S = 1.0
 CHECK_EVERY_S = 1.0
+# Elsewhere nothing is nudged and a stall is only told after STALL_AFTER_S: one read every 5 s
+# tells it as well, for a fifth of the requests to an endpoint that counts them.
+CHECK_EVERY_S_NOT_DEV = 5.0
 FIX = "start the chain with interval mining: `swarm chain`, or `anvil --block-time 1`"
 
 
@@ -150,4 +154,4 @@ async def watch_chain(
             await trio.to_thread.run_sync(watcher.check, waiting)
         except Exception as exc:  # a transient RPC error must not take the peer down
             log.debug("chain liveness check failed: %s", exc)
-        await trio.sleep(interval)
+        await trio.sleep(interval if watcher.nudging else max(interval, CHECK_EVERY_S_NOT_DEV))

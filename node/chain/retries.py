@@ -1,5 +1,5 @@
-"""Transient RPC failures (connection refused or reset, timeouts, HTTP 5xx) retried with
-exponential backoff; anything else propagates at once.
+"""Transient RPC failures (connection refused or reset, timeouts, HTTP 5xx, a node that does not
+have the block asked for) retried with exponential backoff; anything else propagates at once.
 
 An HTTP 429 (a hosted endpoint refusing a burst) is not an outage: the endpoint answered, and
 said when to come back. It is retried after its Retry-After (RATE_LIMIT_WAIT_MAX_S at most per
@@ -15,6 +15,7 @@ from datetime import UTC
 from typing import TypeVar
 
 import requests
+from web3.exceptions import Web3RPCError
 
 from node.chain.errors import LedgerUnavailable
 
@@ -66,12 +67,19 @@ def rate_limit_pause(exc: BaseException) -> float | None:
     return None
 
 
+# What nodes answer for a block they do not have (yet, or any more: a reorganisation in progress,
+# or one node behind a load balancer lagging the one that gave the head): read again shortly.
+MISSING_BLOCK_ANSWERS = ("header not found", "unknown block", "blockoutofrangeerror")
+
+
 def is_transient(exc: BaseException) -> bool:
     # ConnectionError covers node.chain.rawrpc.RawRPCUnavailable and RateLimited
     if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError)):
         return True
     if isinstance(exc, requests.HTTPError) and exc.response is not None:
         return exc.response.status_code == 429 or exc.response.status_code >= 500
+    if isinstance(exc, Web3RPCError):
+        return any(answer in str(exc).lower() for answer in MISSING_BLOCK_ANSWERS)
     return False
 
 

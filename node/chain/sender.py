@@ -222,15 +222,20 @@ class TransactionSender:
         took it out. LedgerTimeout after tx_timeout s."""
         deadline = time.monotonic() + self.tx_timeout
         pause = RECEIPT_POLL_FIRST_S
-        head = sent_at = self._head()
-        head_read = time.monotonic()
+        head = sent_at = -1  # read once the first poll finds no receipt (a local chain mines at once)
+        head_read = 0.0
         while True:
             try:
                 receipt = self._receipt(pending.hashes)
+                if receipt is not None and not self.confirmations:
+                    return receipt
+                if head < 0 or receipt is not None or time.monotonic() - head_read >= HEAD_CHECK_S:
+                    head, head_read = self._head(), time.monotonic()
+                    sent_at = head if sent_at < 0 else sent_at
                 if receipt is not None:
-                    if self.confirmations == 0 or head >= receipt["blockNumber"] + self.confirmations:
-                        again = self._receipt([receipt["transactionHash"]]) if self.confirmations else receipt
-                        if again is not None and again["blockNumber"] + self.confirmations <= max(head, self._head()):
+                    if head >= receipt["blockNumber"] + self.confirmations:
+                        again = self._receipt([receipt["transactionHash"]])
+                        if again is not None and again["blockNumber"] + self.confirmations <= head:
                             return again
                         if again is None:  # a reorganisation took it out: into the pool again
                             self._rebroadcast(pending, label)
@@ -238,8 +243,6 @@ class TransactionSender:
                 elif head >= sent_at + STUCK_AFTER_BLOCKS and pending.bumps < MAX_BUMPS:
                     self._replace(pending, label)
                     sent_at = head
-                if time.monotonic() - head_read >= HEAD_CHECK_S or receipt is not None:
-                    head, head_read = self._head(), time.monotonic()
             except LedgerError:
                 raise
             except Exception as exc:

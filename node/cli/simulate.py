@@ -74,7 +74,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-limit", type=int, help="evaluate on the first N test samples only")
     p.add_argument(
         "--mechanism",
-        help="pnpm, duchi, pm, hm, ldp-fl, laplace, gaussian, sampled, or none (non-private baseline, simulate only)",
+        help="pnpm, duchi, pm, hm, ldp-fl, laplace, gaussian, sampled, secagg (secure aggregation, docs/SECAGG.md), "
+        "or none (non-private baseline, simulate only)",
     )
     p.add_argument("--epsilon", type=float, help="the mechanism's epsilon (per coordinate for local mechanisms)")
     p.add_argument("--share", choices=("weights", "update"), help="share weights (PNPM paper) or w - w_global")

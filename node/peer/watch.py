@@ -30,6 +30,11 @@ IDLE_POLL = 0.5  # seconds between two polls once the ledger has been quiet that
 # would leave a waiter waiting for the next one, and after a round's last event there is none. So a
 # new block after this many seconds without an event is taken as one: the waiters re-read the ledger.
 REREAD_AFTER = 5.0
+# A poll between two blocks finds nothing: on a chain slower than the pauses above (Sepolia's 12 s
+# against 0.1-0.5 s) the pause grows to the blocks' pace, POLLS_PER_BLOCK polls per block as seen,
+# so a peer asks its endpoint a few times per block, not dozens (the requests a hosted endpoint
+# counts and limits), for at most a quarter block more to notice one.
+POLLS_PER_BLOCK = 4
 
 
 class ChainWatcher:
@@ -46,6 +51,8 @@ class ChainWatcher:
         self.moves = 0  # ledger events seen so far: waiters re-read on a change
         self.windows = (0, 0)  # (commit, attest) windows in blocks, from the ledger's params (`Peer.start`)
         self._last_move = 0.0  # trio time of the last move
+        self._last_block_at: float | None = None  # trio time the last new block was read
+        self.block_interval = 0.0  # seconds per block as seen (a moving average; 0 until two blocks)
         self._last_reread = 0.0  # trio time of the last re-read without an event (REREAD_AFTER)
         self._tick = trio.Event()  # set on every new block
         self._watching = False  # `run` runs
@@ -58,8 +65,10 @@ class ChainWatcher:
         try:
             while True:
                 quiet = trio.current_time() - self._last_move
+                pause = self.poll_interval if quiet < QUICK_WAIT else IDLE_POLL
+                pause = max(pause, self.block_interval / POLLS_PER_BLOCK)
                 try:
-                    await self.poll(pause=self.poll_interval if quiet < QUICK_WAIT else IDLE_POLL)
+                    await self.poll(pause=pause)
                 except Exception as exc:  # an RPC that fails or lies: the waiters' own deadlines decide
                     round_now = self.info.round if self.info is not None else 0
                     log.warning("round %d: watching the chain failed, trying again: %s", round_now, exc)
@@ -76,6 +85,10 @@ class ChainWatcher:
             return
         seen, self.block = self.block, block
         now = trio.current_time()
+        if seen and self._last_block_at is not None:
+            gap = (now - self._last_block_at) / (block - seen)
+            self.block_interval = gap if not self.block_interval else 0.75 * self.block_interval + 0.25 * gap
+        self._last_block_at = now
         if not seen or await self._call(self.ledger.activity, seen + 1, block):
             self.moves += 1
             self._last_move = now

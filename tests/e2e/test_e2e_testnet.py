@@ -47,8 +47,8 @@ BOX = [
     f"chain.confirmations={CONFIRMATIONS}",
 ]
 # what a hosted endpoint does, on the same 12x clock for Retry-After (a hosted one says 1 s or more)
-# (4 peers make about 12 requests a second in all: a bucket of 10 a second refuses their bursts)
-FAULTS = ProxyFaults(latency_s=0.15, jitter_s=0.05, rate=10.0, burst=15, retry_after="0.25", log_lag_s=0.5, seed=7)
+# (4 peers make about 12 requests a second in all: a bucket of 15 a second refuses their bursts)
+FAULTS = ProxyFaults(latency_s=0.15, jitter_s=0.05, rate=15.0, burst=20, retry_after="0.25", log_lag_s=0.5, seed=7)
 
 
 def logs(swarm: LocalSwarm) -> str:

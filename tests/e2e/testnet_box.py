@@ -16,6 +16,7 @@ import contextlib
 import http.client
 import json
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,7 +82,7 @@ class RpcProxy:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -178,6 +179,13 @@ class RpcProxy:
             self.stats.logs_held_back += len(logs) - len(kept)
         decoded["result"] = kept
         return json.dumps(decoded).encode()
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that drops its connection (a peer stopping, a timeout) is no news."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _request(method: str, params: list[Any]) -> bytes:

@@ -166,19 +166,27 @@ def test_a_squatter_cannot_block_the_victim_and_the_registry_admits_only_signed_
     assert registry.ignored == 2  # the squatter's and the forger's registrations
     assert victim.address_of_peer_id(pid(victim_key)) == victim.account.address
 
-    # the registry reads only blocks after the last one it scanned
+    # the registry reads only blocks after the last one it scanned, and their logs only if the
+    # ledger emitted anything in them
     calls: list[tuple[int | None, int | None]] = []
-    original = registry.ledger.registrations
+    checked: list[tuple[int, int]] = []
+    original, original_activity = registry.ledger.registrations, registry.ledger.activity
 
     def spy(from_block=None, to_block=None):
         calls.append((from_block, to_block))
         return original(from_block, to_block)
 
+    def activity_spy(from_block, to_block):
+        checked.append((from_block, to_block))
+        return original_activity(from_block, to_block)
+
     registry.ledger.registrations = spy  # type: ignore[method-assign]
+    registry.ledger.activity = activity_spy  # type: ignore[method-assign]
     registry.refresh()  # no new block: nothing read
     anvil.mine(2)
-    registry.refresh()
-    assert calls == [(registry.scanned_to - 1, registry.scanned_to)]
+    registry.refresh()  # two empty blocks: checked, no logs read
+    assert checked == [(registry.scanned_to - 1, registry.scanned_to)] and calls == []
+    assert registry.scanned_to == anvil.block_number()
 
 
 @pytest.mark.parametrize("squatter_included", [False, True], ids=["left-out", "included"])

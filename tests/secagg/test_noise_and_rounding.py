@@ -107,3 +107,13 @@ def test_scale_keeps_the_worst_case_sum_inside_the_modulus():
     assert units == 2.0 ** round(math.log2(units))
     assert sum_mod_fits(32, 60_000, units, 15.0 * rounded_sensitivity(2 * units, 39_862))
     assert not sum_mod_fits(32, 60_000, 2 * units, 15.0 * rounded_sensitivity(4 * units, 39_862))
+
+
+def test_acceptance_beyond_int64_takes_the_python_integer_path():
+    """A proposal so far out that (|y| - m)^2 overflows int64 is accepted with probability
+    exp(-2^80 / 12): never, and without an overflow."""
+    dg = DiscreteGaussian(scale=3, ratio=2)
+    y = np.array([2**40, -(2**40), 1], dtype=np.int64)
+    accepted = [dg._accept(y, stream(s)) for s in range(20)]
+    assert not any(a[0] or a[1] for a in accepted)
+    assert any(a[2] for a in accepted)  # exp(-1/12) for y = 1

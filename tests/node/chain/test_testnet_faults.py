@@ -223,3 +223,12 @@ def test_retry_after_is_read_as_seconds_or_a_date_and_bounded():
     assert parse_retry_after("soon") == retries.RATE_LIMIT_DEFAULT_S
     assert parse_retry_after("100000") == retries.RATE_LIMIT_WAIT_MAX_S
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
+
+
+def test_a_block_the_node_does_not_have_yet_is_read_again(automine_chain, kit, monkeypatch):
+    """A read pinned to a block past the node's head (a reorganisation in progress, or a node
+    behind a load balancer lagging the one that gave the head) is retried like an outage."""
+    monkeypatch.setattr(retries, "BACKOFF_S", 0.01)
+    swarm = kit.Swarm(automine_chain, 2)
+    with pytest.raises(retries.LedgerUnavailable, match="attempts"):
+        swarm.reader.round_info(1, block=swarm.reader.head() + 1000)
