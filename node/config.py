@@ -41,7 +41,6 @@ RULES = ("fedavg", "median", "trimmed-mean", "krum")
 # aggregation.rule = "auto": trimmed-mean under PNPM, whose releases can be any vector (a member's
 # weight then bounds nothing: docs/THREATS.md, "A member claiming the cap"), fedavg under the others
 UNBOUNDED_RELEASES = ("pnpm",)
-MAX_TRIM_RATIO = 0.49  # trimmed-mean keeps at least one value (trim_ratio < 0.5)
 # secure aggregation with distributed DP (mechanisms.secagg): a privacy policy, not a local mechanism
 SECURE_AGGREGATION = "secagg"
 MECHANISMS = ("duchi", "exponential", "gaussian", "hm", "laplace", "ldp-fl", "pm", "pnpm", "rr", "sampled")
@@ -172,16 +171,6 @@ class Config:
         if self.aggregation.rule != "auto":
             return self.aggregation.rule
         return "trimmed-mean" if self.privacy.mechanism in UNBOUNDED_RELEASES else "fedavg"
-
-    @property
-    def trim_ratio(self) -> float:
-        """`aggregation.trim_ratio`; under "auto" at least 1/quorum (rounded up to a millionth), so
-        that a round of a quorum or more drops at least its lowest and its highest value in every
-        coordinate: one member's release never reaches the mean."""
-        ratio = self.aggregation.trim_ratio
-        if self.aggregation.rule == "auto" and self.aggregation_rule == "trimmed-mean":
-            ratio = max(ratio, min(MAX_TRIM_RATIO, math.ceil(1_000_000 / quorum(self)) / 1_000_000))
-        return ratio
 
 
 def _section_types() -> dict[str, type]:

@@ -121,7 +121,7 @@ def shared_settings(config: Config, *, baseline: bool = False) -> SharedSettings
         num_classes=meta.num_classes,
         share=config.privacy.perturb,
         aggregation=config.aggregation_rule,
-        trim_ratio=config.trim_ratio,
+        trim_ratio=config.aggregation.trim_ratio,
         krum_f=config.aggregation.krum_f,
         seed=config.swarm.seed,
         privacy=privacy_policy(config, baseline=baseline),

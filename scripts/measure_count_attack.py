@@ -16,8 +16,9 @@ model with the member and the model without it:
   exactly an arbitrary target (the genesis with its sign flipped), for any rule;
 and the test accuracy of each model. Five peers by default so that Krum (f = 1) can aggregate the
 round without the member (it needs f + 3 = 4; with fewer peers its row is left out). The "auto" row
-is the config's own rule (`aggregation.rule = "auto"`: under PNPM a trimmed mean whose ratio is at
-least 1/quorum, node.config). Last, for that rule, what it does not stop: t and t + 1 colluding
+is the config's own rule (`aggregation.rule = "auto"`: under PNPM a trimmed mean that drops
+floor(ratio x n) values at each end, at least one: `aggregate.trim_count`).
+Last, for that rule, what it does not stop: t and t + 1 colluding
 members (t = the values it trims at each end of the round), each at 2^20 - 1 against the sign of the
 honest mean, against the model of the same round with every member honest.
 """
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -135,7 +135,7 @@ def main() -> None:
         if rule == "auto":
             label = f"auto: {shared.aggregation} {shared.trim_ratio:g}"
             if shared.aggregation == "trimmed-mean":
-                label += f" ({math.floor(shared.trim_ratio * args.peers)} of {args.peers} trimmed at each end)"
+                label += f" ({aggregate.trim_count(shared.trim_ratio, args.peers)} of {args.peers} trimmed at each end)"
         print(
             f"| {label} | {h_l2:.3g} / {h_max:.3g} | {a_l2:.3g} / {a_max:.3g} ({name}) | {a_l2 / h_l2:.3g} "
             f"| {accuracy(without):.3f} / {accuracy(h_model):.3f} / {accuracy(a_model):.3f} |"
@@ -145,7 +145,7 @@ def main() -> None:
     off = float((taken - target).abs().max())
     print(f"FedAvg takeover: the model is the attacker's target to {off:.2g} per coordinate")
     if shared.aggregation == "trimmed-mean":
-        trimmed = math.floor(shared.trim_ratio * args.peers)
+        trimmed = aggregate.trim_count(shared.trim_ratio, args.peers)
         honest_model = aggregate.next_global(shared, genesis, releases, counts)
         for colluders in (trimmed, trimmed + 1):
             bent = [attacks["against the honest mean"]] * colluders + releases[colluders:]

@@ -11,7 +11,9 @@ order by SIMD width and thread count. So no rule here reduces floats in an order
 - median (Yin et al., ICML 2018): coordinate-wise, by sorting (exact); for an even count the
   midpoint of the two middle values is computed in float64 (exact) and rounded once to float32.
 - trimmed-mean (same paper): sort each coordinate, drop floor(trim_ratio * n) values at each
-  end, average the rest with the exact fixed-point sum above (unweighted).
+  end, at least one in a round of three or more when trim_ratio > 0 (so that one member's
+  extreme value is always dropped, whatever n: floor(0.1 * 5) alone would trim nothing), average
+  the rest with the exact fixed-point sum above (unweighted).
 - krum (Blanchard et al., NeurIPS 2017): inputs are first put in a canonical order (by the
   sha256 of their bytes), squared distances are elementwise float64 operations (IEEE, exact
   rounding) summed by a sequential cumulative sum (one fixed order), scores are summed in
@@ -133,11 +135,18 @@ def _median(stacked: torch.Tensor) -> torch.Tensor:
     return ((low + high) / 2).to(torch.float32)
 
 
-def _trimmed_mean(stacked: torch.Tensor, trim_ratio: float) -> torch.Tensor:
-    n = stacked.shape[0]
+def trim_count(trim_ratio: float, n: int) -> int:
+    """How many values the trimmed mean drops at each end of n: floor(trim_ratio * n), and at
+    least one of three or more when trim_ratio > 0 (still under n / 2: 1 <= (n - 1) / 2)."""
     if not 0 <= trim_ratio < 0.5:
         raise ValueError(f"trim_ratio must be in [0, 0.5), got {trim_ratio!r}")
     trim = int(math.floor(trim_ratio * n))
+    return max(trim, 1) if trim_ratio > 0 and n >= 3 else trim
+
+
+def _trimmed_mean(stacked: torch.Tensor, trim_ratio: float) -> torch.Tensor:
+    n = stacked.shape[0]
+    trim = trim_count(trim_ratio, n)
     kept = torch.sort(stacked, dim=0).values[trim : n - trim]
     return _fixed_point_mean(list(kept), [1] * kept.shape[0])
 

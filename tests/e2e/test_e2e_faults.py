@@ -166,7 +166,7 @@ def kill(swarm: LocalSwarm, *indexes: int) -> list[Death]:
 
 
 def swarm_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, timeout=PATIENCE)
 
 
 def assert_the_swarm_survived(swarm: LocalSwarm, watch: Watch, rounds: int, deaths: Sequence[Death] = ()) -> list[str]:

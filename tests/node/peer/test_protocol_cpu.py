@@ -71,6 +71,7 @@ def test_a_cpu_heavy_training_leaves_the_protocol_cpu_of_the_round_small():
     outcomes = run_virtual(main)
     for (o,) in outcomes:
         assert o.state == "finalized"
-        # the three peers share this process and its one meter: each round holds every training
-        assert o.compute_cpu_s >= 3 * BURN
+        # the three peers share this process and its one meter: a round holds its own training and
+        # those of the others that ran meanwhile, all left out of the protocol's share
+        assert o.compute_cpu_s >= BURN
         assert 0 < o.protocol_cpu_s < BURN

@@ -75,6 +75,15 @@ def test_median_and_trimmed_mean_values():
     # trim 0.25 of 4 = 1 value off each end: mean of the middle two.
     assert aggregate("trimmed-mean", rows, [1] * 4, trim_ratio=0.25).tolist() == [2.5, 2.5]
     assert aggregate("trimmed-mean", rows, [1] * 4, trim_ratio=0.0).tolist() == [2.5, 26.0]
+    # any ratio > 0 drops at least one value at each end of three or more, so that one extreme
+    # value never reaches the mean (floor(0.1 x 4) alone is 0); two values cannot be trimmed
+    assert aggregate("trimmed-mean", rows, [1] * 4, trim_ratio=0.1).tolist() == [2.5, 2.5]
+    assert aggregate("trimmed-mean", rows[:3], [1] * 3, trim_ratio=0.1).tolist() == [2.0, 5.0]
+    assert aggregate("trimmed-mean", rows[:2], [1] * 2, trim_ratio=0.1).tolist() == [2.0, 2.0]
+    extreme = torch.tensor([2.0**20 - 1, -(2.0**20 - 1)])
+    for n in range(4, 30):  # one extreme member among n - 1 equal values moves nothing
+        honest = [torch.tensor([1.0, -3.0])] * (n - 1)
+        assert aggregate("trimmed-mean", [*honest, extreme], [1] * n, trim_ratio=0.1).tolist() == [1.0, -3.0]
 
 
 def test_krum_returns_one_input_bit_for_bit():
