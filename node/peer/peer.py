@@ -136,7 +136,6 @@ class Peer:
         self.on_status = on_status or (lambda status: None)
         sh = settings.shared
         self.model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
-
         self.genesis_vector, self.spec = flatten(self.model)
         self.num_params = self.genesis_vector.numel()
         if ledger.account is None:
@@ -168,14 +167,11 @@ class Peer:
             settings=settings,
             genesis_vector=self.genesis_vector,
         )
-        # the libp2p key of host.peer_id_bytes: it signs the registration (None: in-memory tests
-        # only; the peer then registers unsigned, which real peers and `swarm verify` ignore)
-        self.identity = identity
+        self.identity = identity  # signs the registration (None: in-memory tests, registered unsigned)
         # a second RPC endpoint our commits must also be on (node/peer/endpoints.py); None: one endpoint
         self.witness = witness
-        # the vetting room: every commitment held to the rulebook (node/rules.py), the rules
-        # `swarm verify` applies; `ownership` is the registry's rule 1 (None: every registration
-        # counts: the in-memory tests, whose fake chain has no signatures)
+        # every commitment held to the rulebook (node/rules.py) as `swarm verify` holds it; `ownership`
+        # is the registry's rule 1 (None: in-memory tests, whose fake chain has no signatures)
         self.vetting = Vetter(ledger, sh, self.num_params, me=self.address, call=self.chain, ownership=ownership)
         # evaluation has a model of its own: it runs while a speculative training uses self.model
         self.eval_model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
@@ -188,8 +184,7 @@ class Peer:
         )
         self._model_digest: bytes | None = None  # digest of the finalized model we hold (None: genesis)
         self._own_aggregate: tuple[int, bytes, torch.Tensor] | None = None  # (round, digest, vector) we attested
-        # the swarm's mechanism (its policy, in the genesis): every fetched update must be one of
-        # its possible outputs (release.check_release); None for an empty policy, which checks nothing
+        # every fetched update must be one of the swarm mechanism's outputs (None: nothing checked)
         self.release_mechanism = release.swarm_mechanism(sh)
         # who served its blobs to nobody lately: such a committer's blob is not waited for (agree.py)
         self.withholding = Withholding()

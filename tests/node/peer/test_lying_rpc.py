@@ -293,7 +293,9 @@ def test_swarm_node_stops_in_one_line_when_its_two_endpoints_disagree(anvil, tmp
             stdin=subprocess.DEVNULL,
         )
     assert proc.returncode == 2, proc.stderr
+    # the stop is one line, the last; a loaded machine may print a warning before it (a stalled chain)
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and [line for line in lines if "error" in line] == lines[-1:], proc.stderr
+    lines = lines[-1:]
     assert lines[0].startswith(f"swarm node: error: the RPC endpoints {anvil.url} and {proxy.url} disagree: block ")
     assert lines[0].endswith("one of them lies or they serve different chains, so this peer stops"), lines[0]
