@@ -22,17 +22,28 @@ from collections.abc import Callable
 from dataclasses import asdict
 from functools import lru_cache, partial
 from importlib import resources
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
+import requests
 from eth_account.signers.local import LocalAccount
 from web3 import HTTPProvider, Web3
 from web3.exceptions import BlockNotFound
-from web3.types import EventData, RPCEndpoint, RPCResponse, TxReceipt
+from web3.types import RPCEndpoint, RPCResponse, TxReceipt
 
+from node.chain.codec import EventCodec, ViewCodec
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, NotParticipant
 from node.chain.evm import artifact_evm_version, check_evm_target
-from node.chain.rawrpc import HeadGuard, RawRPC, header_hash, parse_quantity
+from node.chain.rawrpc import (
+    MAX_ANSWER_BYTES,
+    MAX_LOGS_ANSWER_BYTES,
+    HeadGuard,
+    RawRPC,
+    RawRPCUnavailable,
+    RPCErrorAnswer,
+    header_hash,
+    parse_quantity,
+)
 from node.chain.records import (
     DELTA_SCALE,
     Attestation,
@@ -43,7 +54,7 @@ from node.chain.records import (
     describe_mechanism,
 )
 from node.chain.registration import Registration, registration_message, resolve
-from node.chain.retries import with_retries
+from node.chain.retries import MISSING_BLOCK_ANSWERS, with_retries
 from node.chain.sender import TransactionSender
 from node.protocol.wire import eps_from_micro
 
@@ -79,10 +90,17 @@ def connect(rpc_url: str, *, timeout: float = 10.0, check_evm: bool = True) -> W
     # The client retries itself (with backoff, and without re-sending a transaction blindly).
     # The chain id is cached: web3 checks it before every call and transaction, which would double
     # the requests of a peer that watches the chain (an endpoint does not change chains under us).
+    # Proxy, CA bundle and netrc settings are resolved from the environment once, here: a session
+    # that trusts the environment looks them up again on every request (13% of web3's CPU).
+    session = requests.Session()
+    found = session.merge_environment_settings(rpc_url, {}, None, None, None)
+    session.auth = requests.utils.get_netrc_auth(rpc_url)
+    session.trust_env = False
     w3 = Web3(
         CountingHTTPProvider(
             rpc_url,
-            request_kwargs={"timeout": timeout},
+            request_kwargs={"timeout": timeout, "proxies": found["proxies"], "verify": found["verify"]},
+            session=session,
             exception_retry_configuration=None,
             cache_allowed_requests=True,
             cacheable_requests={RPCEndpoint("eth_chainId")},
@@ -95,13 +113,19 @@ def connect(rpc_url: str, *, timeout: float = 10.0, check_evm: bool = True) -> W
 
 
 class CountingHTTPProvider(HTTPProvider):
-    """web3's HTTP provider, counting the requests it sends (a batch counts once): with the raw
-    reader's own count, what a peer asks of its endpoint per round (`LedgerClient.rpc_requests`)."""
+    """web3's HTTP provider, counting the requests it sends (a batch counts once): with the counts
+    of the raw readers made on it (`raw_reader`), what a peer asks of its endpoint per round
+    (`LedgerClient.rpc_requests`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.requests = 0
+        self.raw_readers: list[RawRPC] = []  # `raw_reader`'s on this endpoint, counted with it
         self._count_lock = threading.Lock()
+
+    def all_requests(self) -> int:
+        """Requests sent by this provider and by every raw reader made on it."""
+        return self.requests + sum(raw.requests for raw in self.raw_readers)
 
     def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
         with self._count_lock:
@@ -112,6 +136,23 @@ class CountingHTTPProvider(HTTPProvider):
         with self._count_lock:
             self.requests += 1
         return super().make_batch_request(batch_requests)
+
+
+def raw_reader(w3: Web3) -> RawRPC | None:
+    """A new bare JSON-RPC reader (`RawRPC`, its own connection) on `w3`'s endpoint, its requests
+    counted with the provider's; None where it cannot serve: an in-process provider, a URL with
+    credentials, or an endpoint reached through a proxy (the raw reader does not speak one)."""
+    provider = w3.provider
+    uri = getattr(provider, "endpoint_uri", None)
+    if not isinstance(provider, HTTPProvider) or not uri or dict(provider.get_request_kwargs()).get("proxies"):
+        return None
+    try:
+        raw = RawRPC(str(uri))
+    except ValueError:
+        return None
+    if isinstance(provider, CountingHTTPProvider):
+        provider.raw_readers.append(raw)
+    return raw
 
 
 def head_block(w3: Web3) -> int:
@@ -149,6 +190,8 @@ class LedgerClient:
         self.confirmations = confirmations
         self.contract = w3.eth.contract(address=self.address, abi=artifact["abi"])
         self._errors = RevertDecoder(artifact["abi"])
+        self._views = ViewCodec(artifact["abi"])
+        self._events = EventCodec(artifact["abi"])
         self._tx = (
             TransactionSender(w3, account, self._errors, tx_timeout, confirmations=confirmations)
             if account is not None
@@ -156,6 +199,7 @@ class LedgerClient:
         )
         self.gas_used: dict[str, int] = {}  # last receipt's gasUsed per function, for benchmarks
         self._chain_id: int | None = None
+        self._peer_ids: dict[str, bytes] = {}  # registered peer ids read so far (they never change)
         self._raw: RawRPC | None | bool = None  # None: not made yet; False: not available
         # the head as the endpoint reports it, held to monotonic, bounded progress (rawrpc.HeadGuard)
         self._head = HeadGuard(lambda number: self.block_hash(number) is not None)
@@ -287,10 +331,18 @@ class LedgerClient:
 
     def _view(self, fn_name: str, *args: Any, block: int | None = None) -> Any:
         """A view call, at the latest block or at `block` (reads that must agree with each other
-        and with logs pin one block: the chain moves between two calls)."""
-        fn = getattr(self.contract.functions, fn_name)(*args)
+        and with logs pin one block: the chain moves between two calls). A bare eth_call through
+        the raw reader (`node.chain.codec`) where there is one, else web3's contract call."""
         if block is None and self.confirmations:
             block = self.block_number()
+        raw = self._raw_rpc()
+        if raw is not None:
+            request = {"to": self.address, "data": self._views.calldata(fn_name, args)}
+            tag = "latest" if block is None else hex(block)
+            return self._views.decode(
+                fn_name, self._read(partial(self._raw_call, raw, "eth_call", [request, tag]), fn_name)
+            )
+        fn = getattr(self.contract.functions, fn_name)(*args)
         call = fn.call if block is None else partial(fn.call, block_identifier=block)
         try:
             return self._read(call, fn_name)
@@ -300,6 +352,22 @@ class LedgerClient:
             decoded = self._errors.from_exception(exc)
             if decoded:
                 raise decoded from None
+            raise
+
+    def _raw_call(self, raw: RawRPC, method: str, params: list[Any]) -> Any:
+        """One raw request; a revert as the contract's refusal, a block the endpoint lacks (yet)
+        as transient (`node.chain.retries` reads again, as it does web3's answer)."""
+        try:
+            return raw.call(
+                method, params, max_bytes=MAX_LOGS_ANSWER_BYTES if method == "eth_getLogs" else MAX_ANSWER_BYTES
+            )
+        except RPCErrorAnswer as exc:
+            error = exc.error if isinstance(exc.error, dict) else {}
+            decoded = self._errors.decode(error.get("data"))
+            if decoded:
+                raise decoded from None
+            if any(answer in str(error.get("message", "")).lower() for answer in MISSING_BLOCK_ANSWERS):
+                raise RawRPCUnavailable(str(exc)) from None
             raise
 
     def block_number(self) -> int:
@@ -315,10 +383,12 @@ class LedgerClient:
 
     def rpc_requests(self) -> int:
         """HTTP requests this client's endpoint has had from it so far (web3's and the raw
-        reader's; everything else on the same Web3, such as the chain watcher, counts too)."""
+        readers'; everything else on the same Web3, such as the chain watcher, counts too)."""
         provider = self.w3.provider
+        if isinstance(provider, CountingHTTPProvider):
+            return provider.all_requests()
         raw = self._raw_rpc()
-        return (provider.requests if isinstance(provider, CountingHTTPProvider) else 0) + (raw.requests if raw else 0)
+        return raw.requests if raw else 0
 
     def block_hash(self, number: int) -> bytes | None:
         """The hash of block `number` as the endpoint serves it; None if it serves no such block."""
@@ -343,16 +413,10 @@ class LedgerClient:
         return len(logs) > 0
 
     def _raw_rpc(self) -> RawRPC | None:
-        """The cheap reader for the two polled calls, on an http(s) endpoint; None otherwise (an
-        in-process provider, or a URL with credentials): web3 then serves them."""
-        if self._raw is False:
-            return None
+        """The cheap reader for the polled calls and views (`raw_reader`); None where there is
+        none: web3 then serves them."""
         if self._raw is None:
-            uri = getattr(self.w3.provider, "endpoint_uri", None)
-            try:
-                self._raw = RawRPC(str(uri)) if isinstance(self.w3.provider, HTTPProvider) and uri else False
-            except ValueError:
-                self._raw = False
+            self._raw = raw_reader(self.w3) or False
         return self._raw if isinstance(self._raw, RawRPC) else None
 
     def params(self) -> SwarmParams:
@@ -469,7 +533,15 @@ class LedgerClient:
         return self._view("recordEpsSpent", Web3.to_checksum_address(address))
 
     def peer_id_of(self, address: str) -> bytes:
-        return bytes(self._view("peerIdOf", Web3.to_checksum_address(address)))
+        """The peer id `address` registered (empty if none). Kept once read: the contract sets it
+        once and never again (a second registration is refused: AlreadyRegistered)."""
+        address = Web3.to_checksum_address(address)
+        known = self._peer_ids.get(address)
+        if known is None:
+            known = bytes(self._view("peerIdOf", address))
+            if known:
+                self._peer_ids[address] = known
+        return known
 
     def chain_id(self) -> int:
         if self._chain_id is None:
@@ -541,14 +613,23 @@ class LedgerClient:
             for e in self._logs("AllowlistChanged", start, end, None)
         ]
 
-    def _logs(self, event: str, from_block: int, to_block: int, filters: dict[str, Any] | None) -> list[EventData]:
-        found: list[EventData] = []
+    def _logs(self, event: str, from_block: int, to_block: int, filters: dict[str, Any] | None) -> list[dict[str, Any]]:
+        """`event`'s logs in from_block..to_block whose indexed arguments equal `filters`, in chain
+        order: raw and decoded by `node.chain.codec` where there is a raw reader, else by web3."""
+        raw = self._raw_rpc()
+        found: list[dict[str, Any]] = []
         for start in range(from_block, to_block + 1, LOG_CHUNK_BLOCKS):
             end = min(to_block, start + LOG_CHUNK_BLOCKS - 1)
+            if raw is not None:
+                query = self._events.query(event, self.address, start, end, filters)
+                answer = self._read(partial(self._raw_call, raw, "eth_getLogs", [query]), f"get_logs {event}")
+                found += self._events.decode(event, answer)
+                continue
             getter = getattr(self.contract.events, event).get_logs
-            found += self._read(
+            logs = self._read(
                 partial(getter, argument_filters=filters, from_block=start, to_block=end), f"get_logs {event}"
             )
+            found += [cast(dict[str, Any], log) for log in logs]
         return sorted(found, key=lambda e: (e["blockNumber"], e["logIndex"]))
 
     # ---------------------------------------------------------------- snapshot
@@ -645,7 +726,7 @@ def _attestation_json(a: Attestation) -> dict[str, Any]:
     }
 
 
-def _commitment(event: EventData) -> Commitment:
+def _commitment(event: dict[str, Any]) -> Commitment:
     """A Commitment from its `Committed` event."""
     args = event["args"]
     return Commitment(

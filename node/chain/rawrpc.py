@@ -1,10 +1,10 @@
-"""The two reads a waiting peer makes several times a second (the block number, and whether the
-ledger emitted anything), as bare JSON-RPC over one kept-alive HTTP connection.
+"""The reads a peer makes most (the block number, whether the ledger emitted anything, the
+ledger's views: `node.chain.codec`), as bare JSON-RPC over one kept-alive HTTP connection.
 
 Why not web3: through web3 and requests one eth_blockNumber costs about 1 ms of CPU (middleware,
 session, adapters); here about a seventh of that. A peer that polls the chain ten times a second
 then stays idle (at most 2% of a core while it waits: docs/BENCHMARKS.md, "Round overhead").
-Anything else goes through web3.
+Everything else (transactions, decoded event logs) goes through web3.
 
 The head an endpoint reports is held to monotonic, bounded progress (`HeadGuard`), whichever way
 it was read: one fabricated answer of block 50,002 on a chain at block 30 used to become the
@@ -27,7 +27,9 @@ from node.chain.retries import RateLimited, parse_retry_after
 
 log = logging.getLogger("swarm.chain")
 
-MAX_ANSWER_BYTES = 1 << 20  # an answer to these two calls is tiny; a larger one is not an RPC's
+MAX_ANSWER_BYTES = 1 << 20  # a head or a view's answer is small; a larger one is not an RPC's
+# logs of up to LOG_CHUNK_BLOCKS blocks (node.chain.client): a Committed log is about 1 kB of JSON
+MAX_LOGS_ANSWER_BYTES = 64 << 20
 # A head further ahead of the last one than HEAD_SLACK blocks plus MAX_BLOCKS_PER_SECOND for each
 # second since is taken only once the endpoint serves that block too (a local chain stuffed with
 # failing transactions made 163 blocks/s: such a chain only pays one more read per head)
@@ -39,6 +41,15 @@ HEAD_REREADS = 2  # reads again of a head that is refused, before the endpoint i
 class RawRPCUnavailable(ConnectionError):
     """The endpoint did not answer (a transient failure: `node.chain.retries` retries it). An
     HTTP 429 is `retries.RateLimited` instead: waited out after its Retry-After, not an outage."""
+
+
+class RPCErrorAnswer(LedgerError):
+    """The endpoint answered with a JSON-RPC error; `error` is that error object, unchecked (a
+    revert's data, for `decoder.RevertDecoder`)."""
+
+    def __init__(self, message: str, error: Any) -> None:
+        super().__init__(message)
+        self.error = error
 
 
 class RawRPC:
@@ -58,19 +69,20 @@ class RawRPC:
         self._id = 0
         self.requests = 0  # HTTP requests sent (the per-round request count: docs/TESTNET.md)
 
-    def call(self, method: str, params: list[Any]) -> Any:
-        """The call's `result`; LedgerError for an error answer, RawRPCUnavailable if none came."""
+    def call(self, method: str, params: list[Any], *, max_bytes: int = MAX_ANSWER_BYTES) -> Any:
+        """The call's `result`; RPCErrorAnswer for an error answer, LedgerError for an answer
+        longer than `max_bytes` or not JSON-RPC, RawRPCUnavailable if none came."""
         with self._lock:
             self._id += 1
             body = json.dumps({"jsonrpc": "2.0", "id": self._id, "method": method, "params": params}).encode()
             try:
-                raw = self._post(body)
+                raw = self._post(body, max_bytes)
             except RateLimited:
                 raise  # the endpoint answered: asking again at once is the burst it refused
             except (OSError, http.client.HTTPException) as exc:  # one reconnect: a kept-alive socket may be stale
                 self._close()
                 try:
-                    raw = self._post(body)
+                    raw = self._post(body, max_bytes)
                 except RateLimited:
                     raise
                 except (OSError, http.client.HTTPException) as again:
@@ -83,7 +95,7 @@ class RawRPC:
         if not isinstance(answer, dict) or ("result" not in answer and "error" not in answer):
             raise LedgerError(f"{method}: unexpected answer {raw[:200]!r}")
         if "error" in answer:
-            raise LedgerError(f"{method}: {str(answer['error'])[:300]}")
+            raise RPCErrorAnswer(f"{method}: {str(answer['error'])[:300]}", answer["error"])
         return answer["result"]
 
     def block_number(self) -> int:
@@ -96,21 +108,21 @@ class RawRPC:
             raise LedgerError(f"eth_getLogs: unexpected answer {str(result)[:200]}")
         return len(result) > 0
 
-    def _post(self, body: bytes) -> bytes:
+    def _post(self, body: bytes, max_bytes: int) -> bytes:
         if self._conn is None:
             kind = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
             self._conn = kind(self._host, self._port, timeout=self._timeout)
         self.requests += 1
         self._conn.request("POST", self._path, body=body, headers={"Content-Type": "application/json"})
         response = self._conn.getresponse()
-        raw = response.read(MAX_ANSWER_BYTES + 1)
+        raw = response.read(max_bytes + 1)
         if response.status == 429:
             raise RateLimited("HTTP 429", parse_retry_after(response.getheader("Retry-After")))
         if response.status >= 500:
             raise http.client.HTTPException(f"HTTP {response.status}")
-        if len(raw) > MAX_ANSWER_BYTES:
+        if len(raw) > max_bytes:
             self._close()
-            raise LedgerError(f"the RPC's answer is larger than {MAX_ANSWER_BYTES} bytes")
+            raise LedgerError(f"the RPC's answer is larger than {max_bytes} bytes")
         return raw
 
     def close(self) -> None:
