@@ -77,6 +77,15 @@ def pending_count(anvil, address: str) -> int:
     return int(anvil.rpc("eth_getTransactionCount", [address, "pending"]), 16)
 
 
+def commit_pending(anvil, peer: LedgerClient, kit, label: str) -> tuple[threading.Thread, dict[str, Any], int, dict]:
+    """The peer's commit sent from a thread: (thread, its outcome, the nonce, the pending transaction)."""
+    me = peer.account.address
+    nonce = int(anvil.rpc("eth_getTransactionCount", [me, "latest"]), 16)
+    thread, out = in_background(lambda: peer.commit(1, kit.digest(label), 100, 1_000_000, kit.MECHANISM))
+    until(lambda: pending_count(anvil, me) == nonce + 1, 20, "commit in the pool")
+    return thread, out, nonce, anvil.rpc("eth_getBlockByNumber", ["pending", True])["transactions"][0]
+
+
 def mine_until_done(anvil, thread: threading.Thread, timeout: float = 30.0) -> None:
     """One block every 0.3 s until the sender's thread is done (it waits on blocks)."""
     deadline = time.monotonic() + timeout
@@ -89,10 +98,7 @@ def mine_until_done(anvil, thread: threading.Thread, timeout: float = 30.0) -> N
 def test_a_dropped_transaction_is_sent_again_with_higher_fees_and_its_nonce(manual_chain, kit):
     peer, reader = deploy(manual_chain, kit)
     me = peer.account.address
-    nonce = int(manual_chain.rpc("eth_getTransactionCount", [me, "latest"]), 16)
-    thread, out = in_background(lambda: peer.commit(1, kit.digest("dropped"), 100, 1_000_000, kit.MECHANISM))
-    until(lambda: pending_count(manual_chain, me) == nonce + 1, 20, "commit in the pool")
-    first = manual_chain.rpc("eth_getBlockByNumber", ["pending", True])["transactions"][0]
+    thread, out, nonce, first = commit_pending(manual_chain, peer, kit, "dropped")
     manual_chain.rpc("anvil_dropTransaction", [first["hash"]])  # a node forgot it
     mine_until_done(manual_chain, thread)
     assert "error" not in out, out
@@ -113,10 +119,7 @@ def test_a_dropped_transaction_is_sent_again_with_higher_fees_and_its_nonce(manu
 def test_a_transaction_priced_out_by_a_base_fee_spike_is_bumped_past_it(manual_chain, kit):
     peer, reader = deploy(manual_chain, kit)
     me = peer.account.address
-    nonce = int(manual_chain.rpc("eth_getTransactionCount", [me, "latest"]), 16)
-    thread, out = in_background(lambda: peer.commit(1, kit.digest("priced out"), 100, 1_000_000, kit.MECHANISM))
-    until(lambda: pending_count(manual_chain, me) == nonce + 1, 20, "commit in the pool")
-    first = manual_chain.rpc("eth_getBlockByNumber", ["pending", True])["transactions"][0]
+    thread, out, nonce, first = commit_pending(manual_chain, peer, kit, "priced out")
     ChainChaos(manual_chain.url).spike()  # tenfold: past its max fee (twice the base fee plus the tip)
     manual_chain.rpc("evm_mine", [])
     spiked = int(manual_chain.rpc("eth_getBlockByNumber", ["latest", False])["baseFeePerGas"], 16)
