@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from node.chain.client import LedgerClient, load_artifact
+from node.chain.codec import abi_type
 from node.chain.records import Commitment, RoundInfo, RoundState
 from node.protocol import aggregate, policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
@@ -515,7 +516,7 @@ def _deployment_differences(ledger: LedgerClient, artifact: dict[str, Any], held
         if not data.startswith(creation):
             return ["the deployment transaction did not run the artifact's creation code"]
         inputs = next(item["inputs"] for item in artifact["abi"] if item["type"] == "constructor")
-        args = decode([_abi_type(i) for i in inputs], data[len(creation) :])
+        args = decode([abi_type(i) for i in inputs], data[len(creation) :])
         wanted = _named_args(inputs, args)
         wanted["allowlist_enabled"] = len(wanted.pop("allowlist", ())) > 0
         wanted["deployer"] = tx["from"]
@@ -527,13 +528,6 @@ def _deployment_differences(ledger: LedgerClient, artifact: dict[str, Any], held
                 diffs.append(f"{key}: the deployment set {value!r}, the code holds {held[key]!r}")
         return diffs
     return [f"no transaction in block {held.get('deploy_block')} created the ledger {address}"]
-
-
-def _abi_type(item: dict[str, Any]) -> str:
-    """An ABI input's canonical type, tuples (structs) spelled out."""
-    if item["type"].startswith("tuple"):
-        return "(" + ",".join(_abi_type(c) for c in item["components"]) + ")" + item["type"][len("tuple") :]
-    return str(item["type"])
 
 
 def _named_args(inputs: list[dict[str, Any]], values: Any) -> dict[str, Any]:

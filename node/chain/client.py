@@ -263,13 +263,12 @@ class LedgerClient:
             bytes(genesis_digest),
             [Web3.to_checksum_address(a) for a in allowlist or []],
         )
-        sender = TransactionSender(w3, account, RevertDecoder(artifact["abi"]), tx_timeout)
+        sender = TransactionSender(w3, account, RevertDecoder(artifact["abi"]), tx_timeout, confirmations=confirmations)
         receipt = sender.send(constructor, "deploy")
         address = receipt["contractAddress"]
         if address is None:
             raise LedgerError(f"deploy: receipt 0x{bytes(receipt['transactionHash']).hex()} holds no contract address")
         client = cls(w3, address, account, tx_timeout=tx_timeout, confirmations=confirmations)
-        sender.confirmations = confirmations
         client._tx = sender  # keeps its nonce count
         client.gas_used["deploy"] = receipt["gasUsed"]
         return client

@@ -21,11 +21,11 @@ from node.chain.errors import LedgerError
 from node.chain.rawrpc import parse_quantity
 
 
-def _abi_type(entry: dict[str, Any]) -> str:
+def abi_type(entry: dict[str, Any]) -> str:
     """The canonical type of an ABI parameter ("(uint8,uint64)" for a struct)."""
     kind = str(entry["type"])
     if kind.startswith("tuple"):
-        return "(" + ",".join(_abi_type(c) for c in entry["components"]) + ")" + kind[len("tuple") :]
+        return "(" + ",".join(abi_type(c) for c in entry["components"]) + ")" + kind[len("tuple") :]
     return kind
 
 
@@ -47,9 +47,9 @@ class ViewCodec:
         for item in abi:
             if item.get("type") != "function" or item.get("stateMutability") not in ("view", "pure"):
                 continue
-            inputs = [_abi_type(i) for i in item["inputs"]]
+            inputs = [abi_type(i) for i in item["inputs"]]
             selector = keccak(text=f"{item['name']}({','.join(inputs)})")[:4]
-            self._views[item["name"]] = (selector, inputs, [_abi_type(o) for o in item["outputs"]], item["outputs"])
+            self._views[item["name"]] = (selector, inputs, [abi_type(o) for o in item["outputs"]], item["outputs"])
         # calldata of the views without arguments, encoded once
         self._fixed = {name: "0x" + view[0].hex() for name, view in self._views.items() if not view[1]}
 
@@ -83,7 +83,7 @@ class EventCodec:
         for item in abi:
             if item.get("type") != "event":
                 continue
-            signature = f"{item['name']}({','.join(_abi_type(i) for i in item['inputs'])})"
+            signature = f"{item['name']}({','.join(abi_type(i) for i in item['inputs'])})"
             indexed = [i for i in item["inputs"] if i["indexed"]]
             data = [i for i in item["inputs"] if not i["indexed"]]
             self._events[item["name"]] = ("0x" + keccak(text=signature).hex(), indexed, data)
@@ -95,7 +95,7 @@ class EventCodec:
         topics: list[str | None] = [topic0]
         for entry in indexed:
             value = (filters or {}).get(entry["name"])
-            topics.append(None if value is None else "0x" + abi_encode([_abi_type(entry)], [value]).hex())
+            topics.append(None if value is None else "0x" + abi_encode([abi_type(entry)], [value]).hex())
         while topics[-1] is None:
             topics.pop()
         return {"address": address, "fromBlock": hex(start), "toBlock": hex(end), "topics": topics}
@@ -117,9 +117,9 @@ class EventCodec:
             raise ValueError(f"topics {str(topics)[:200]}")
         args: dict[str, Any] = {}
         for entry, topic in zip(indexed, topics[1:], strict=True):
-            (value,) = abi_decode([_abi_type(entry)], _hex_bytes(topic))
+            (value,) = abi_decode([abi_type(entry)], _hex_bytes(topic))
             args[entry["name"]] = _checksummed(entry, value)
-        values = abi_decode([_abi_type(e) for e in data], _hex_bytes(log["data"]))
+        values = abi_decode([abi_type(e) for e in data], _hex_bytes(log["data"]))
         args |= {e["name"]: _checksummed(e, v) for e, v in zip(data, values, strict=True)}
         return {
             "event": name,

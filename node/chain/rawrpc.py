@@ -103,7 +103,7 @@ class RawRPC:
 
     def has_logs(self, address: str, from_block: int, to_block: int) -> bool:
         query = {"address": address, "fromBlock": hex(from_block), "toBlock": hex(to_block)}
-        result = self.call("eth_getLogs", [query])
+        result = self.call("eth_getLogs", [query], max_bytes=MAX_LOGS_ANSWER_BYTES)
         if not isinstance(result, list):
             raise LedgerError(f"eth_getLogs: unexpected answer {str(result)[:200]}")
         return len(result) > 0

@@ -22,6 +22,7 @@ from node.chain.errors import LedgerUnavailable
 RETRIES = 5
 BACKOFF_S = 0.2
 RATE_LIMIT_DEFAULT_S = 1.0  # the pause after a 429 that names no Retry-After
+RATE_LIMIT_WAIT_MIN_S = BACKOFF_S  # a shorter Retry-After (0, a past date) is raised to this: the budget ends
 RATE_LIMIT_WAIT_MAX_S = 30.0  # a longer Retry-After is cut to this
 RATE_LIMIT_BUDGET_S = 120.0  # seconds of 429 pauses one call may take before it is an outage
 
@@ -38,7 +39,7 @@ class RateLimited(ConnectionError):
 
 def parse_retry_after(value: str | None, *, now: float | None = None) -> float:
     """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date), bounded to
-    [0, RATE_LIMIT_WAIT_MAX_S]; RATE_LIMIT_DEFAULT_S when missing or unreadable."""
+    [RATE_LIMIT_WAIT_MIN_S, RATE_LIMIT_WAIT_MAX_S]; RATE_LIMIT_DEFAULT_S when missing or unreadable."""
     if not value:
         return RATE_LIMIT_DEFAULT_S
     text = value.strip()
@@ -54,7 +55,7 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float:
         seconds = when.timestamp() - (time.time() if now is None else now)
     if seconds != seconds:  # NaN
         return RATE_LIMIT_DEFAULT_S
-    return min(max(seconds, 0.0), RATE_LIMIT_WAIT_MAX_S)
+    return min(max(seconds, RATE_LIMIT_WAIT_MIN_S), RATE_LIMIT_WAIT_MAX_S)
 
 
 def rate_limit_pause(exc: BaseException) -> float | None:

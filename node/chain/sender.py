@@ -137,6 +137,12 @@ class TransactionSender:
                     tx_hash = self._send_raw(signed, label, tx)
                     break
                 except LedgerError as exc:  # the next block's base fee passed its max fee (a spike)
+                    if _replaces_pending(exc):  # our fresh nonce is taken: never replace that transaction
+                        self._nonce = None
+                        raise LedgerError(
+                            f"{label}: nonce {nonce} of {sender} is taken by a pending transaction "
+                            "(is another process sending from this account?)"
+                        ) from exc
                     if isinstance(exc, InsufficientFunds) or not _underpriced(exc) or bump == MAX_BUMPS:
                         raise
                     tx = self._repriced(tx)
@@ -353,6 +359,11 @@ def _underpriced(exc: BaseException) -> bool:
     or below what it takes to replace one pending with the same nonce."""
     text = str(exc).lower()
     return "less than block base fee" in text or "underpriced" in text
+
+
+def _replaces_pending(exc: BaseException) -> bool:
+    """A node refused a transaction as an underpriced replacement of one pending with its nonce."""
+    return "replacement transaction underpriced" in str(exc).lower()
 
 
 def _bumped(fee: int) -> int:

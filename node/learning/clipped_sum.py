@@ -112,10 +112,13 @@ def scatter_linear_sum(
         beta = upstream.sum(dim=2)
         squared = (e * e).sum(1) * ((z * z).sum(1) + 1.0) + (gamma * gamma).sum(1) + (beta * beta).sum(1)
         factor = torch.clamp(clip / (squared.sqrt() + 1e-6), max=1.0)  # opacus' clipping factor
-        scaled = e * factor[:, None]
-        sums["linear.weight"] += (scaled.T @ z).double()
-        sums["linear.bias"] += scaled.sum(0).double()
-        sums["norm.weight"] += (gamma * factor[:, None]).sum(0).double()
-        sums["norm.bias"] += (beta * factor[:, None]).sum(0).double()
+        # the sums over records in float64: one record's share of a float32 sum of 4,096 could move
+        # it past the clip by the sum's rounding, which the sensitivity does not charge
+        f64 = factor.double()[:, None]
+        scaled = e.double() * f64
+        sums["linear.weight"] += scaled.T @ z.double()
+        sums["linear.bias"] += scaled.sum(0)
+        sums["norm.weight"] += (gamma.double() * f64).sum(0)
+        sums["norm.bias"] += (beta.double() * f64).sum(0)
     total = torch.cat([sums[name].reshape(-1) for name in sorted(sums)])
     return total, loss_sum / max(1, len(y))

@@ -8,7 +8,7 @@ import threading
 
 import trio
 
-from node.chain.client import LedgerClient
+from node.chain.client import LOG_CHUNK_BLOCKS, LedgerClient
 from node.chain.errors import LedgerError
 from node.chain.registration import Registration
 from node.rules import PeerIdOwners, Verdict
@@ -67,9 +67,10 @@ class RegistryCache:
             return
         if self.ledger.block_hash(latest) is None:
             raise LedgerError(f"the RPC reported head block {latest} but serves no such block: not scanned")
-        if self.book is not None and not self.ledger.activity(start, latest):
+        if self.book is not None and latest - start < LOG_CHUNK_BLOCKS and not self.ledger.activity(start, latest):
             # no event of the ledger at all in these blocks, so no registration or removal: one raw
-            # eth_getLogs instead of two decoded by web3 (most of a waiting peer's CPU, every 2 s)
+            # eth_getLogs instead of two decoded by web3 (most of a waiting peer's CPU, every 2 s);
+            # a longer range (after an outage) is read in chunks below, each answer bounded
             self.scanned_to = latest
             return
         if self.book is None:

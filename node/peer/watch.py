@@ -35,6 +35,7 @@ REREAD_AFTER = 5.0
 # so a peer asks its endpoint a few times per block, not dozens (the requests a hosted endpoint
 # counts and limits), for at most a quarter block more to notice one.
 POLLS_PER_BLOCK = 4
+MAX_POLL_PAUSE = 3.0  # a stall (no block for minutes) must not make the watcher that slow: Sepolia's pace
 
 
 class ChainWatcher:
@@ -66,7 +67,7 @@ class ChainWatcher:
             while True:
                 quiet = trio.current_time() - self._last_move
                 pause = self.poll_interval if quiet < QUICK_WAIT else IDLE_POLL
-                pause = max(pause, self.block_interval / POLLS_PER_BLOCK)
+                pause = max(pause, min(self.block_interval / POLLS_PER_BLOCK, MAX_POLL_PAUSE))
                 try:
                     await self.poll(pause=pause)
                 except Exception as exc:  # an RPC that fails or lies: the waiters' own deadlines decide

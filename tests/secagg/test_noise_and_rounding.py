@@ -75,6 +75,16 @@ def test_large_variance_discrete_gaussian_has_its_variance():
     assert abs(x.var() / dg.variance - 1) < 5 * math.sqrt(2 / n)
 
 
+def test_the_largest_variance_the_sampler_accepts_samples_without_overflow():
+    """2 t m just under 2^62: the Bernoulli(a / (b K)) steps never form b K (it overflowed int64
+    from K = 2 on: sampling raised in the middle of a round)."""
+    dg = DiscreteGaussian(scale=2**30, ratio=2**30 + 5)
+    n = 4_000
+    x = dg.sample(n, stream(11)).astype(np.float64)
+    assert abs(x.mean()) < 5 * math.sqrt(dg.variance / n)
+    assert abs(x.var() / dg.variance - 1) < 5 * math.sqrt(2 / n)
+
+
 def test_stochastic_round_is_unbiased_and_moves_less_than_one():
     t = np.array([0.25, -0.25, 3.0, -7.75, 1e8 + 0.5])
     draws = np.stack([stochastic_round(t, stream(100 + i)) for i in range(4000)])

@@ -17,6 +17,7 @@ from eth_account import Account
 from node.chain import retries
 from node.chain.anvil import start_anvil
 from node.chain.client import LedgerClient, connect
+from node.chain.errors import LedgerError
 from node.chain.retries import parse_retry_after
 from node.chain.sender import FEE_BUMP
 from tests.e2e.testnet_box import ChainChaos, ProxyFaults, rpc_proxy
@@ -226,6 +227,38 @@ def test_retry_after_is_read_as_seconds_or_a_date_and_bounded():
     assert parse_retry_after("soon") == retries.RATE_LIMIT_DEFAULT_S
     assert parse_retry_after("100000") == retries.RATE_LIMIT_WAIT_MAX_S
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
+    # an answer of 0, or a date already past, still pauses: the budget, not the endpoint, ends the retries
+    assert parse_retry_after("0") == retries.RATE_LIMIT_WAIT_MIN_S > 0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412500.0) == retries.RATE_LIMIT_WAIT_MIN_S
+
+
+def test_a_nonce_taken_by_another_pending_transaction_is_never_replaced(manual_chain, kit):
+    """Another process sent a transaction with the nonce this client counts next: the node refuses
+    ours as an underpriced replacement. That is a clash to report, not a fee to bump: bumping would
+    replace the other transaction with ours."""
+    peer, _ = deploy(manual_chain, kit)
+    me = peer.account
+    thread, out, nonce, _ = commit_pending(manual_chain, peer, kit, "first")
+    mine_until_done(manual_chain, thread)
+    assert "error" not in out, out
+    w3 = peer.w3
+    head = w3.eth.get_block("latest")
+    other = me.sign_transaction(
+        {
+            "to": me.address,
+            "value": 0,
+            "gas": 21_000,
+            "nonce": nonce + 1,  # the one the client counts next
+            "maxFeePerGas": 20 * int(head["baseFeePerGas"]) + 10**11,
+            "maxPriorityFeePerGas": 10**11,
+            "chainId": w3.eth.chain_id,
+        }
+    )
+    other_hash = manual_chain.rpc("eth_sendRawTransaction", ["0x" + bytes(other.raw_transaction).hex()])
+    with pytest.raises(LedgerError, match="taken by a pending transaction"):
+        peer.close_round(1)
+    pending = manual_chain.rpc("eth_getBlockByNumber", ["pending", True])["transactions"]
+    assert [t["hash"] for t in pending] == [other_hash]  # the other transaction stands, not replaced
 
 
 def test_a_block_the_node_does_not_have_yet_is_read_again(automine_chain, kit, monkeypatch):
