@@ -193,7 +193,7 @@ class LedgerClient:
         self._views = ViewCodec(artifact["abi"])
         self._events = EventCodec(artifact["abi"])
         self._tx = (
-            TransactionSender(w3, account, self._errors, tx_timeout, confirmations=confirmations)
+            TransactionSender(w3, account, self._errors, tx_timeout, confirmations=confirmations, head=self.head)
             if account is not None
             else None
         )
@@ -269,6 +269,7 @@ class LedgerClient:
         if address is None:
             raise LedgerError(f"deploy: receipt 0x{bytes(receipt['transactionHash']).hex()} holds no contract address")
         client = cls(w3, address, account, tx_timeout=tx_timeout, confirmations=confirmations)
+        sender.head = client.head  # from here on the guarded head
         client._tx = sender  # keeps its nonce count
         client.gas_used["deploy"] = receipt["gasUsed"]
         return client

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeAlias, cast
 
@@ -29,6 +30,7 @@ from web3.types import Nonce, TxParams, TxReceipt, Wei
 
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError, LedgerTimeout, TransactionFailed
+from node.chain.rawrpc import HeadRefused
 from node.chain.retries import (
     BACKOFF_S,
     RATE_LIMIT_BUDGET_S,
@@ -58,6 +60,11 @@ WEI_PER_ETH = 10**18
 TRANSFER_GAS = 21_000  # a plain ETH transfer to an account (not a contract)
 
 
+class NonceClash(LedgerError):
+    """A node refused a transaction's nonce as used or out of range: another process sends from
+    the account, or (for a new version of a pending transaction) one version was mined already."""
+
+
 class InsufficientFunds(LedgerError):
     """The account cannot pay for a transaction. `fields`: address, held_wei, needed_wei (what the
     transaction may cost: its gas limit times its fee per gas; when the node refused already at
@@ -78,9 +85,19 @@ class TransactionSender:
     """Signs and sends one account's transactions: nonce tracking, gas margin, receipt wait."""
 
     def __init__(
-        self, w3: Web3, account: LocalAccount, errors: RevertDecoder, tx_timeout: float, *, confirmations: int = 0
+        self,
+        w3: Web3,
+        account: LocalAccount,
+        errors: RevertDecoder,
+        tx_timeout: float,
+        *,
+        confirmations: int = 0,
+        head: Callable[[], int] | None = None,
     ) -> None:
         self.w3 = w3
+        # The chain's head, as the caller reads it: LedgerClient passes its guarded head (monotonic,
+        # bounded progress), so a lying endpoint cannot fake depth or a stuck transaction here either.
+        self.head = head or self._endpoint_head
         self.account = account
         self.errors = errors
         self.tx_timeout = tx_timeout
@@ -136,6 +153,9 @@ class TransactionSender:
                 try:
                     tx_hash = self._send_raw(signed, label, tx)
                     break
+                except NonceClash:  # another process used this account: read the nonce again next time
+                    self._nonce = None
+                    raise
                 except LedgerError as exc:  # the next block's base fee passed its max fee (a spike)
                     if _replaces_pending(exc):  # our fresh nonce is taken: never replace that transaction
                         self._nonce = None
@@ -194,9 +214,9 @@ class TransactionSender:
                     time.sleep(pause)
                     continue
                 if "nonce too low" in text or "nonce too high" in text:
-                    # Another process used this account: resync once and fail clearly.
-                    self._nonce = None
-                    raise LedgerError(
+                    # The caller decides what it means (a clash for a new transaction, a version
+                    # already mined for a replacement) and resyncs under its lock.
+                    raise NonceClash(
                         f"{label}: nonce out of sync for {self.account.address} "
                         f"(is another process sending from this account?)"
                     ) from exc
@@ -225,30 +245,40 @@ class TransactionSender:
     def _wait(self, pending: _Pending, label: str) -> TxReceipt:
         """The receipt of one of `pending`'s versions, `confirmations` deep; re-sent with higher
         fees while STUCK_AFTER_BLOCKS blocks pass without it, broadcast again if a reorganisation
-        took it out. LedgerTimeout after tx_timeout s."""
+        took it out. LedgerTimeout after tx_timeout s.
+
+        With confirmations the head is read before the receipt: a receipt read after a head that
+        is `confirmations` past its block was in the chain at that depth when read, so one receipt
+        read per poll decides (no second read to see that it is still there)."""
         deadline = time.monotonic() + self.tx_timeout
         pause = RECEIPT_POLL_FIRST_S
-        head = sent_at = -1  # read once the first poll finds no receipt (a local chain mines at once)
+        head = sent_at = -1  # a local chain mines at once: without confirmations the first poll needs no head
         head_read = 0.0
+        seen = False  # a receipt was found at a depth short of `confirmations`
         while True:
             try:
-                receipt = self._receipt(pending.hashes)
-                if receipt is not None and not self.confirmations:
-                    return receipt
-                if head < 0 or receipt is not None or time.monotonic() - head_read >= HEAD_CHECK_S:
-                    head, head_read = self._head(), time.monotonic()
+                stale = time.monotonic() - head_read >= HEAD_CHECK_S
+                if self.confirmations and (head < 0 or seen or stale):
+                    head, head_read = self.head(), time.monotonic()
                     sent_at = head if sent_at < 0 else sent_at
+                receipt = self._receipt(pending.hashes)
                 if receipt is not None:
-                    if head >= receipt["blockNumber"] + self.confirmations:
-                        again = self._receipt([receipt["transactionHash"]])
-                        if again is not None and again["blockNumber"] + self.confirmations <= head:
-                            return again
-                        if again is None:  # a reorganisation took it out: into the pool again
-                            self._rebroadcast(pending, label)
-                            sent_at = head
-                elif head >= sent_at + STUCK_AFTER_BLOCKS and pending.bumps < MAX_BUMPS:
-                    self._replace(pending, label)
+                    if receipt["blockNumber"] + self.confirmations <= head or not self.confirmations:
+                        return receipt
+                    seen = True
+                elif seen:  # a reorganisation took it out: into the pool again
+                    seen = False
+                    self._rebroadcast(pending, label)
                     sent_at = head
+                else:
+                    if head < 0 or stale:
+                        head, head_read = self.head(), time.monotonic()
+                        sent_at = head if sent_at < 0 else sent_at
+                    if head >= sent_at + STUCK_AFTER_BLOCKS and pending.bumps < MAX_BUMPS:
+                        self._replace(pending, label)
+                        sent_at = head
+            except HeadRefused:  # the endpoint reports a head it does not serve: no depth from it; ask again
+                pause = RECEIPT_POLL_MAX_S
             except LedgerError:
                 raise
             except Exception as exc:
@@ -263,7 +293,7 @@ class TransactionSender:
             time.sleep(min(pause, remaining))
             pause = min(pause * 2, RECEIPT_POLL_MAX_S)
 
-    def _head(self) -> int:
+    def _endpoint_head(self) -> int:
         return int(with_retries(lambda: self.w3.eth.block_number, what="block number"))
 
     def _receipt(self, hashes: list[HexBytes]) -> TxReceipt | None:
@@ -321,10 +351,12 @@ class TransactionSender:
         try:
             self._send_raw(signed, label, tx)
             return True
+        except NonceClash:  # a version was mined: the receipt poll finds it
+            return False
         except InsufficientFunds:
             raise
         except LedgerError as exc:
-            if "nonce" in str(exc).lower() or _underpriced(exc):
+            if _underpriced(exc):
                 return False
             raise
 

@@ -19,6 +19,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -222,6 +224,50 @@ def test_a_made_up_receipt_does_not_make_the_peer_serve(anvil, lying):
         assert out.committed and peer.spending.commits == 1
         served.add(c.digest.hex())
     assert set(peer.store.digests()) == served and set(network.announced) == served  # nothing else stored or served
+
+
+def test_a_made_up_head_does_not_confirm_a_receipt_early(anvil):
+    """The sender awaits `confirmations` blocks on top of a receipt on the client's guarded head:
+    an endpoint reporting a head far past the chain (the block unserved) gives no depth, so the
+    commit is not counted until the real chain is 2 blocks past it. Before, the sender read
+    eth_blockNumber past the guard and returned the receipt at depth 0."""
+    ledger = deploy(anvil)
+    with lying_rpc(anvil.url) as proxy:
+        account = Account.from_key(anvil.private_keys[3])
+        registrar = LedgerClient(ledger.w3, ledger.address, account, tx_timeout=60)
+        pair = create_new_key_pair(hashlib.sha256(b"made-up head").digest())
+        registrar.register(
+            ID.from_pubkey(pair.public_key).to_bytes(),
+            sign_registration(pair.private_key, registrar.chain_id(), registrar.address, account.address),
+        )
+        client = LedgerClient(connect(proxy.url), ledger.address, account, tx_timeout=60, confirmations=2)
+        proxy.lies["eth_blockNumber"] = ahead(10**9)  # from now on every head is made up
+        out: dict[str, Any] = {}
+
+        def commit() -> None:
+            try:
+                out["receipt"] = client.commit(1, hashlib.sha256(b"deep").digest(), 100, 1, b"{}")
+            except BaseException as exc:  # the test asserts on it
+                out["error"] = exc
+
+        thread = threading.Thread(target=commit, daemon=True)
+        thread.start()
+        # event: the commit is mined (automine), and the sender has asked the liar for heads since
+        deadline = time.monotonic() + 60
+        while not ledger.commitments(1) or proxy.calls.get("eth_blockNumber", 0) < 12:
+            assert time.monotonic() < deadline and thread.is_alive(), out
+            time.sleep(0.05)
+        mined_at = anvil.block_number()  # automine: the commit's block is the head
+        heads_asked = proxy.calls["eth_blockNumber"]
+        while proxy.calls["eth_blockNumber"] < heads_asked + 6:  # and again, on the made-up heads
+            assert time.monotonic() < deadline and thread.is_alive(), out
+            time.sleep(0.05)
+        assert thread.is_alive() and not out, out  # not counted at depth 0 on a made-up head
+        del proxy.lies["eth_blockNumber"]
+        anvil.mine(2)
+        thread.join(60)
+    assert "error" not in out, out
+    assert out["receipt"]["blockNumber"] == mined_at and anvil.block_number() >= mined_at + 2
 
 
 # ------------------------------------------------------------------ two endpoints
