@@ -201,7 +201,11 @@ def start_anvil(
             cmd, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
     anvil = Anvil(process, chosen, chain_id, accounts, log, host)
-    _wait_until_answering(anvil, timeout)
+    try:
+        _wait_until_answering(anvil, timeout)
+    except BaseException:  # an interrupt while it starts stops it too: nobody else holds it yet
+        anvil.stop()
+        raise
     return anvil
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -105,13 +106,22 @@ def _verify_run(run: Path, archive: list[Path] | None, as_json: bool, rounds: in
 
     info = read_run_info(run)
     folders = blob_folders(archive or [run / "archive"])
+    # `kill` (SIGTERM) stops it as Ctrl-C does, so the chain it started is stopped too, not left running
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        anvil = start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"])
-    except AnvilError as exc:
-        raise CLIError(str(exc)) from exc
-    with anvil:
-        ledger = common.open_ledger(common.connect_chain(anvil.url, check_evm=False), info["ledger"])
-        return _verify(ledger, folders, as_json, rounds or rounds_wanted(info))
+        try:
+            anvil = start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"])
+        except AnvilError as exc:
+            raise CLIError(str(exc)) from exc
+        with anvil:
+            ledger = common.open_ledger(common.connect_chain(anvil.url, check_evm=False), info["ledger"])
+            return _verify(ledger, folders, as_json, rounds or rounds_wanted(info))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def blob_folders(archives: list[Path]) -> list[Path]:

@@ -6,7 +6,14 @@ interrupted `swarm up` itself is tests/e2e/test_e2e_budget_and_interrupt.py."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from node.cli import main
 from node.cli.verify import STOPPED
@@ -51,3 +58,45 @@ def test_report_md_says_the_same_words():
     text = "\n".join(render_markdown(Path("runs/x"), report, config))
     assert "**Stopped after 1 of 5 rounds (interrupted).** The rounds that ended verify" in text, text
     assert "FAILED" not in text and "test accuracy: 0.5000 after round 1" in text
+
+
+def _children(pid: int) -> list[int]:
+    """The live child processes of `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # gone meanwhile
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_verify_stops_the_chain_it_started(recorded_run):
+    """`kill` (SIGTERM) on `swarm verify` used to end it and leave its Anvil running. The process is
+    frozen (SIGSTOP) the moment its Anvil child exists, signalled, then let go: whichever step it
+    was in (Anvil starting, or the checks), the chain goes with it."""
+    verify = subprocess.Popen(
+        [sys.executable, "-m", "node.cli", "verify", "--run", str(recorded_run)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    while not (children := _children(verify.pid)):
+        assert verify.poll() is None and time.monotonic() < deadline, "verify never started its chain"
+        time.sleep(0.01)
+    os.kill(verify.pid, signal.SIGSTOP)
+    (wrapper,) = children
+    while not (native := _children(wrapper)):  # npm's anvil is a wrapper around the native binary
+        assert time.monotonic() < deadline, "the wrapper never started anvil"
+        time.sleep(0.01)
+    os.kill(verify.pid, signal.SIGTERM)
+    os.kill(verify.pid, signal.SIGCONT)
+    assert verify.wait(120) == 130, verify.stderr.read() if verify.stderr else ""
+    with pytest.raises(ProcessLookupError):  # reaped by verify, not left running
+        os.kill(wrapper, 0)
+    while any(Path(f"/proc/{pid}/stat").exists() for pid in native):  # the native chain exits after it
+        assert time.monotonic() < deadline, f"anvil {native} left running"
+        time.sleep(0.05)
