@@ -103,7 +103,9 @@ def open_witness(ledger: LedgerClient, options: NodeOptions) -> Witness | None:
     if options.witness_rpc_url is None:
         return None
     url = options.witness_rpc_url
-    witness = Witness(ledger, LedgerClient(connect(url), options.ledger), (options.rpc_url, url))
+    # read at the same depth as the first endpoint: what the peer acts on is compared, not the fresher head
+    second = LedgerClient(connect(url), options.ledger, confirmations=ledger.confirmations)
+    witness = Witness(ledger, second, (options.rpc_url, url))
     witness.compare_chains()
     return witness
 
