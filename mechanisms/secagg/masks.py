@@ -6,33 +6,36 @@ sign(u, v) = +1 if u < v else -1, so every pairwise mask appears once with each 
 pairwise masks of any two members who both send cancel exactly in the sum. b_u is a fresh 32-byte
 self-mask seed; s_uv = s_vu is agreed by X25519 between u's and v's mask keys and stretched by
 HKDF-SHA256 to 32 bytes, bound to the session (swarm and round) and the ordered pair. PRG is
-ChaCha20 keyed with the full 32-byte seed (`mechanisms.randomness.RandomStream`), one nonce per
-purpose: no folding of the seed into a 32-bit generator.
+ChaCha20 keyed with the full 32-byte seed, counter 0 and a 96-bit nonce per purpose (the
+construction of `mechanisms.randomness.RandomStream`): no folding of the seed into a 32-bit
+generator.
 
 Unmasking the sum of the members S whose vectors arrived: subtract PRG(b_u) for u in S (b_u
 rebuilt from shares) and, for each member v that dropped after the keys were fixed, add back
 sign(u, v) PRG(s_uv) for u in S (s_uv rebuilt from v's reconstructed mask key and u's public key).
 For a member in S the pairwise seeds are never revealed, so its y_u stays masked.
+
+Speed: a mask is drawn as 32-bit words when bits <= 32 (64-bit otherwise), low `bits` bits kept,
+and the masks of a vector are accumulated in int64 without a reduction per term: 2^bits divides
+2^64, so one final `wrap` gives the residue mod 2^bits even after int64 wrap-around.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-import torch
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-from mechanisms.randomness import RandomStream
-
-from .quantize import add_mod, check_bits, sub_mod, wrap
+from .quantize import check_bits, wrap
 
 Ints = npt.NDArray[np.int64]
 SEED_BYTES = 32
@@ -46,7 +49,8 @@ def session_id(swarm: bytes, round_number: int) -> bytes:
 
 @dataclass(frozen=True)
 class MaskKey:
-    """A member's X25519 key pair for pairwise masks (the private half is Shamir-shared)."""
+    """An X25519 key pair (the mask key, whose private half is Shamir-shared, or the key that
+    encrypts shares to their holders)."""
 
     private: bytes
 
@@ -56,28 +60,64 @@ class MaskKey:
 
     @property
     def public(self) -> bytes:
-        key = X25519PrivateKey.from_private_bytes(self.private)
-        return key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        return self.loaded().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    def loaded(self) -> X25519PrivateKey:
+        """The key object (loading costs as much as one agreement: load once for many)."""
+        return X25519PrivateKey.from_private_bytes(self.private)
 
 
 def pair_seed(private: bytes, peer_public: bytes, session: bytes, u: int, v: int) -> bytes:
     """s_uv: X25519(private, peer_public) through HKDF-SHA256, bound to the session and the
     unordered pair {u, v} (both ends derive the same 32 bytes)."""
-    shared = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
+    return _pair_seed(X25519PrivateKey.from_private_bytes(private), peer_public, session, u, v)
+
+
+def _pair_seed(key: X25519PrivateKey, peer_public: bytes, session: bytes, u: int, v: int) -> bytes:
+    shared = key.exchange(X25519PublicKey.from_public_bytes(peer_public))
     lo, hi = sorted((u, v))
     info = b"secagg pair mask" + session + lo.to_bytes(4, "big") + hi.to_bytes(4, "big")
     return HKDF(algorithm=hashes.SHA256(), length=SEED_BYTES, salt=None, info=info).derive(shared)
 
 
+_NONCES = {p: hashlib.blake2b(f"secagg {p}".encode(), digest_size=12).digest() for p in ("self", "pair")}
+
+
+def _words(seed: bytes, dim: int, bits: int, purpose: str) -> npt.NDArray[np.uint32] | npt.NDArray[np.uint64]:
+    """dim uniform words from ChaCha20 keyed with `seed`: 32-bit if bits <= 32, else 64-bit."""
+    dtype = np.dtype("<u4") if bits <= 32 else np.dtype("<u8")
+    out = np.empty(dim, dtype=dtype)
+    encryptor = Cipher(algorithms.ChaCha20(seed, bytes(4) + _NONCES[purpose]), mode=None).encryptor()
+    encryptor.update_into(bytes(out.nbytes), out.data.cast("B"))
+    return out
+
+
 def expand(seed: bytes, dim: int, bits: int, purpose: str) -> Ints:
     """dim uniform residues mod 2^bits from ChaCha20 keyed with `seed` (32 bytes)."""
     check_bits(bits)
-    words = RandomStream(seed, f"secagg {purpose}").fill_(torch.empty(dim, dtype=torch.int64)).numpy()
-    return wrap(words, bits)
+    return wrap(_words(seed, dim, bits, purpose).astype(np.int64), bits)
 
 
 def new_self_seed() -> bytes:
     return os.urandom(SEED_BYTES)
+
+
+class MaskSum:
+    """An int64 accumulator of masks mod 2^bits: add or subtract PRG expansions, wrap once."""
+
+    def __init__(self, start: Ints, bits: int) -> None:
+        self.bits = check_bits(bits)
+        self.total = np.array(start, dtype=np.int64, copy=True)
+
+    def add(self, seed: bytes, purpose: str, sign: int) -> None:
+        words = _words(seed, len(self.total), self.bits, purpose)
+        if sign > 0:
+            np.add(self.total, words, out=self.total, casting="unsafe")
+        else:
+            np.subtract(self.total, words, out=self.total, casting="unsafe")
+
+    def residues(self) -> Ints:
+        return wrap(self.total, self.bits)
 
 
 def mask(
@@ -91,14 +131,13 @@ def mask(
 ) -> Ints:
     """y_u: `residues` under the self-mask and one pairwise mask per other member of `publics`
     (member index -> X25519 public key, the round's key set; `member` itself is skipped)."""
-    dim = len(residues)
-    y = add_mod(residues, expand(self_seed, dim, bits, "self"), bits)
+    total = MaskSum(residues, bits)
+    total.add(self_seed, "self", +1)
+    key = mask_key.loaded()
     for v, public in publics.items():
-        if v == member:
-            continue
-        pairwise = expand(pair_seed(mask_key.private, public, session, member, v), dim, bits, "pair")
-        y = add_mod(y, pairwise, bits) if member < v else sub_mod(y, pairwise, bits)
-    return y
+        if v != member:
+            total.add(_pair_seed(key, public, session, member, v), "pair", +1 if member < v else -1)
+    return total.residues()
 
 
 def unmask(
@@ -113,22 +152,32 @@ def unmask(
     seeds and the reconstructed mask keys of the members that had keys in `publics` but sent no
     vector (`dropped_keys`)."""
     survivors = sorted(masked)
+    if not survivors:
+        raise ValueError("no masked vector to unmask")
     if set(self_seeds) != set(survivors):
         raise ValueError("need the self-mask seed of every member whose vector is summed, and no other")
     if set(dropped_keys) & set(survivors) or not set(dropped_keys) <= set(publics) - set(survivors):
         raise ValueError("dropped members are those with keys and no vector")
     if set(publics) - set(survivors) - set(dropped_keys):
         raise ValueError("every member with keys and no vector needs its reconstructed mask key")
-    dim = len(masked[survivors[0]])
-    total = np.zeros(dim, dtype=np.int64)
+    total = MaskSum(_sum(masked[u] for u in survivors), bits)
     for u in survivors:
-        total = add_mod(total, masked[u], bits)
-        total = sub_mod(total, expand(self_seeds[u], dim, bits, "self"), bits)
-    for v, key in dropped_keys.items():
+        total.add(self_seeds[u], "self", -1)
+    for v, dropped in dropped_keys.items():
+        key = dropped.loaded()
         for u in survivors:
-            pairwise = expand(pair_seed(key.private, publics[u], session, u, v), dim, bits, "pair")
             # u added +PRG(s_uv) when u < v: take it away, else give back what u took
-            total = sub_mod(total, pairwise, bits) if u < v else add_mod(total, pairwise, bits)
+            total.add(_pair_seed(key, publics[u], session, u, v), "pair", -1 if u < v else +1)
+    return total.residues()
+
+
+def _sum(vectors: Iterable[Ints]) -> Ints:
+    """The int64 sum of residues below 2^62 (exact mod 2^bits after a wrap, whatever the count)."""
+    total: Ints | None = None
+    for y in vectors:
+        total = np.array(y, dtype=np.int64, copy=True) if total is None else np.add(total, y, out=total)
+    if total is None:
+        raise ValueError("nothing to sum")
     return total
 
 

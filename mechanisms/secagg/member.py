@@ -11,13 +11,15 @@ clipped gradient of the union.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import numpy.typing as npt
 
 from mechanisms.randomness import RandomStream
 
 from .policy import SecAggPolicy
-from .quantize import add_mod, centered, stochastic_round, wrap
+from .quantize import TAIL_SIGMAS, add_mod, centered, stochastic_round, wrap
 
 Ints = npt.NDArray[np.int64]
 
@@ -56,3 +58,25 @@ def decode(policy: SecAggPolicy, total: Ints, records: int) -> npt.NDArray[np.fl
     if records < 1:
         raise ValueError(f"records must be >= 1, got {records}")
     return centered(total, policy.bits).astype(np.float64) / (policy.scale * records)
+
+
+def norm_bound(policy: SecAggPolicy, records: int, members: int) -> float:
+    """An l2 norm that the centered aggregate of `members` honest members holding `records`
+    records in all does not reach but in a negligible tail: their clipped sums (records x clip x
+    scale), one rounding per member (< sqrt(dim) each), and the summed noise, at most its standard
+    deviation x (sqrt(dim) + TAIL_SIGMAS) (the norm of a Gaussian vector passes that with
+    probability below exp(-TAIL_SIGMAS^2 / 2); the discrete Gaussian is sub-Gaussian with the
+    same parameter, Canonne, Kamath and Steinke 2020)."""
+    if records < 1 or members < 1:
+        raise ValueError("records and members must be >= 1")
+    noise_std = math.sqrt(members * policy.local_noise.variance)
+    root = math.sqrt(policy.dim)
+    return records * policy.clip * policy.scale + members * root + noise_std * (root + TAIL_SIGMAS)
+
+
+def within_norm_bound(policy: SecAggPolicy, total: Ints, records: int, members: int) -> bool:
+    """Whether an unmasked aggregate could have come from honest members (`norm_bound`): what
+    replaces a robust aggregation rule, which cannot run on masked vectors. A member sending
+    arbitrary residues can still move the sum anywhere inside this ball, but no further."""
+    lifted = centered(total, policy.bits).astype(np.float64)
+    return float(np.linalg.norm(lifted)) <= norm_bound(policy, records, members)

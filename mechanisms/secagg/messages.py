@@ -6,27 +6,29 @@ A frame is
 and the signature covers everything before it. Every body starts with the session (32 bytes:
 swarm and round, `masks.session_id`) and the sender's member index (4 bytes); `open_frame` checks
 the total size against the kind's bound before reading anything else, then the signature under the
-key the caller holds for that sender (bound on chain to its registration), then parses the body
+key the caller holds for that sender (bound on chain to its registration), then the body is parsed
 field by field with every length checked. A frame that fails any check raises `BadMessage`
-naming the member whose signature or format does not hold.
+naming the member whose signature or format does not hold (None when the frame names nobody).
 
-Kinds:
+Kinds (member indices and counts are 2 bytes inside bodies):
 - KEYS: the member's X25519 mask public key and X25519 share-encryption public key.
-- SHARE: one share of one of the dealer's secrets (which: b, the self-mask seed, or s, the mask
-  key), for one holder: dealer-signed, so that a revealed share can be checked by anyone.
-- DEALING: for each holder, the holder's two SHARE frames encrypted with ChaCha20-Poly1305 under a
-  key agreed between the dealer's and the holder's encryption keys; and SHA-256 of the self-mask
-  seed, against which the reconstructed seed is checked (the mask key is checked against KEYS).
+- DEALING (public, archived): SHA-256 of the dealer's self-mask seed and, for each holder, a hash
+  commitment to each of the holder's two shares (`commitment`), so that a revealed share can be
+  checked later by anyone against what the dealer signed.
+- SEALED (dealer to one holder): the holder's two shares (value and 16-byte salt each) under
+  ChaCha20-Poly1305 with a key agreed between the dealer's and the holder's encryption keys.
 - MASKED: the masked residues, `bits` and the dimension, ceil(bits / 8) bytes per residue.
-- REVEAL: the SHARE frames a survivor reveals for the unmasking (as the dealers signed them).
+- REVEAL: the openings (dealer, which secret, value, salt) a survivor reveals for the unmasking.
 """
 
 from __future__ import annotations
 
+import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -41,18 +43,22 @@ from .masks import SESSION_BYTES
 from .quantize import check_bits
 from .shamir import PRIME, SHARE_BYTES, Share
 
-MAGIC = b"SAG1"
+MAGIC = b"SAG2"
 HEADER = struct.Struct(">4sBI")
 SIGNATURE_BYTES = 64
 KEY_BYTES = 32
+DIGEST_BYTES = 32
+SALT_BYTES = 16
+NONCE_BYTES = 12
+TAG_BYTES = 16
 MAX_MEMBERS = 1 << 12  # members per round a frame may address
 MAX_DIM = 1 << 24  # coordinates of a masked vector
 
 
 class Kind(IntEnum):
     KEYS = 1
-    SHARE = 2
-    DEALING = 3
+    DEALING = 2
+    SEALED = 3
     MASKED = 4
     REVEAL = 5
 
@@ -70,23 +76,23 @@ class BadMessage(ValueError):
         self.member = member
 
 
-_SHARE_BODY = SESSION_BYTES + 4 + 4 + 1 + 2 + SHARE_BYTES  # session, dealer, holder, secret, x, y
-_SHARE_FRAME = HEADER.size + _SHARE_BODY + SIGNATURE_BYTES
-_SEALED = 12 + 2 * _SHARE_FRAME + 16  # nonce, two SHARE frames, Poly1305 tag
-_DEALING_ENTRY = 4 + _SEALED
+_OPENING = SHARE_BYTES + SALT_BYTES  # a share's value and its commitment's salt
+_COMMITTED_HOLDER = 2 + 2 * DIGEST_BYTES  # holder, commitment to each of its two shares
+_SEALED = 2 + NONCE_BYTES + 2 * _OPENING + TAG_BYTES  # holder, nonce, two openings, Poly1305 tag
+_REVEALED = 2 + 1 + _OPENING  # dealer, secret, value and salt
+_HEAD = SESSION_BYTES + 4
 
 
 def _max_body(kind: Kind) -> int:
-    head = SESSION_BYTES + 4
     if kind is Kind.KEYS:
-        return head + 2 * KEY_BYTES
-    if kind is Kind.SHARE:
-        return _SHARE_BODY
+        return _HEAD + 2 * KEY_BYTES
     if kind is Kind.DEALING:
-        return head + 32 + 2 + MAX_MEMBERS * _DEALING_ENTRY
+        return _HEAD + DIGEST_BYTES + 2 + MAX_MEMBERS * _COMMITTED_HOLDER
+    if kind is Kind.SEALED:
+        return _HEAD + _SEALED
     if kind is Kind.MASKED:
-        return head + 1 + 4 + MAX_DIM * 8
-    return head + 2 + 2 * MAX_MEMBERS * _SHARE_FRAME  # REVEAL
+        return _HEAD + 1 + 4 + MAX_DIM * 8
+    return _HEAD + 2 + MAX_MEMBERS * _REVEALED  # REVEAL: at most one opening per member
 
 
 @dataclass(frozen=True)
@@ -108,12 +114,12 @@ def seal_frame(kind: Kind, session: bytes, sender: int, payload: bytes, key: Ed2
     return signed + key.sign(signed)
 
 
-def open_frame(
-    raw: bytes, kind: Kind, session: bytes, keys: Sequence[Ed25519PublicKey] | dict[int, Ed25519PublicKey]
-) -> Frame:
+def open_frame(raw: bytes, kind: Kind, session: bytes, keys: Mapping[int, Ed25519PublicKey]) -> Frame:
     """The checked frame: its size within the kind's bound, header, session, then the signature of
     the member it names (keys[sender]); raises BadMessage otherwise."""
-    if len(raw) < HEADER.size + SESSION_BYTES + 4 + SIGNATURE_BYTES:
+    if not isinstance(raw, bytes):
+        raise BadMessage(None, "a frame is bytes")
+    if len(raw) < HEADER.size + _HEAD + SIGNATURE_BYTES:
         raise BadMessage(None, "frame too short")
     if len(raw) > HEADER.size + _max_body(kind) + SIGNATURE_BYTES:
         raise BadMessage(None, f"frame of {len(raw)} bytes over the {kind.name} bound")
@@ -121,17 +127,21 @@ def open_frame(
     if magic != MAGIC or got_kind != kind or length != len(raw) - HEADER.size - SIGNATURE_BYTES:
         raise BadMessage(None, "bad header")
     body = raw[HEADER.size : HEADER.size + length]
-    sender = int.from_bytes(body[SESSION_BYTES : SESSION_BYTES + 4], "big")
+    sender = int.from_bytes(body[SESSION_BYTES:_HEAD], "big")
     if body[:SESSION_BYTES] != session:
         raise BadMessage(sender, "another session")
-    key = keys.get(sender) if isinstance(keys, dict) else (keys[sender] if sender < len(keys) else None)
+    key = keys.get(sender)
     if key is None:
         raise BadMessage(sender, "not a member of this round")
     try:
         key.verify(raw[-SIGNATURE_BYTES:], raw[:-SIGNATURE_BYTES])
     except InvalidSignature:
         raise BadMessage(sender, f"{kind.name} signature does not verify") from None
-    return Frame(kind, session, sender, body[SESSION_BYTES + 4 :], raw)
+    return Frame(kind, session, sender, body[_HEAD:], raw)
+
+
+def _index(data: bytes) -> int:
+    return int.from_bytes(data, "big")
 
 
 # --------------------------------------------------------------------------------------- KEYS
@@ -152,111 +162,153 @@ def read_keys(frame: Frame) -> tuple[bytes, bytes]:
     return frame.payload[:KEY_BYTES], frame.payload[KEY_BYTES:]
 
 
-# -------------------------------------------------------------------------------------- SHARE
+# ----------------------------------------------------------------------- shares and openings
 
 
-@dataclass(frozen=True)
-class SignedShare:
+class Opening(NamedTuple):
+    """One share of one of a dealer's secrets, with the salt of its commitment. A tuple, not a
+    checked dataclass: a round parses n^2 of them (the readers check every field, and
+    `_opening_bytes` checks what is sent)."""
+
     dealer: int
     holder: int
     secret: Secret
-    share: Share
-    raw: bytes  # the dealer-signed frame, as revealed
+    y: int
+    salt: bytes
+
+    @property
+    def share(self) -> Share:
+        return Share(self.holder + 1, self.y)
+
+    def commitment(self, session: bytes) -> bytes:
+        """SHA-256 over the domain, session, dealer, holder, secret, value and salt: binding (a
+        holder cannot open it to another value) and, with the 128-bit salt, hiding."""
+        return hashlib.sha256(
+            b"secagg share"
+            + session
+            + self.holder.to_bytes(2, "big")
+            + self.dealer.to_bytes(2, "big")
+            + _SECRET_BYTE[self.secret]
+            + _opening_bytes(self)
+        ).digest()
 
 
-def share_message(
-    session: bytes, dealer: int, holder: int, secret: Secret, share: Share, key: Ed25519PrivateKey
-) -> bytes:
-    payload = holder.to_bytes(4, "big") + bytes([secret]) + share.x.to_bytes(2, "big") + share.y_bytes()
-    return seal_frame(Kind.SHARE, session, dealer, payload, key)
+_SECRET_BYTE = {Secret.SELF_SEED: bytes([Secret.SELF_SEED]), Secret.MASK_KEY: bytes([Secret.MASK_KEY])}
+_SECRET_OF = {int(s): s for s in Secret}
 
 
-def read_share(
-    raw: bytes, session: bytes, keys: Sequence[Ed25519PublicKey] | dict[int, Ed25519PublicKey]
-) -> SignedShare:
-    """A share checked against its dealer's signature: a tampered one raises BadMessage naming the dealer."""
-    frame = open_frame(raw, Kind.SHARE, session, keys)
-    p = frame.payload
-    if len(p) != 4 + 1 + 2 + SHARE_BYTES:
-        raise BadMessage(frame.sender, "SHARE body has the wrong length")
-    holder = int.from_bytes(p[:4], "big")
-    try:
-        secret = Secret(p[4])
-        share = Share(int.from_bytes(p[5:7], "big"), int.from_bytes(p[7:], "big"))
-    except ValueError as exc:
-        raise BadMessage(frame.sender, f"bad share: {exc}") from None
-    if share.x != holder + 1 or share.y >= PRIME:
-        raise BadMessage(frame.sender, "share point does not match its holder")
-    return SignedShare(frame.sender, holder, secret, share, raw)
+def _opening_bytes(o: Opening) -> bytes:
+    if not (0 <= o.dealer < MAX_MEMBERS and 0 <= o.holder < MAX_MEMBERS and 0 <= o.y < PRIME):
+        raise ValueError("an opening has member indices below 2^12 and a field element")
+    if len(o.salt) != SALT_BYTES:
+        raise ValueError(f"a salt is {SALT_BYTES} bytes")
+    return o.y.to_bytes(SHARE_BYTES, "big") + o.salt
+
+
+def _read_opening(data: bytes, dealer: int, holder: int, secret: Secret, blame: int) -> Opening:
+    y = _index(data[:SHARE_BYTES])
+    if y >= PRIME:
+        raise BadMessage(blame, "share value outside the field")
+    return Opening(dealer, holder, secret, y, data[SHARE_BYTES:_OPENING])
 
 
 # ------------------------------------------------------------------------------------ DEALING
 
 
-def _cipher_key(private: bytes, peer_public: bytes, session: bytes, dealer: int, holder: int) -> bytes:
-    shared = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
+@dataclass(frozen=True)
+class Dealing:
+    """What a dealer publishes: the digest of its self-mask seed and, per holder, the commitments
+    to that holder's share of each secret."""
+
+    dealer: int
+    seed_digest: bytes
+    commitments: Mapping[int, tuple[bytes, bytes]]  # holder -> (self-seed share, mask-key share)
+
+    def commitment(self, holder: int, secret: Secret) -> bytes | None:
+        pair = self.commitments.get(holder)
+        return None if pair is None else pair[0 if secret is Secret.SELF_SEED else 1]
+
+
+def dealing_message(
+    session: bytes,
+    dealer: int,
+    seed_digest: bytes,
+    commitments: Mapping[int, tuple[bytes, bytes]],
+    key: Ed25519PrivateKey,
+) -> bytes:
+    if len(seed_digest) != DIGEST_BYTES or len(commitments) > MAX_MEMBERS:
+        raise ValueError("a 32-byte digest and at most 2^12 holders")
+    parts = [seed_digest, len(commitments).to_bytes(2, "big")]
+    for holder in sorted(commitments):
+        b, s = commitments[holder]
+        if len(b) != DIGEST_BYTES or len(s) != DIGEST_BYTES:
+            raise ValueError("commitments are 32 bytes")
+        parts += [holder.to_bytes(2, "big"), b, s]
+    return seal_frame(Kind.DEALING, session, dealer, b"".join(parts), key)
+
+
+def read_dealing(frame: Frame) -> Dealing:
+    p = frame.payload
+    if len(p) < DIGEST_BYTES + 2:
+        raise BadMessage(frame.sender, "DEALING body too short")
+    count = _index(p[DIGEST_BYTES : DIGEST_BYTES + 2])
+    if count > MAX_MEMBERS or len(p) != DIGEST_BYTES + 2 + count * _COMMITTED_HOLDER:
+        raise BadMessage(frame.sender, "DEALING body has the wrong length")
+    commitments: dict[int, tuple[bytes, bytes]] = {}
+    for i in range(count):
+        at = DIGEST_BYTES + 2 + i * _COMMITTED_HOLDER
+        holder = _index(p[at : at + 2])
+        if holder in commitments:
+            raise BadMessage(frame.sender, "DEALING names a holder twice")
+        commitments[holder] = (p[at + 2 : at + 34], p[at + 34 : at + 66])
+    return Dealing(frame.sender, p[:DIGEST_BYTES], commitments)
+
+
+# ------------------------------------------------------------------------------------- SEALED
+
+
+def _cipher_key(private: X25519PrivateKey, peer_public: bytes, session: bytes, dealer: int, holder: int) -> bytes:
+    shared = private.exchange(X25519PublicKey.from_public_bytes(peer_public))
     info = b"secagg share encryption" + session + dealer.to_bytes(4, "big") + holder.to_bytes(4, "big")
     return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
 
 
-def seal_shares(
+def sealed_message(
     session: bytes,
-    dealer: int,
-    holder: int,
-    cipher_private: bytes,
+    openings: tuple[Opening, Opening],
+    cipher_private: X25519PrivateKey,
     holder_public: bytes,
-    frames: tuple[bytes, bytes],
     nonce: bytes,
+    key: Ed25519PrivateKey,
 ) -> bytes:
-    """The holder's two SHARE frames, encrypted to it (nonce: 12 fresh bytes)."""
-    if any(len(f) != _SHARE_FRAME for f in frames) or len(nonce) != 12:
-        raise ValueError("two SHARE frames and a 12-byte nonce")
-    aead = ChaCha20Poly1305(_cipher_key(cipher_private, holder_public, session, dealer, holder))
-    return nonce + aead.encrypt(nonce, frames[0] + frames[1], session)
+    """The holder's two openings (self seed, then mask key) encrypted to it; nonce: 12 fresh bytes."""
+    b, s = openings
+    if (b.secret, s.secret) != (Secret.SELF_SEED, Secret.MASK_KEY) or (b.dealer, b.holder) != (s.dealer, s.holder):
+        raise ValueError("a SEALED message carries one holder's self-seed and mask-key shares")
+    if len(nonce) != NONCE_BYTES:
+        raise ValueError("a 12-byte nonce")
+    aead = ChaCha20Poly1305(_cipher_key(cipher_private, holder_public, session, b.dealer, b.holder))
+    holder = b.holder.to_bytes(2, "big")
+    sealed = nonce + aead.encrypt(nonce, _opening_bytes(b) + _opening_bytes(s), session + holder)
+    return seal_frame(Kind.SEALED, session, b.dealer, holder + sealed, key)
 
 
-def open_shares(
-    sealed: bytes, session: bytes, dealer: int, holder: int, cipher_private: bytes, dealer_public: bytes
-) -> tuple[bytes, bytes]:
-    if len(sealed) != _SEALED:
-        raise BadMessage(dealer, "sealed shares have the wrong length")
-    aead = ChaCha20Poly1305(_cipher_key(cipher_private, dealer_public, session, dealer, holder))
-    try:
-        plain = aead.decrypt(sealed[:12], sealed[12:], session)
-    except InvalidTag:
-        raise BadMessage(dealer, "sealed shares do not decrypt") from None
-    return plain[:_SHARE_FRAME], plain[_SHARE_FRAME:]
-
-
-def dealing_message(
-    session: bytes, dealer: int, self_seed_digest: bytes, sealed: dict[int, bytes], key: Ed25519PrivateKey
-) -> bytes:
-    if len(self_seed_digest) != 32 or len(sealed) > MAX_MEMBERS:
-        raise ValueError("a 32-byte digest and at most 2^12 holders")
-    parts = [self_seed_digest, len(sealed).to_bytes(2, "big")]
-    for holder in sorted(sealed):
-        if len(sealed[holder]) != _SEALED:
-            raise ValueError("sealed shares have a fixed length")
-        parts += [holder.to_bytes(4, "big"), sealed[holder]]
-    return seal_frame(Kind.DEALING, session, dealer, b"".join(parts), key)
-
-
-def read_dealing(frame: Frame) -> tuple[bytes, dict[int, bytes]]:
-    """(SHA-256 of the dealer's self-mask seed, holder -> sealed shares)."""
+def read_sealed(
+    frame: Frame, holder: int, cipher_private: X25519PrivateKey, dealer_public: bytes
+) -> tuple[Opening, Opening]:
+    """The two openings a dealer sealed for `holder` (not yet checked against the commitments)."""
     p = frame.payload
-    if len(p) < 34:
-        raise BadMessage(frame.sender, "DEALING body too short")
-    count = int.from_bytes(p[32:34], "big")
-    if count > MAX_MEMBERS or len(p) != 34 + count * _DEALING_ENTRY:
-        raise BadMessage(frame.sender, "DEALING body has the wrong length")
-    sealed: dict[int, bytes] = {}
-    for i in range(count):
-        at = 34 + i * _DEALING_ENTRY
-        holder = int.from_bytes(p[at : at + 4], "big")
-        if holder in sealed:
-            raise BadMessage(frame.sender, "DEALING names a holder twice")
-        sealed[holder] = p[at + 4 : at + _DEALING_ENTRY]
-    return p[:32], sealed
+    if len(p) != _SEALED or _index(p[:2]) != holder:
+        raise BadMessage(frame.sender, "SEALED body has the wrong length or holder")
+    aead = ChaCha20Poly1305(_cipher_key(cipher_private, dealer_public, frame.session, frame.sender, holder))
+    try:
+        plain = aead.decrypt(p[2 : 2 + NONCE_BYTES], p[2 + NONCE_BYTES :], frame.session + p[:2])
+    except InvalidTag:
+        raise BadMessage(frame.sender, "sealed shares do not decrypt") from None
+    return (
+        _read_opening(plain[:_OPENING], frame.sender, holder, Secret.SELF_SEED, frame.sender),
+        _read_opening(plain[_OPENING:], frame.sender, holder, Secret.MASK_KEY, frame.sender),
+    )
 
 
 # ------------------------------------------------------------------------------------- MASKED
@@ -275,16 +327,24 @@ def masked_message(
     return seal_frame(Kind.MASKED, session, sender, payload, key)
 
 
+def masked_frame_size(bits: int, dim: int) -> int:
+    """The exact size of a round's MASKED frame: checked before a peer's bytes are opened."""
+    return HEADER.size + _HEAD + 5 + dim * ((check_bits(bits) + 7) // 8) + SIGNATURE_BYTES
+
+
 def read_masked(frame: Frame, bits: int, dim: int) -> npt.NDArray[np.int64]:
     """The masked residues, checked against the round's bits and dimension."""
     p = frame.payload
     width = (bits + 7) // 8
-    if len(p) != 5 + dim * width or p[0] != bits or int.from_bytes(p[1:5], "big") != dim:
+    if len(p) != 5 + dim * width or p[0] != bits or _index(p[1:5]) != dim:
         raise BadMessage(frame.sender, "MASKED vector has the wrong bits, dimension or length")
-    padded = np.zeros((dim, 8), dtype=np.uint8)
-    padded[:, :width] = np.frombuffer(p, dtype=np.uint8, offset=5).reshape(dim, width)
-    values = padded.reshape(-1).view("<u8").astype(np.int64)
-    if dim and int(values.max()) >= 1 << bits:
+    if width in (1, 2, 4, 8):
+        values = np.frombuffer(p, dtype=f"<u{width}", offset=5).astype(np.int64)
+    else:
+        padded = np.zeros((dim, 8), dtype=np.uint8)
+        padded[:, :width] = np.frombuffer(p, dtype=np.uint8, offset=5).reshape(dim, width)
+        values = padded.reshape(-1).view("<u8").astype(np.int64)
+    if dim and (int(values.max()) >= 1 << bits or int(values.min()) < 0):
         raise BadMessage(frame.sender, "MASKED residue out of range")
     return values
 
@@ -292,18 +352,29 @@ def read_masked(frame: Frame, bits: int, dim: int) -> npt.NDArray[np.int64]:
 # ------------------------------------------------------------------------------------- REVEAL
 
 
-def reveal_message(session: bytes, sender: int, shares: Sequence[bytes], key: Ed25519PrivateKey) -> bytes:
-    if len(shares) > 2 * MAX_MEMBERS or any(len(s) != _SHARE_FRAME for s in shares):
-        raise ValueError("a reveal carries SHARE frames, at most two per member")
-    return seal_frame(Kind.REVEAL, session, sender, len(shares).to_bytes(2, "big") + b"".join(shares), key)
+def reveal_message(session: bytes, sender: int, openings: Sequence[Opening], key: Ed25519PrivateKey) -> bytes:
+    dealers = [o.dealer for o in openings]
+    if len(set(dealers)) != len(dealers) or any(o.holder != sender for o in openings):
+        raise ValueError("a reveal carries the sender's own shares, at most one per dealer")
+    parts = [len(openings).to_bytes(2, "big")]
+    parts += [o.dealer.to_bytes(2, "big") + bytes([o.secret]) + _opening_bytes(o) for o in openings]
+    return seal_frame(Kind.REVEAL, session, sender, b"".join(parts), key)
 
 
-def read_reveal(frame: Frame) -> list[bytes]:
-    """The SHARE frames a survivor revealed (each still to be checked with `read_share`)."""
+def read_reveal(frame: Frame) -> list[Opening]:
+    """The openings a survivor revealed (each still to be checked against its dealer's commitment)."""
     p = frame.payload
     if len(p) < 2:
         raise BadMessage(frame.sender, "REVEAL body too short")
-    count = int.from_bytes(p[:2], "big")
-    if count > 2 * MAX_MEMBERS or len(p) != 2 + count * _SHARE_FRAME:
+    count = _index(p[:2])
+    if count > MAX_MEMBERS or len(p) != 2 + count * _REVEALED:
         raise BadMessage(frame.sender, "REVEAL body has the wrong length")
-    return [p[2 + i * _SHARE_FRAME : 2 + (i + 1) * _SHARE_FRAME] for i in range(count)]
+    openings, holder = [], frame.sender
+    for at in range(2, len(p), _REVEALED):
+        dealer, secret, y = _index(p[at : at + 2]), _SECRET_OF.get(p[at + 2]), _index(p[at + 3 : at + 3 + SHARE_BYTES])
+        if secret is None or dealer >= MAX_MEMBERS or y >= PRIME:
+            raise BadMessage(holder, "REVEAL names an unknown secret or member, or a value outside the field")
+        openings.append(Opening(dealer, holder, secret, y, p[at + 3 + SHARE_BYTES : at + _REVEALED]))
+    if len({o.dealer for o in openings}) != count:
+        raise BadMessage(holder, "REVEAL names a dealer twice")
+    return openings

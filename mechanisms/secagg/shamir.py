@@ -64,26 +64,43 @@ def split(
     return shares
 
 
-def combine(shares: Sequence[Share], threshold: int) -> bytes:
-    """The secret from `threshold` or more shares at distinct points (the first `threshold` used).
-    Raises if the interpolated value is not a 32-byte string (shares of different secrets, or
+def lagrange_at_zero(points: Sequence[int]) -> list[int]:
+    """The coefficients l_i with f(0) = sum l_i f(x_i) for every f of degree < len(points): one
+    set serves every secret shared at the same points (a round reconstructs up to n secrets from
+    the same survivors' shares, so the coefficients are computed once per set of points)."""
+    if len(set(points)) != len(points):
+        raise ValueError("shares must be at distinct points")
+    coefficients = []
+    for i, xi in enumerate(points):
+        numerator, denominator = 1, 1
+        for j, xj in enumerate(points):
+            if i != j:
+                numerator = numerator * (-xj) % PRIME
+                denominator = denominator * (xi - xj) % PRIME
+        coefficients.append(numerator * pow(denominator, -1, PRIME) % PRIME)
+    return coefficients
+
+
+def interpolate_secret(coefficients: Sequence[int], ys: Sequence[int]) -> bytes:
+    """The secret sum l_i y_i from `lagrange_at_zero`'s coefficients and the shares' values at the
+    same points. Raises if the value is not a 32-byte string (shares of different secrets, or
     forged ones, almost surely give a value above 2^256)."""
+    if len(coefficients) != len(ys):
+        raise ValueError("one share value per coefficient")
+    secret = sum(c * y for c, y in zip(coefficients, ys)) % PRIME
+    if secret >= 1 << (8 * SECRET_BYTES):
+        raise ValueError("the shares do not interpolate to a 32-byte secret")
+    return secret.to_bytes(SECRET_BYTES, "big")
+
+
+def combine(shares: Sequence[Share], threshold: int) -> bytes:
+    """The secret from `threshold` or more shares at distinct points (the first `threshold` used)."""
     if len({s.x for s in shares}) != len(shares):
         raise ValueError("shares must be at distinct points")
     if len(shares) < threshold:
         raise ValueError(f"need {threshold} shares, got {len(shares)}")
     used = shares[:threshold]
-    secret = 0
-    for i, si in enumerate(used):
-        numerator, denominator = 1, 1
-        for j, sj in enumerate(used):
-            if i != j:
-                numerator = numerator * (-sj.x) % PRIME
-                denominator = denominator * (si.x - sj.x) % PRIME
-        secret = (secret + si.y * numerator * pow(denominator, -1, PRIME)) % PRIME
-    if secret >= 1 << (8 * SECRET_BYTES):
-        raise ValueError("the shares do not interpolate to a 32-byte secret")
-    return secret.to_bytes(SECRET_BYTES, "big")
+    return interpolate_secret(lagrange_at_zero([s.x for s in used]), [s.y for s in used])
 
 
 def threshold_for(members: int, dropout_fraction: float) -> int:

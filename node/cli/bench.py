@@ -14,7 +14,7 @@ from pathlib import Path
 
 from node.cli import common
 
-SUITES = ("mechanisms", "ledger", "p2p", "round", "simulate", "dpsgd", "cli")
+SUITES = ("mechanisms", "ledger", "p2p", "round", "simulate", "dpsgd", "cli", "secagg")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

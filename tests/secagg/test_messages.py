@@ -1,5 +1,6 @@
-"""Signed, length-framed messages: they round-trip, a tampered or misattributed frame is refused
-and names the member, an oversized one is refused before it is parsed."""
+"""Signed, length-framed messages: they round-trip; a tampered, misattributed, truncated or
+oversized frame is refused with BadMessage (naming the member where the frame names one) before
+anything else is parsed, and never crashes the reader."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mechanisms.secagg import messages as m
 from mechanisms.secagg.masks import MaskKey, session_id
-from mechanisms.secagg.shamir import combine, split
+from mechanisms.secagg.shamir import PRIME
 
 SESSION = session_id(b"genesis", 3)
 N = 4
@@ -21,6 +22,10 @@ N = 4
 def signers():
     keys = [Ed25519PrivateKey.generate() for _ in range(N)]
     return keys, {i: k.public_key() for i, k in enumerate(keys)}
+
+
+def opening(dealer: int, holder: int, secret: m.Secret) -> m.Opening:
+    return m.Opening(dealer, holder, secret, int.from_bytes(os.urandom(32), "big"), os.urandom(m.SALT_BYTES))
 
 
 def test_keys_round_trip_and_a_wrong_signer_is_named(signers):
@@ -36,45 +41,31 @@ def test_keys_round_trip_and_a_wrong_signer_is_named(signers):
         m.open_frame(raw, m.Kind.KEYS, session_id(b"genesis", 4), publics)  # replayed in another round
 
 
-def test_dealt_shares_open_for_their_holder_and_a_tampered_share_names_its_dealer(signers):
+def test_sealed_shares_open_for_their_holder_only_and_match_the_public_commitments(signers):
     keys, publics = signers
     dealer, holder = 0, 3
     ciphers = [MaskKey.generate() for _ in range(N)]
-    secret = os.urandom(32)
-    shares = split(secret, 3, N)
-    frames = (
-        m.share_message(SESSION, dealer, holder, m.Secret.SELF_SEED, shares[holder], keys[dealer]),
-        m.share_message(SESSION, dealer, holder, m.Secret.MASK_KEY, shares[holder], keys[dealer]),
+    b, s = opening(dealer, holder, m.Secret.SELF_SEED), opening(dealer, holder, m.Secret.MASK_KEY)
+    sealed = m.sealed_message(
+        SESSION, (b, s), ciphers[dealer].loaded(), ciphers[holder].public, os.urandom(12), keys[0]
     )
-    sealed = m.seal_shares(
-        SESSION, dealer, holder, ciphers[dealer].private, ciphers[holder].public, frames, os.urandom(12)
-    )
-    raw = m.dealing_message(SESSION, dealer, b"\x00" * 32, {holder: sealed}, keys[dealer])
-    digest, dealt = m.read_dealing(m.open_frame(raw, m.Kind.DEALING, SESSION, publics))
-    opened = m.open_shares(dealt[holder], SESSION, dealer, holder, ciphers[holder].private, ciphers[dealer].public)
-    assert opened == frames
-    share = m.read_share(opened[0], SESSION, publics)
-    assert (share.dealer, share.holder, share.secret, share.share) == (
-        dealer,
-        holder,
-        m.Secret.SELF_SEED,
-        shares[holder],
-    )
-    # a holder (or anyone) that alters a share before revealing it: the dealer's signature fails
-    tampered = bytearray(opened[0])
-    tampered[-m.SIGNATURE_BYTES - 1] ^= 1  # last byte of y
-    with pytest.raises(m.BadMessage) as err:
-        m.read_share(bytes(tampered), SESSION, publics)
+    frame = m.open_frame(sealed, m.Kind.SEALED, SESSION, publics)
+    assert m.read_sealed(frame, holder, ciphers[holder].loaded(), ciphers[dealer].public) == (b, s)
+    with pytest.raises(m.BadMessage) as err:  # another member cannot open it
+        m.read_sealed(frame, 2, ciphers[2].loaded(), ciphers[dealer].public)
     assert err.value.member == dealer
-    # revealed shares reconstruct the secret
-    others = [
-        m.read_share(m.share_message(SESSION, dealer, h, m.Secret.SELF_SEED, shares[h], keys[dealer]), SESSION, publics)
-        for h in (1, 2)
-    ]
-    assert combine([share.share] + [o.share for o in others], 3) == secret
-    with pytest.raises(m.BadMessage) as err:  # another holder cannot open it
-        m.open_shares(dealt[holder], SESSION, dealer, 2, ciphers[2].private, ciphers[dealer].public)
-    assert err.value.member == dealer
+    commitments = {h: (b.commitment(SESSION), s.commitment(SESSION)) for h in range(N)}
+    raw = m.dealing_message(SESSION, dealer, b"\x01" * 32, commitments, keys[dealer])
+    dealing = m.read_dealing(m.open_frame(raw, m.Kind.DEALING, SESSION, publics))
+    assert dealing.seed_digest == b"\x01" * 32
+    assert dealing.commitment(holder, m.Secret.MASK_KEY) == s.commitment(SESSION)
+    # a share changed by one, or its salt, or claimed for another holder, no longer matches
+    for other in (
+        m.Opening(dealer, holder, b.secret, (b.y + 1) % PRIME, b.salt),
+        m.Opening(dealer, holder, b.secret, b.y, bytes(16)),
+        m.Opening(dealer, 2, b.secret, b.y, b.salt),
+    ):
+        assert other.commitment(SESSION) != dealing.commitment(holder, m.Secret.SELF_SEED)
 
 
 def test_masked_vector_round_trips_and_bad_sizes_are_refused_before_parsing(signers):
@@ -89,14 +80,68 @@ def test_masked_vector_round_trips_and_bad_sizes_are_refused_before_parsing(sign
     assert err.value.member == 1
     with pytest.raises(m.BadMessage, match="over the KEYS bound"):
         m.open_frame(raw, m.Kind.KEYS, SESSION, publics)  # refused on its size alone
-    with pytest.raises(m.BadMessage):
-        m.open_frame(raw[:-1], m.Kind.MASKED, SESSION, publics)  # length field disagrees
+    odd = np.random.default_rng(1).integers(0, 2**20, 50, dtype=np.int64)  # 3-byte residues
+    frame20 = m.open_frame(m.masked_message(SESSION, 1, odd, 20, keys[1]), m.Kind.MASKED, SESSION, publics)
+    assert np.array_equal(m.read_masked(frame20, 20, 50), odd)
 
 
-def test_reveal_carries_dealer_signed_shares(signers):
+def test_reveal_round_trips_and_carries_at_most_one_share_per_dealer(signers):
     keys, publics = signers
-    shares = split(os.urandom(32), 2, N)
-    frames = [m.share_message(SESSION, d, 0, m.Secret.MASK_KEY, shares[0], keys[d]) for d in (1, 2)]
-    raw = m.reveal_message(SESSION, 0, frames, keys[0])
-    revealed = m.read_reveal(m.open_frame(raw, m.Kind.REVEAL, SESSION, publics))
-    assert [m.read_share(f, SESSION, publics).dealer for f in revealed] == [1, 2]
+    shares = [opening(1, 0, m.Secret.SELF_SEED), opening(2, 0, m.Secret.MASK_KEY)]
+    raw = m.reveal_message(SESSION, 0, shares, keys[0])
+    assert m.read_reveal(m.open_frame(raw, m.Kind.REVEAL, SESSION, publics)) == shares
+    with pytest.raises(ValueError):
+        m.reveal_message(SESSION, 0, [shares[0], opening(1, 0, m.Secret.MASK_KEY)], keys[0])  # both of 1
+    # a hand-built body naming dealer 1 twice, properly signed: refused and its sender named
+    entry = [(1).to_bytes(2, "big") + bytes([k]) + bytes(33) + bytes(16) for k in (1, 2)]
+    twice = m.seal_frame(m.Kind.REVEAL, SESSION, 0, (2).to_bytes(2, "big") + b"".join(entry), keys[0])
+    with pytest.raises(m.BadMessage) as err:
+        m.read_reveal(m.open_frame(twice, m.Kind.REVEAL, SESSION, publics))
+    assert err.value.member == 0
+
+
+def test_hostile_bytes_are_refused_without_crashing(signers):
+    keys, publics = signers
+    rng = np.random.default_rng(5)
+    good = {
+        m.Kind.KEYS: m.keys_message(SESSION, 1, bytes(32), bytes(32), keys[1]),
+        m.Kind.DEALING: m.dealing_message(SESSION, 1, bytes(32), {0: (bytes(32), bytes(32))}, keys[1]),
+        m.Kind.REVEAL: m.reveal_message(SESSION, 1, [opening(2, 1, m.Secret.SELF_SEED)], keys[1]),
+        m.Kind.MASKED: m.masked_message(SESSION, 1, np.arange(10, dtype=np.int64), 32, keys[1]),
+    }
+    readers = {m.Kind.KEYS: m.read_keys, m.Kind.DEALING: m.read_dealing, m.Kind.REVEAL: m.read_reveal}
+    for kind, raw in good.items():
+        hostile = [
+            b"",
+            raw[:10],
+            raw[:-1],  # truncated
+            raw + b"\x00",  # trailing byte
+            raw[:-1] + bytes([raw[-1] ^ 1]),  # bad signature
+            bytes(rng.integers(0, 256, len(raw), dtype=np.uint8)),  # noise of the right size
+            raw[:20] + bytes([raw[20] ^ 0x40]) + raw[21:],  # a flipped bit in the session
+            m.MAGIC + bytes([kind]) + (2**31).to_bytes(4, "big") + bytes(100),  # a huge length
+        ]
+        for bad in hostile:
+            with pytest.raises(m.BadMessage):
+                m.open_frame(bad, kind, SESSION, publics)
+    with pytest.raises(m.BadMessage, match="over the REVEAL bound"):
+        m.open_frame(bytes(64 * 1024 * 1024), m.Kind.REVEAL, SESSION, publics)  # oversized: size alone
+    with pytest.raises(m.BadMessage, match="a frame is bytes"):
+        m.open_frame("text", m.Kind.KEYS, SESSION, publics)  # type: ignore[arg-type]
+    # well-signed bodies that lie about their own contents: refused by the reader, sender named
+    for kind, payload in [
+        (m.Kind.KEYS, bytes(63)),
+        (m.Kind.DEALING, bytes(32) + (5).to_bytes(2, "big") + bytes(66)),  # counts 5 holders, holds 1
+        (m.Kind.REVEAL, (1).to_bytes(2, "big") + (2).to_bytes(2, "big") + bytes([9]) + bytes(49)),  # secret 9
+        (m.Kind.REVEAL, (1).to_bytes(2, "big") + (2).to_bytes(2, "big") + bytes([1]) + b"\xff" * 33 + bytes(16)),
+    ]:
+        frame = m.open_frame(m.seal_frame(kind, SESSION, 3, payload, keys[3]), kind, SESSION, publics)
+        with pytest.raises(m.BadMessage) as err:
+            readers[kind](frame)
+        assert err.value.member == 3
+    masked = m.open_frame(good[m.Kind.MASKED], m.Kind.MASKED, SESSION, publics)
+    with pytest.raises(m.BadMessage):
+        m.read_masked(masked, 31, 10)  # another bits
+    over = m.seal_frame(m.Kind.MASKED, SESSION, 2, bytes([20]) + (1).to_bytes(4, "big") + b"\xff" * 3, keys[2])
+    with pytest.raises(m.BadMessage):  # a residue above 2^20 in a 20-bit round
+        m.read_masked(m.open_frame(over, m.Kind.MASKED, SESSION, publics), 20, 1)

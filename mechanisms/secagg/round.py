@@ -1,0 +1,238 @@
+"""A member's steps in one secure-aggregation round, as pure functions over signed frames
+(`messages`); no transport. The sets of each step are inputs: on a swarm the chain's windows fix
+them (which frames' digests were posted in time), so every member and any auditor see the same.
+
+- R0 `start`: fresh X25519 mask and share-encryption keys and a self-mask seed; the KEYS frame,
+  signed with the member's Ed25519 key (the one bound to its registration). U1: the members whose
+  KEYS frame opens (`key_set`).
+- R1 `deal`: Shamir shares (threshold t) of the self-mask seed b_u and of the mask private key to
+  every member of U1 (itself included), each encrypted to its holder (SEALED), and a public
+  DEALING with a salted hash commitment to every share and the digest of b_u. U2: the dealers of
+  U1 whose DEALING opens and commits to every member of U1 (`dealt_set`); `receive` opens what
+  was sealed for this member and checks each share against its commitment.
+- R2 `masked_vector`: the residues (`member.encode`) under the self-mask and one pairwise mask per
+  other member of U2 (`masks.mask`). U3: the members of U2 whose MASKED frame opens and has the
+  round's bits and dimension (`unmask.survivors`).
+- R3 `reveal`: for each member of U2, the share of b_v if v is in U3, of its mask key otherwise;
+  never both for one member: a second call that would reveal the other secret is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+
+from . import masks
+from . import messages as m
+from .masks import Ints, MaskKey
+from .shamir import split, threshold_for
+
+DROPOUT_TOLERANCE = 1 / 3  # the round finalizes when up to this share of U1 drops before revealing
+
+
+@dataclass(frozen=True)
+class RoundSetup:
+    """What every participant of a round agrees on before it starts: the session (swarm and
+    round), the members' Ed25519 keys (index -> key, bound on chain to their registrations),
+    the threshold, and the vectors' bits and dimension."""
+
+    session: bytes
+    signing: Mapping[int, Ed25519PublicKey]
+    threshold: int
+    bits: int
+    dim: int
+
+    @classmethod
+    def for_members(cls, session: bytes, signing: Mapping[int, Ed25519PublicKey], bits: int, dim: int) -> RoundSetup:
+        """t = n - floor(n / 3) (and a majority), n the members with keys bound for the round."""
+        return cls(session, signing, threshold_for(len(signing), DROPOUT_TOLERANCE), bits, dim)
+
+
+@dataclass(frozen=True)
+class PublicKeys:
+    mask: bytes
+    cipher: bytes
+
+
+@dataclass
+class MemberState:
+    """A member's secrets for one round (never sent) and what it was dealt and revealed."""
+
+    index: int
+    signing_key: Ed25519PrivateKey
+    mask_key: MaskKey
+    cipher_key: MaskKey
+    self_seed: bytes
+    held: dict[int, tuple[m.Opening, m.Opening]] = field(default_factory=dict)  # dealer -> its two shares for us
+    revealed: dict[int, m.Secret] = field(default_factory=dict)  # dealer -> which of its secrets we revealed
+
+
+class RevealRefused(ValueError):
+    """A reveal that would give out both secrets of one member (or shares of a non-member)."""
+
+
+def seed_digest(setup: RoundSetup, seed: bytes) -> bytes:
+    return hashlib.sha256(b"secagg self seed" + setup.session + seed).digest()
+
+
+# ----------------------------------------------------------------------------------------- R0
+
+
+def start(setup: RoundSetup, index: int, signing_key: Ed25519PrivateKey) -> tuple[MemberState, bytes]:
+    state = MemberState(index, signing_key, MaskKey.generate(), MaskKey.generate(), masks.new_self_seed())
+    frame = m.keys_message(setup.session, index, state.mask_key.public, state.cipher_key.public, signing_key)
+    return state, frame
+
+
+def key_set(setup: RoundSetup, frames: Mapping[int, bytes]) -> tuple[dict[int, PublicKeys], dict[int, str]]:
+    """U1 from the KEYS frames of the members the chain admitted to R0; faults name the others."""
+    keys: dict[int, PublicKeys] = {}
+    faults: dict[int, str] = {}
+    probe = X25519PrivateKey.generate()
+    for member, raw in sorted(frames.items()):
+        try:
+            frame = m.open_frame(raw, m.Kind.KEYS, setup.session, setup.signing)
+            if frame.sender != member:
+                raise m.BadMessage(member, "KEYS frame of another member")
+            public = PublicKeys(*m.read_keys(frame))
+            if not (usable(public.mask, probe) and usable(public.cipher, probe)):
+                raise m.BadMessage(member, "KEYS holds a low-order X25519 point (every agreement with it fails)")
+            keys[member] = public
+        except m.BadMessage as exc:
+            faults[member] = str(exc)
+    return keys, faults
+
+
+def usable(public: bytes, probe: X25519PrivateKey) -> bool:
+    """Whether an X25519 public key gives a shared secret at all: a low-order point gives the
+    all-zero secret with every private key (`probe`: any), which `cryptography` refuses, so every
+    member's agreement with it would fail."""
+    try:
+        probe.exchange(X25519PublicKey.from_public_bytes(public))
+    except ValueError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------------------- R1
+
+
+def deal(state: MemberState, setup: RoundSetup, keys: Mapping[int, PublicKeys]) -> tuple[bytes, dict[int, bytes]]:
+    """The public DEALING frame and one SEALED frame per holder (every member of U1)."""
+    if state.index not in keys:
+        raise ValueError("a member deals only if its keys are in U1")
+    holders = sorted(keys)
+    if holders[-1] >= m.MAX_MEMBERS:
+        raise ValueError("member indices below 2^12")
+    session, me = setup.session, state.index
+    # the shares are f(holder + 1): split over points 1..max index + 1, keep U1's
+    seed_shares = split(state.self_seed, setup.threshold, holders[-1] + 1)
+    key_shares = split(state.mask_key.private, setup.threshold, holders[-1] + 1)
+    commitments: dict[int, tuple[bytes, bytes]] = {}
+    sealed: dict[int, bytes] = {}
+    cipher = state.cipher_key.loaded()
+    for h in holders:
+        b = m.Opening(me, h, m.Secret.SELF_SEED, seed_shares[h].y, os.urandom(m.SALT_BYTES))
+        s = m.Opening(me, h, m.Secret.MASK_KEY, key_shares[h].y, os.urandom(m.SALT_BYTES))
+        commitments[h] = (b.commitment(session), s.commitment(session))
+        sealed[h] = m.sealed_message(
+            session, (b, s), cipher, keys[h].cipher, os.urandom(m.NONCE_BYTES), state.signing_key
+        )
+    dealing = m.dealing_message(session, me, seed_digest(setup, state.self_seed), commitments, state.signing_key)
+    return dealing, sealed
+
+
+def dealt_set(
+    setup: RoundSetup, keys: Mapping[int, PublicKeys], frames: Mapping[int, bytes]
+) -> tuple[dict[int, m.Dealing], dict[int, str]]:
+    """U2 from the DEALING frames of the members the chain admitted to R1: each must be a member
+    of U1, open, and commit to a share for every member of U1; faults name the others."""
+    dealings: dict[int, m.Dealing] = {}
+    faults: dict[int, str] = {}
+    for dealer, raw in sorted(frames.items()):
+        try:
+            if dealer not in keys:
+                raise m.BadMessage(dealer, "dealt without keys in U1")
+            dealing = m.read_dealing(m.open_frame(raw, m.Kind.DEALING, setup.session, setup.signing))
+            if dealing.dealer != dealer:
+                raise m.BadMessage(dealer, "DEALING frame of another member")
+            if set(dealing.commitments) != set(keys):
+                raise m.BadMessage(dealer, "DEALING does not commit to a share for every member of U1")
+            dealings[dealer] = dealing
+        except m.BadMessage as exc:
+            faults[dealer] = str(exc)
+    return dealings, faults
+
+
+def receive(
+    state: MemberState,
+    setup: RoundSetup,
+    keys: Mapping[int, PublicKeys],
+    dealings: Mapping[int, m.Dealing],
+    sealed: Mapping[int, bytes],
+) -> dict[int, str]:
+    """Open the shares each dealer of U2 sealed for this member and keep those that match the
+    dealer's commitments; returns the dealers whose shares did not (missing, undecryptable, or not
+    what they committed to): this member cannot reveal for them."""
+    faults: dict[int, str] = {}
+    cipher = state.cipher_key.loaded()
+    for dealer in sorted(dealings):
+        try:
+            raw = sealed.get(dealer)
+            if raw is None:
+                raise m.BadMessage(dealer, "no SEALED shares for us")
+            frame = m.open_frame(raw, m.Kind.SEALED, setup.session, setup.signing)
+            if frame.sender != dealer:
+                raise m.BadMessage(dealer, "SEALED frame of another member")
+            b, s = m.read_sealed(frame, state.index, cipher, keys[dealer].cipher)
+            for opening in (b, s):
+                if opening.commitment(setup.session) != dealings[dealer].commitment(state.index, opening.secret):
+                    raise m.BadMessage(dealer, f"{opening.secret.name} share does not match its commitment")
+            state.held[dealer] = (b, s)
+        except m.BadMessage as exc:
+            faults[dealer] = str(exc)
+    return faults
+
+
+# ----------------------------------------------------------------------------------------- R2
+
+
+def masked_vector(
+    state: MemberState, setup: RoundSetup, keys: Mapping[int, PublicKeys], dealt: Collection[int], residues: Ints
+) -> bytes:
+    """The MASKED frame: `residues` (mod 2^bits) under the self-mask and the pairwise masks with
+    every other member of U2 (`dealt`)."""
+    if state.index not in dealt:
+        raise ValueError("a member sends a masked vector only if its dealing is in U2")
+    publics = {v: keys[v].mask for v in dealt}
+    y = masks.mask(residues, state.index, state.mask_key, publics, state.self_seed, setup.session, setup.bits)
+    return m.masked_message(setup.session, state.index, y, setup.bits, state.signing_key)
+
+
+# ----------------------------------------------------------------------------------------- R3
+
+
+def reveal(state: MemberState, setup: RoundSetup, dealt: Collection[int], survivors: Collection[int]) -> bytes:
+    """The REVEAL frame: for each member of `dealt` (U2) whose shares this member holds, the share
+    of its self-mask seed if it survived R2 (is in `survivors`, U3), else of its mask key. Refused
+    if U3 is not within U2, or if this member already revealed the other secret of any member. A
+    member that could not fetch a MASKED frame whose digest the chain holds leaves its sender out
+    of `dealt` (reveals neither secret): counting it as dropped would hand out its mask key while
+    others hand out its seed."""
+    survivors = set(survivors)
+    if not survivors <= set(dealt):
+        raise RevealRefused("survivors of R2 must be members of U2")
+    chosen: list[m.Opening] = []
+    for dealer in sorted(set(dealt) & set(state.held)):
+        secret = m.Secret.SELF_SEED if dealer in survivors else m.Secret.MASK_KEY
+        if state.revealed.get(dealer, secret) is not secret:
+            raise RevealRefused(f"already revealed member {dealer}'s {state.revealed[dealer].name}: never both")
+        chosen.append(state.held[dealer][0 if secret is m.Secret.SELF_SEED else 1])
+    for opening in chosen:
+        state.revealed[opening.dealer] = opening.secret
+    return m.reveal_message(setup.session, state.index, chosen, state.signing_key)
