@@ -26,7 +26,10 @@ pragma solidity 0.8.28;
  * no contract can run, so every peer and `swarm verify` recompute it from the Committed events.
  *
  * Rounds: round 1 opens at deployment. When round r is finalized or aborted, round r+1 opens in
- * that same block. Every window has a length in blocks and one in seconds (block.timestamp), and
+ * that same block. A round closes when its commit window has passed or, early, once every member
+ * it awaits has committed: every registered member, except those the last finalized aggregate
+ * left out (a withholder's blob reaches nobody, so it is left out, and its late commit, trained
+ * again from a model it did not expect, no longer holds the round); after an abort, everyone. Every window has a length in blocks and one in seconds (block.timestamp), and
  * ends only once both have passed: on a chain that mines a block per transaction (a local Anvil),
  * anyone can mine hundreds of blocks a second with transactions that fail, so blocks alone would
  * let an outsider close a round on an honest peer or cut the attestation window short; the
@@ -44,7 +47,10 @@ pragma solidity 0.8.28;
  * no transaction loops over peers. The participant order (the order inclusion bitmaps use) is the
  * `index` of the Committed events, checked against the stored participant count. An attestation
  * rewrites the peer's slot and one bucket; `closeRound` pre-writes the round's outcome slot so the
- * finalizing attestation only overwrites it.
+ * finalizing attestation only overwrites it. Who the early close awaits costs a commit one cold read
+ * (the word of the last finalized bitmap holding the sender's bit) and the finalizing attestation
+ * one rewritten slot per 256 participants (that bitmap, in slots reused every other finalization),
+ * paid by not writing the finalizer's vote counter and attestation mark, which nobody reads again.
  */
 contract SwarmLedger {
     // ------------------------------------------------------------------ types
@@ -103,8 +109,10 @@ contract SwarmLedger {
         uint64 closedAt; // block.timestamp of closedBlock; 0 while open
     }
 
-    /// @dev One slot per registered address (208 bits); `lastCommitRound`/`lastAttestRound` detect a
-    /// second commit or attestation without a per-round slot.
+    /// @dev One slot per registered address (240 bits); `lastCommitRound`/`lastAttestRound` detect a
+    /// second commit or attestation without a per-round slot; `lastCommitRound` and
+    /// `lastCommitIndex` (its participant number there) find the peer's bit in that round's
+    /// finalized inclusion bitmap (who the early close awaits: `_leftOut`).
     struct Peer {
         uint64 epsMicro;
         uint64 recordEpsMicro;
@@ -112,24 +120,29 @@ contract SwarmLedger {
         uint32 lastAttestRound;
         bool registered;
         bool banned;
+        uint32 lastCommitIndex;
     }
 
     /// @dev The round in progress, in one slot (256 bits): commits and attestations read it, commits
-    /// bump `participantCount`. Rounds fit 31 bits (the table's tags), blocks 40 bits (34,000 years
-    /// of one-second blocks) and timestamps 40 bits (until the year 36,000). The slot holds where
-    /// the round's current phase began, the one window that can still be running: the opening while
-    /// it is open (the commit window), the closing once it is closed (the attestation window); the
-    /// opening of a closed round is in its RoundRecord.
+    /// bump `participantCount` and `settled`. Rounds fit 31 bits (the table's tags), blocks 40 bits
+    /// (34,000 years of one-second blocks) and timestamps 40 bits (until the year 36,000). The slot
+    /// holds where the round's current phase began, the one window that can still be running: the
+    /// opening while it is open (the commit window), the closing once it is closed (the attestation
+    /// window); the opening of a closed round is in its RoundRecord. The early close (closeRound)
+    /// waits until `settled` reaches the registered count; `settled` and `leftOutAbsent` may only
+    /// count low (saturating), which makes a round wait longer, never close without a member it awaits.
     struct Live {
         uint32 round;
         uint40 sinceBlock; // block the round opened in (OPEN) or closed in (CLOSED)
         uint40 sinceTime; // that block's timestamp
         uint32 baseRound; // last finalized round (0 = genesis): the model this round starts from
-        uint32 participantCount;
+        uint24 participantCount;
         RoundState state;
-        uint24 removedCommitters; // participants of this round removed from the allowlist since
-        uint24 tableSize; // buckets of the round table this round uses (fixed for the round)
-        uint24 nextTableSize; // buckets the next round uses: the slots registrations created by closeRound
+        bool priorKept; // the round before the base was finalized too: its bitmap still decides (`_leftOut`)
+        bool committerRemoved; // a participant of this round was removed since: its bitmap counts as all ones
+        uint24 settled; // members that can still commit and committed, or that the early close does not await
+        uint24 tableSize; // buckets of the round table this round uses (set at the previous close, and at this one for the votes)
+        uint16 leftOutAbsent; // members the base round left out that have not committed in this round
     }
 
     /// @dev Written once when a round closes, in one slot (192 bits); endedBlock of r is openedBlock of r+1.
@@ -285,6 +298,13 @@ contract SwarmLedger {
     /// @dev RESERVED from closeRound, then the aggregate digest if finalized.
     mapping(uint64 => bytes32) private _outcome;
     Counts private _counts;
+    /// @dev The winning inclusion bitmaps of the last two finalized rounds, in reused slots: key
+    /// (word << 1) | (round & 1), word w holding bytes 32w..32w+31 of the bitmap as calldataload
+    /// reads them (participant i: byte i / 8, bit i % 8). Which round a parity holds is in the live
+    /// slot (`baseRound`, `priorKept`): written by the finalizing attestation, read by commits,
+    /// `allow` and `disallow`. Slots created by the constructor (word 0) and by every 256th
+    /// registration (the next word), so that no finalization creates one.
+    mapping(uint256 => uint256) private _included;
 
     // ------------------------------------------------------------------ setup
 
@@ -334,10 +354,15 @@ contract SwarmLedger {
             baseRound: 0,
             participantCount: 0,
             state: RoundState.OPEN,
-            removedCommitters: 0,
+            priorKept: false,
+            committerRemoved: false,
+            settled: 0,
             tableSize: 0, // nobody registered yet: round 1's keys all go to the overflow mapping
-            nextTableSize: 0
+            leftOutAbsent: 0
         });
+        // word 0 of both bitmaps (participants 0..255): rewritten by every finalization, never created by one
+        _included[0] = 1;
+        _included[1] = 1;
         emit RoundOpened(1, 0, genesisDigest);
     }
 
@@ -345,22 +370,26 @@ contract SwarmLedger {
 
     /**
      * @notice Add addresses to the allowlist (deployer only; only if deployed with one). A removed
-     * registered peer that is allowed again can commit again and counts for early close again.
+     * registered peer that is allowed again can commit again and counts for early close again (as
+     * awaited as it would be had it never been removed; a round whose participant was removed keeps
+     * counting its bitmap as all ones).
      * @param accounts addresses that may register
      */
     function allow(address[] calldata accounts) external {
         if (msg.sender != _deployer) revert NotDeployer(msg.sender);
         if (!_allowlistEnabled) revert InvalidParams("allowlist");
+        Live memory live = _live;
         for (uint256 i = 0; i < accounts.length; ++i) {
             Peer storage peer = _peers[accounts[i]];
             if (peer.registered && peer.banned) {
                 _counts.registered += 1;
-                if (peer.lastCommitRound == _live.round) _live.removedCommitters -= 1;
+                _settle(live, peer, true);
             }
             _allowed[accounts[i]] = true;
             peer.banned = false;
             emit AllowlistChanged(accounts[i], true);
         }
+        _writeLive(live);
     }
 
     /**
@@ -376,11 +405,32 @@ contract SwarmLedger {
         Peer storage peer = _peers[account];
         if (peer.registered && !peer.banned) {
             _counts.registered -= 1;
-            if (peer.lastCommitRound == _live.round) _live.removedCommitters += 1;
+            Live memory live = _live;
+            _settle(live, peer, false);
+            _writeLive(live);
         }
         _allowed[account] = false;
         peer.banned = true;
         emit AllowlistChanged(account, false);
+    }
+
+    /**
+     * @dev Count a registered peer in (`back`: allowed again) or out (removed) of the live round's
+     * early-close tallies in `live`: a peer that committed in it, or that it does not await, is in
+     * `settled`; one the base round left out and not committed yet is in `leftOutAbsent`. A
+     * participant removed in its own round makes that round's bitmap count as all ones at
+     * finalization (its bit there cannot be told apart from the others' without a loop), so the
+     * next round awaits everyone the bitmap left out: waiting longer, never less.
+     */
+    function _settle(Live memory live, Peer storage peer, bool back) private view {
+        if (peer.lastCommitRound == live.round) {
+            live.settled = back ? _up24(live.settled) : _down24(live.settled);
+            if (!back) live.committerRemoved = true;
+            return;
+        }
+        (bool unawaited, bool ofBase) = _leftOut(live, peer.lastCommitRound, peer.lastCommitIndex);
+        if (unawaited) live.settled = back ? _up24(live.settled) : _down24(live.settled);
+        if (ofBase) live.leftOutAbsent = back ? _up16(live.leftOutAbsent) : _down16(live.leftOutAbsent);
     }
 
     /**
@@ -407,6 +457,12 @@ contract SwarmLedger {
         // here (20,000 gas each, once) so that no commit or attestation creates one.
         _table[counts.tableSlots] = 1;
         _table[counts.tableSlots + 1] = 1;
+        // every 256th registration: the next word of both inclusion bitmaps (word 0: the constructor)
+        uint256 registrations = counts.tableSlots / SLOTS_PER_REGISTRATION;
+        if (registrations % 256 == 0 && registrations > 0) {
+            _included[(registrations / 256) << 1] = 1;
+            _included[((registrations / 256) << 1) | 1] = 1;
+        }
         _counts = Counts(counts.registered + 1, counts.tableSlots + uint32(SLOTS_PER_REGISTRATION));
         emit Registered(msg.sender, peerId, signature);
     }
@@ -458,27 +514,47 @@ contract SwarmLedger {
         if (!_insertDigest(round, digest, live.tableSize)) revert DuplicateDigest(round, digest);
 
         uint32 index = live.participantCount;
+        // 2^24 - 1 participants fill the 24-bit count: the round takes no more (never seen: a guard)
+        if (index == type(uint24).max) revert CommitWindowClosed(round);
+        // Whether the early close awaited this commit, from the peer's previous one (overwritten next).
+        (bool unawaited, bool ofBase) = _leftOut(live, peer.lastCommitRound, peer.lastCommitIndex);
         // The peer's slot in one SSTORE (assigned field by field, the compiler writes it six times:
         // 1,800 gas more). Peer's layout, lowest bits first: epsMicro, recordEpsMicro,
-        // lastCommitRound, lastAttestRound, registered (true), banned (false, checked above).
+        // lastCommitRound, lastAttestRound, registered (true), banned (false, checked above),
+        // lastCommitIndex.
         uint256 packed = uint256(epsMicro) |
             (uint256(recordEpsMicro) << 64) |
             (uint256(round) << 128) |
             (uint256(peer.lastAttestRound) << 160) |
-            (1 << 192);
+            (1 << 192) |
+            (uint256(index) << 208);
         Peer storage stored = _peers[msg.sender];
         assembly ("memory-safe") {
             sstore(stored.slot, packed)
         }
-        _live.participantCount = index + 1;
+        // The live slot, added to in place (its layout: `_writeLive`): one more participant, one
+        // more settled member if the early close awaited this one, one fewer absent left-out
+        // member if the base round left it out. The tallies saturate (they may count low).
+        uint256 delta = 1 << 144;
+        if (!unawaited && live.settled != type(uint24).max) delta += 1 << 192;
+        Live storage slot = _live;
+        assembly ("memory-safe") {
+            sstore(slot.slot, add(sload(slot.slot), delta))
+        }
+        if (ofBase && live.leftOutAbsent != 0) _live.leftOutAbsent = live.leftOutAbsent - 1;
         emit Committed(round, msg.sender, index, digest, numSamples, epsMicro, recordEpsMicro, mechanism);
     }
 
     /**
      * @notice Close `round` (anyone): at least `minPeers` committed, and either the commit
-     * window has passed (its blocks and its seconds) or every peer that can still commit has
-     * (nobody is left to wait for: peers removed from the allowlist count neither as committed
-     * nor as awaited). The participant list is final from here.
+     * window has passed (its blocks and its seconds) or every member the round awaits has
+     * committed (nobody is left to wait for). A round awaits every registered peer that can still
+     * commit (peers removed from the allowlist count neither as committed nor as awaited) except,
+     * when the round before it was finalized, the members that round's winning bitmap left out
+     * (their blob did not reach the majority: withheld, or its holder down), and, when the round
+     * before that was finalized too, the members it left out that did not commit since. Who is
+     * awaited is decided per member (its participant number and that bitmap), never by a count
+     * anyone could fill with commits of its own. The participant list is final from here.
      * @param round the current round
      */
     function closeRound(uint64 round) external {
@@ -492,15 +568,14 @@ contract SwarmLedger {
             _commitWindow,
             _commitWindowSeconds
         );
-        if (!passed && live.participantCount - live.removedCommitters < counts.registered) {
-            revert CommitWindowOpen(round, lastBlock, endsAt);
-        }
+        if (!passed && live.settled < counts.registered) revert CommitWindowOpen(round, lastBlock, endsAt);
         if (live.participantCount < _minPeers) revert QuorumNotMet(round, live.participantCount, _minPeers);
         _live.state = RoundState.CLOSED;
         _live.sinceBlock = uint40(block.number);
         _live.sinceTime = uint40(block.timestamp);
-        // The next round's table: every slot registrations created so far (fixed for that round).
-        _live.nextTableSize = counts.tableSlots > type(uint24).max ? type(uint24).max : uint24(counts.tableSlots);
+        // The table of this round's votes and the next round's digests: every slot registrations
+        // created so far (the digests' phase is over: their buckets need not be found again).
+        _live.tableSize = counts.tableSlots > type(uint24).max ? type(uint24).max : uint24(counts.tableSlots);
         _records[round] = RoundRecord(
             live.sinceBlock,
             uint40(block.number),
@@ -536,14 +611,32 @@ contract SwarmLedger {
         if (included.length != expected || (count % 8 != 0 && uint8(included[expected - 1]) >> (count % 8) != 0)) {
             revert MalformedBitmap(round, included.length, expected);
         }
-        peer.lastAttestRound = uint32(round);
-        uint32 votes = _vote(round, keccak256(abi.encodePacked(aggregateDigest, included)), live.tableSize);
+        uint32 votes = _vote(round, keccak256(abi.encodePacked(aggregateDigest, included)), live.tableSize, count);
         emit Attested(round, msg.sender, aggregateDigest, included, votes);
-        if (2 * uint256(votes) > count) {
-            _outcome[round] = aggregateDigest;
-            emit RoundFinalized(round, aggregateDigest, votes);
-            _openNext(live, uint32(round));
+        if (2 * uint256(votes) <= count) {
+            peer.lastAttestRound = uint32(round);
+            return;
         }
+        // The majority: nobody attests this round again (it is no longer closed), so neither the
+        // sender's lastAttestRound nor the vote counter is written (5,800 gas this transaction
+        // spends on the bitmap instead).
+        _outcome[round] = aggregateDigest;
+        emit RoundFinalized(round, aggregateDigest, votes);
+        uint256 leftOut = _keepIncluded(uint32(round), included, count, live.committerRemoved);
+        _writeLive(Live({
+            round: live.round + 1,
+            sinceBlock: uint40(block.number),
+            sinceTime: uint40(block.timestamp),
+            baseRound: uint32(round),
+            participantCount: 0,
+            state: RoundState.OPEN,
+            priorKept: live.baseRound != 0 && live.baseRound + 1 == round,
+            committerRemoved: false,
+            // not awaited: those this round left out, and those its base left out that sat it out
+            settled: uint24(_min(leftOut + live.leftOutAbsent, type(uint24).max)),
+            tableSize: live.tableSize,
+            leftOutAbsent: uint16(_min(leftOut, type(uint16).max))
+        }));
     }
 
     /**
@@ -570,23 +663,142 @@ contract SwarmLedger {
         if (!passed) revert AbortTooEarly(round, lastBlock, endsAt);
         emit RoundAborted(round, msg.sender);
         bytes32 base = live.baseRound == 0 ? _genesisDigest : _outcome[live.baseRound];
-        _openNext(live, live.baseRound);
+        // After an abort the next round awaits everyone (settled 0): the aborted round's sets were
+        // never agreed on, and the base's bitmap is not the previous round's.
+        _writeLive(Live({
+            round: live.round + 1,
+            sinceBlock: uint40(block.number),
+            sinceTime: uint40(block.timestamp),
+            baseRound: live.baseRound,
+            participantCount: 0,
+            state: RoundState.OPEN,
+            priorKept: false,
+            committerRemoved: false,
+            settled: 0,
+            tableSize: live.tableSize,
+            leftOutAbsent: 0
+        }));
         emit RoundOpened(round + 1, live.baseRound, base);
     }
 
-    function _openNext(Live memory live, uint32 baseRound) private {
-        uint32 next = live.round + 1;
-        _live = Live({
-            round: next,
-            sinceBlock: uint40(block.number),
-            sinceTime: uint40(block.timestamp),
-            baseRound: baseRound,
-            participantCount: 0,
-            state: RoundState.OPEN,
-            removedCommitters: 0,
-            tableSize: live.nextTableSize,
-            nextTableSize: live.nextTableSize
-        });
+    /// @dev The live slot in one SSTORE (a struct assigned to storage is written field by field:
+    /// eleven writes of one slot, about 2,700 gas more). Live's layout, lowest bits first.
+    function _writeLive(Live memory live) private {
+        uint256 packed = uint256(live.round) |
+            (uint256(live.sinceBlock) << 32) |
+            (uint256(live.sinceTime) << 72) |
+            (uint256(live.baseRound) << 112) |
+            (uint256(live.participantCount) << 144) |
+            (uint256(live.state) << 168) |
+            (live.priorKept ? 1 << 176 : 0) |
+            (live.committerRemoved ? 1 << 184 : 0) |
+            (uint256(live.settled) << 192) |
+            (uint256(live.tableSize) << 216) |
+            (uint256(live.leftOutAbsent) << 240);
+        Live storage stored = _live;
+        assembly ("memory-safe") {
+            sstore(stored.slot, packed)
+        }
+    }
+
+    /**
+     * @dev Whether the live round's early close does not await a member whose last commit before
+     * it was participant `index` of round `last` (0: never committed), and whether that is because
+     * the base round left it out. Only when the previous round was finalized (it is the base):
+     * the member committed in it and its winning bitmap left it out; or the round before it was
+     * finalized too (`priorKept`), the member committed there, was left out, and sat the base
+     * round out. Otherwise (genesis, after an abort, a newcomer, a member absent longer) awaited.
+     */
+    function _leftOut(
+        Live memory live,
+        uint32 last,
+        uint32 index
+    ) private view returns (bool unawaited, bool ofBase) {
+        uint256 base = live.baseRound;
+        if (base == 0 || base + 1 != live.round || last == 0) return (false, false);
+        if (last == base) {
+            ofBase = !_wasIncluded(last, index);
+            return (ofBase, ofBase);
+        }
+        if (live.priorKept && uint256(last) + 1 == base) return (!_wasIncluded(last, index), false);
+        return (false, false);
+    }
+
+    /// @dev Bit `index` of round `round`'s winning bitmap, kept by `_keepIncluded` (the caller
+    /// knows it is still there: one of the last two finalized rounds).
+    function _wasIncluded(uint32 round, uint32 index) private view returns (bool) {
+        uint256 word = _included[(uint256(index >> 8) << 1) | (round & 1)];
+        unchecked {
+            uint256 local = index & 255; // byte local / 8 of the word's 32 (the first the highest), bit local % 8
+            return (word >> (((31 - (local >> 3)) << 3) | (local & 7))) & 1 == 1;
+        }
+    }
+
+    /**
+     * @dev Keep the winning bitmap of `round` (`count` participants, checked by `attest`) in the
+     * slots of its parity and return how many participants it left out; `everyone`: keep all
+     * ones instead and return 0 (a participant was removed during the round). Bytes past the
+     * bitmap's length, which calldataload reads too, are cleared.
+     */
+    function _keepIncluded(
+        uint32 round,
+        bytes calldata included,
+        uint256 count,
+        bool everyone
+    ) private returns (uint256 leftOut) {
+        unchecked {
+            // count < 2^24 and included.length == ceil(count / 8) (checked by attest): nothing wraps
+            uint256 words = (count + 255) >> 8;
+            uint256 kept = 0;
+            for (uint256 w = 0; w < words; ++w) {
+                uint256 chunk = type(uint256).max;
+                if (!everyone) {
+                    assembly ("memory-safe") {
+                        chunk := calldataload(add(included.offset, shl(5, w)))
+                    }
+                    uint256 rest = included.length - (w << 5);
+                    if (rest < 32) chunk &= ~((uint256(1) << ((32 - rest) << 3)) - 1);
+                    kept += _popcount(chunk);
+                }
+                _included[(w << 1) | (round & 1)] = chunk;
+            }
+            return everyone ? 0 : count - kept;
+        }
+    }
+
+    /// @dev Set bits of `x` (SWAR: pairs, nibbles, bytes, then 16-bit lanes summed by one multiply).
+    function _popcount(uint256 x) private pure returns (uint256) {
+        unchecked {
+            x -= (x >> 1) & 0x5555555555555555555555555555555555555555555555555555555555555555;
+            x =
+                (x & 0x3333333333333333333333333333333333333333333333333333333333333333) +
+                ((x >> 2) & 0x3333333333333333333333333333333333333333333333333333333333333333);
+            x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f0f;
+            x = (x + (x >> 8)) & 0x00ff00ff00ff00ff00ff00ff00ff00ff00ff00ff00ff00ff00ff00ff00ff00ff;
+            return (x * 0x0001000100010001000100010001000100010001000100010001000100010001) >> 240;
+        }
+    }
+
+    // Saturating counters: the early-close tallies may count low (a round then waits longer),
+    // never wrap or revert.
+    function _up24(uint24 v) private pure returns (uint24) {
+        return v == type(uint24).max ? v : v + 1;
+    }
+
+    function _down24(uint24 v) private pure returns (uint24) {
+        return v == 0 ? 0 : v - 1;
+    }
+
+    function _up16(uint16 v) private pure returns (uint16) {
+        return v == type(uint16).max ? v : v + 1;
+    }
+
+    function _down16(uint16 v) private pure returns (uint16) {
+        return v == 0 ? 0 : v - 1;
+    }
+
+    function _min(uint256 a, uint256 b) private pure returns (uint256) {
+        return a < b ? a : b;
     }
 
     /**
@@ -631,9 +843,10 @@ contract SwarmLedger {
         return true;
     }
 
-    /// @dev Add a vote for `key` (keccak256 of aggregate digest and bitmap) in the closed round and
-    /// return its votes: the same buckets, with fingerprints of 192 bits.
-    function _vote(uint64 round, bytes32 key, uint256 size) private returns (uint32 votes) {
+    /// @dev Add a vote for `key` (keccak256 of aggregate digest and bitmap) in the closed round of
+    /// `count` participants and return its votes: the same buckets, with fingerprints of 192 bits.
+    /// A vote that makes the majority is not written: the round is over, nobody reads the counter.
+    function _vote(uint64 round, bytes32 key, uint256 size, uint256 count) private returns (uint32 votes) {
         uint256 tag = (uint256(round) << 1) | 1;
         uint256 fp = (uint256(key) & ((1 << 192) - 1)) << 32;
         if (size > 0) {
@@ -642,19 +855,19 @@ contract SwarmLedger {
                 uint256 bucket = (start + k) % size;
                 uint256 entry = _table[bucket];
                 if (entry >> 224 != tag) {
-                    _table[bucket] = (tag << 224) | fp | 1;
+                    if (2 <= count) _table[bucket] = (tag << 224) | fp | 1;
                     return 1;
                 }
                 if (entry & ~uint256(type(uint32).max) == (tag << 224) | fp) {
                     votes = uint32(entry) + 1;
-                    _table[bucket] = (tag << 224) | fp | votes;
+                    if (2 * uint256(votes) <= count) _table[bucket] = (tag << 224) | fp | votes;
                     return votes;
                 }
             }
         }
         bytes32 okey = keccak256(abi.encodePacked(round, uint8(1), key));
         votes = uint32(_overflow[okey]) + 1;
-        _overflow[okey] = votes;
+        if (2 * uint256(votes) <= count) _overflow[okey] = votes;
     }
 
     /// @dev The votes `_vote` counted for `key` in the live round (0 if none).
@@ -775,6 +988,32 @@ contract SwarmLedger {
     /// @notice How many registered addresses can still commit (removed ones do not count).
     function registeredCount() external view returns (uint256) {
         return _counts.registered;
+    }
+
+    /**
+     * @notice How many members the early close of the round in progress still waits for: those
+     * it awaits (closeRound) that have not committed yet; 0 once it is closed. An upper bound: the
+     * tallies may count low, never high.
+     */
+    function awaitedCount() external view returns (uint256) {
+        Live memory live = _live;
+        uint256 registered = _counts.registered;
+        if (live.state != RoundState.OPEN || live.settled >= registered) return 0;
+        return registered - live.settled;
+    }
+
+    /**
+     * @notice Whether the early close of the round in progress waits for `account`: registered,
+     * not removed, not committed in it yet, and not left out of the last finalized aggregate
+     * (closeRound says exactly who is not awaited).
+     */
+    function isAwaited(address account) external view returns (bool) {
+        Live memory live = _live;
+        Peer memory peer = _peers[account];
+        if (live.state != RoundState.OPEN || !peer.registered || peer.banned) return false;
+        if (peer.lastCommitRound == live.round) return false;
+        (bool unawaited, ) = _leftOut(live, peer.lastCommitRound, peer.lastCommitIndex);
+        return !unawaited;
     }
 
     /// @notice Whether `account` is registered.

@@ -203,6 +203,8 @@ class LedgerClient:
         self._raw: RawRPC | None | bool = None  # None: not made yet; False: not available
         # the head as the endpoint reports it, held to monotonic, bounded progress (rawrpc.HeadGuard)
         self._head = HeadGuard(lambda number: self.block_hash(number) is not None)
+        # the head a subscription pushes while it runs, else None (node.chain.subscription.ChainFeed.live_head)
+        self.pushed_head: Callable[[], int | None] | None = None
         code = self._read(lambda: w3.eth.get_code(self.address), "get_code")
         if len(code) == 0:
             raise LedgerError(
@@ -377,9 +379,17 @@ class LedgerClient:
     def head(self) -> int:
         """The chain's head: never behind one read before, and a jump past a bound only once the
         endpoint serves that block (`rawrpc.HeadGuard`; `HeadRefused` if it does not)."""
+        pushed = self.pushed_head() if self.pushed_head is not None else None
+        if pushed is not None:  # a subscription's last head, taken by the same guard (`take_head`)
+            return pushed
         raw = self._raw_rpc()
         read = raw.block_number if raw else lambda: head_block(self.w3)
         return self._head.check(lambda: self._read(read, "block_number"))
+
+    def take_head(self, head: int) -> int:
+        """A head learnt otherwise than by asking (a subscription's newHeads), held to the same
+        guard as a polled one: the head taken, which is `head` or the last one (`HeadRefused`)."""
+        return self._head.check(lambda: head)
 
     def rpc_requests(self) -> int:
         """HTTP requests this client's endpoint has had from it so far (web3's and the raw
@@ -576,6 +586,16 @@ class LedgerClient:
 
     def registered_count(self) -> int:
         return self._view("registeredCount")
+
+    def awaited_count(self) -> int:
+        """How many members the early close of the open round still waits for (0 once closed): an
+        upper bound, the contract's tallies may count low (docs/LEDGER.md, "Close")."""
+        return self._view("awaitedCount")
+
+    def is_awaited(self, address: str) -> bool:
+        """Whether the early close of the open round waits for `address`'s commit (registered, not
+        removed, not committed yet, not left out of the last finalized aggregate)."""
+        return self._view("isAwaited", Web3.to_checksum_address(address))
 
     def registered_peers(self) -> list[tuple[str, bytes]]:
         """(address, peer id) of every registration, in order, signatures unchecked (from the
