@@ -9,6 +9,7 @@ reused across calls: fresh allocations cost more page faults than the arithmetic
 from __future__ import annotations
 
 import abc
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -159,9 +160,21 @@ def scratch(n: int, dtype: torch.dtype, slot: int) -> torch.Tensor:
     return buf[:n]
 
 
+def constant(value: float, dtype: torch.dtype) -> torch.Tensor:
+    """`value` as a 0-dim tensor of `dtype`: an operand of whole-tensor passes (a Python number
+    costs a conversion per call). Cached, since making one costs about as much as a pass over a
+    small block: never write into it."""
+    return _constant(value, math.copysign(1.0, value), dtype)  # the sign keeps -0.0 apart from 0.0
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(value: float, sign: float, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(value, dtype=dtype)
+
+
 def affine_(u: torch.Tensor, scale: float, shift: float) -> torch.Tensor:
     """u <- shift + scale * u in ONE pass (a 0-dim tensor as `input` broadcasts for free)."""
-    return torch.add(torch.tensor(shift, dtype=u.dtype), u, alpha=scale, out=u)
+    return torch.add(constant(shift, u.dtype), u, alpha=scale, out=u)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -171,7 +171,8 @@ class Laplace(_PureLocal):
             noise = round_down_uniform_(scratch(n, torch.float64, 0), bits, extra, 42, stream).log_()
             # w uniform on 0..4095, s = 2047.5 - w: sign(s) is a fair sign and |s| - 1/2 = j is
             # uniform on 0..2047 and independent of it; the dither is phi = (j + 1/2)/2048 - 1/2
-            s = torch.sub(_DITHER_CENTRE, aux.bitwise_and_(_DITHER_BITS), out=scratch(n, torch.float64, 1))
+            s = scratch(n, torch.float64, 1).copy_(aux.bitwise_and_(_DITHER_BITS))  # w, exact
+            torch.sub(_DITHER_CENTRE, s, out=s)  # same-dtype operands: no temporary conversion
             # LOG(U*) < 0, its sign flipped where s < 0 (two integer passes, cheaper than
             # copysign): S |LOG(U*)| for the fair sign S = -sign(s), the Laplace noise over b
             sign = torch.bitwise_and(s.view(torch.int64), _SIGN64, out=aux)
