@@ -9,15 +9,20 @@ float32 rounding (relative error ~1e-7 per coordinate). Records go through in ch
 sums are accumulated in float64.
 
 ScatterNet + linear (group norm, then one linear layer) has its per-record gradients in closed
-form, and they are computed directly (`scatter_linear_sum`), six times faster than the hooks: with
-e = softmax - onehot, z the group norm's output and x^ its normalised input, the linear layer's
-gradient is e z^T (bias e), the group norm's gamma_c and beta_c get the sums over channel c of
-(W^T e) x^ and of W^T e. The same clipping factor, the same sum (a test holds the two paths equal).
+form, and they are computed directly (`ScatterLinearRecords`): with e = softmax - onehot, x^ the
+group norm's normalised input and z = gamma x^ + beta its output, the linear layer's gradient is
+e z^T (bias e), the group norm's gamma_c and beta_c get the sums over channel c of (W^T e) x^ and
+of W^T e, and ||z||^2 follows from per-channel sums of x^ and x^^2. x^ has no parameter, so it is
+computed once per member (float64, channel-major); a round is then two batched matmuls over it,
+one for the logits and gamma's gradients, one for sum_r f_r e_r x^_r^T (f the clipping factor),
+from which the linear layer's sum follows as gamma (that) + beta (sum_r f_r e_r). The same
+clipping factor, the same sum (a test holds the two paths equal), all in float64.
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,13 +43,30 @@ def clipped_gradient_sum(
     """(sum of clipped per-record gradients as one float64 vector in the order of
     `node.protocol.blob.flatten`: sorted names; mean loss). Every entry of the model's state must
     be a parameter (no batch statistics: group norm is fine, batch norm is not)."""
-    if not clip > 0:
-        raise ValueError(f"clip must be > 0, got {clip!r}")
-    if set(model.state_dict()) != {name for name, _ in model.named_parameters()}:
-        raise ValueError("a secure-aggregation model's state must hold parameters only (no buffers)")
-    if isinstance(model, ScatterLinear):
-        return scatter_linear_sum(model, x, y, clip * CLIP_MARGIN, chunk)
-    return ghost_clipped_sum(model, x, y, clip * CLIP_MARGIN, chunk)
+    return MemberRecords(model, x, y).clipped_sum(model, clip, chunk)
+
+
+class MemberRecords:
+    """A member's records, with what every round's clipped sum needs of them computed once (for
+    ScatterNet + linear: the normalised features, `ScatterLinearRecords`)."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+        self.scatter_linear = (
+            ScatterLinearRecords.prepare(model.norm, x, y) if isinstance(model, ScatterLinear) else None
+        )
+
+    def clipped_sum(self, model: nn.Module, clip: float, chunk: int = CHUNK) -> tuple[torch.Tensor, float]:
+        """`clipped_gradient_sum` of these records at `model`."""
+        if not clip > 0:
+            raise ValueError(f"clip must be > 0, got {clip!r}")
+        if set(model.state_dict()) != {name for name, _ in model.named_parameters()}:
+            raise ValueError("a secure-aggregation model's state must hold parameters only (no buffers)")
+        if isinstance(model, ScatterLinear):
+            if self.scatter_linear is None:
+                raise ValueError("records prepared for another model")
+            return self.scatter_linear.clipped_sum(model, clip * CLIP_MARGIN, chunk)
+        return ghost_clipped_sum(model, self.x, self.y, clip * CLIP_MARGIN, chunk)
 
 
 def ghost_clipped_sum(
@@ -87,38 +109,92 @@ def _grad(p: torch.Tensor) -> torch.Tensor:
     return p.grad if p.grad is not None else torch.zeros_like(p)
 
 
-@torch.no_grad()
 def scatter_linear_sum(
     model: ScatterLinear, x: torch.Tensor, y: torch.Tensor, clip: float, chunk: int = CHUNK
 ) -> tuple[torch.Tensor, float]:
     """`clipped_gradient_sum` of ScatterNet + linear in closed form (clip used as is)."""
-    norm, linear = model.norm, model.linear
-    sums = {name: torch.zeros_like(p, dtype=torch.float64) for name, p in model.named_parameters()}
-    loss_sum = 0.0
-    for lo in range(0, len(y), chunk):
-        xb, yb = x[lo : lo + chunk], y[lo : lo + chunk]
-        b, channels = xb.shape[0], xb.shape[1]
-        grouped = xb.reshape(b, norm.num_groups, -1)
-        mean = grouped.mean(dim=2, keepdim=True)
-        var = grouped.var(dim=2, unbiased=False, keepdim=True)
-        normalised = ((grouped - mean) / torch.sqrt(var + norm.eps)).reshape(b, channels, -1)
-        z = (normalised * norm.weight[None, :, None] + norm.bias[None, :, None]).reshape(b, -1)
-        logits = z @ linear.weight.T + linear.bias
-        loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-        e = torch.softmax(logits, dim=1)
-        e[torch.arange(b), yb] -= 1.0
-        upstream = (e @ linear.weight).reshape(b, channels, -1)
-        gamma = (upstream * normalised).sum(dim=2)
-        beta = upstream.sum(dim=2)
-        squared = (e * e).sum(1) * ((z * z).sum(1) + 1.0) + (gamma * gamma).sum(1) + (beta * beta).sum(1)
-        factor = torch.clamp(clip / (squared.sqrt() + 1e-6), max=1.0)  # opacus' clipping factor
-        # the sums over records in float64: one record's share of a float32 sum of 4,096 could move
-        # it past the clip by the sum's rounding, which the sensitivity does not charge
-        f64 = factor.double()[:, None]
-        scaled = e.double() * f64
-        sums["linear.weight"] += scaled.T @ z.double()
-        sums["linear.bias"] += scaled.sum(0)
-        sums["norm.weight"] += (gamma.double() * f64).sum(0)
-        sums["norm.bias"] += (beta.double() * f64).sum(0)
-    total = torch.cat([sums[name].reshape(-1) for name in sorted(sums)])
-    return total, loss_sum / max(1, len(y))
+    return ScatterLinearRecords.prepare(model.norm, x, y).clipped_sum(model, clip, chunk)
+
+
+@dataclass(frozen=True)
+class ScatterLinearRecords:
+    """A member's records prepared once for `scatter_linear_sum`: the group norm's normalisation
+    has no parameter, so its output x^ is a function of the records alone. Held channel-major,
+    (channels, records, positions), in float64, with each record's per-channel sums of x^ and x^^2
+    (from which ||z||^2 follows for any gamma and beta)."""
+
+    normalised: torch.Tensor  # (channels, records, positions), float64
+    sums: torch.Tensor  # (records, channels): sum over positions of x^
+    squares: torch.Tensor  # (records, channels): sum over positions of x^^2
+    y: torch.Tensor
+    num_groups: int
+    eps: float
+
+    @classmethod
+    @torch.no_grad()
+    def prepare(cls, norm: nn.GroupNorm, x: torch.Tensor, y: torch.Tensor, chunk: int = CHUNK) -> ScatterLinearRecords:
+        count, channels = x.shape[0], x.shape[1]
+        normalised = torch.empty(channels, count, x[0].numel() // channels, dtype=torch.float64)
+        sums = torch.empty(count, channels, dtype=torch.float64)
+        squares = torch.empty(count, channels, dtype=torch.float64)
+        for lo in range(0, count, chunk):  # in chunks: a float64 copy of all records at once is large
+            xb = x[lo : lo + chunk]
+            grouped = xb.to(torch.float64).reshape(xb.shape[0], norm.num_groups, -1)
+            mean = grouped.mean(dim=2, keepdim=True)
+            var = grouped.var(dim=2, unbiased=False, keepdim=True)
+            block = ((grouped - mean) / torch.sqrt(var + norm.eps)).reshape(xb.shape[0], channels, -1)
+            normalised[:, lo : lo + chunk] = block.permute(1, 0, 2)
+            sums[lo : lo + chunk] = block.sum(dim=2)
+            squares[lo : lo + chunk] = (block * block).sum(dim=2)
+        return cls(normalised, sums, squares, y, norm.num_groups, norm.eps)
+
+    @torch.no_grad()
+    def clipped_sum(self, model: ScatterLinear, clip: float, chunk: int = CHUNK) -> tuple[torch.Tensor, float]:
+        """`clipped_gradient_sum` of these records at `model` (clip used as is)."""
+        norm, linear = model.norm, model.linear
+        if (norm.num_groups, norm.eps) != (self.num_groups, self.eps):
+            raise ValueError("records prepared for another group norm")
+        channels, count, positions = self.normalised.shape
+        classes = linear.out_features
+        weight = linear.weight.to(torch.float64).reshape(classes, channels, positions)
+        gamma, beta = norm.weight.to(torch.float64), norm.bias.to(torch.float64)
+        per_channel = weight.permute(1, 2, 0)  # (channels, positions, classes)
+        weight_sums = weight.sum(dim=2)  # (classes, channels): z's beta part reaches the logits through these
+        constant = beta @ weight_sums.T + linear.bias.to(torch.float64)
+        squared_z = self.squares * gamma**2 + 2.0 * self.sums * (gamma * beta) + positions * beta**2
+        outer = torch.zeros(channels, classes, positions, dtype=torch.float64)  # sum of f e x^^T
+        e_sum = torch.zeros(classes, dtype=torch.float64)
+        gamma_sum = torch.zeros(channels, dtype=torch.float64)
+        beta_sum = torch.zeros(channels, dtype=torch.float64)
+        loss_sum = 0.0
+        for lo in range(0, count, chunk):
+            xb, yb = self.normalised[:, lo : lo + chunk], self.y[lo : lo + chunk]
+            b = xb.shape[1]
+            projected = torch.bmm(xb, per_channel)  # (channels, b, classes): W_c x^_c per record
+            logits = torch.einsum("cbk,c->bk", projected, gamma) + constant
+            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+            e = torch.softmax(logits, dim=1)
+            e[torch.arange(b), yb] -= 1.0
+            gamma_grad = torch.einsum("bk,cbk->bc", e, projected)
+            beta_grad = e @ weight_sums
+            squared = (
+                (e * e).sum(1) * (squared_z[lo : lo + chunk].sum(1) + 1.0)
+                + (gamma_grad * gamma_grad).sum(1)
+                + (beta_grad * beta_grad).sum(1)
+            )
+            factor = torch.clamp(clip / (squared.sqrt() + 1e-6), max=1.0)[:, None]  # opacus' clipping factor
+            scaled = e * factor
+            outer += torch.bmm(scaled.T.expand(channels, -1, -1), xb)
+            e_sum += scaled.sum(0)
+            gamma_sum += (gamma_grad * factor).sum(0)
+            beta_sum += (beta_grad * factor).sum(0)
+        # z = gamma x^ + beta per channel, so sum f e z^T = gamma (sum f e x^^T) + beta (sum f e)
+        linear_weight = outer * gamma[:, None, None] + beta[:, None, None] * e_sum[None, :, None]
+        sums = {
+            "linear.weight": linear_weight.permute(1, 0, 2).reshape(classes, -1),
+            "linear.bias": e_sum,
+            "norm.weight": gamma_sum,
+            "norm.bias": beta_sum,
+        }
+        total = torch.cat([sums[name].reshape(-1) for name in sorted(sums)])
+        return total, loss_sum / max(1, count)

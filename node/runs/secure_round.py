@@ -2,7 +2,8 @@
 of the union per round, with each member's integer arithmetic as a swarm member computes it.
 
 Each member: the clipped gradient sum of all its records at the global model
-(`node.learning.clipped_sum`), scaled, stochastically rounded, plus its discrete Gaussian share,
+(`node.learning.clipped_sum`; what the records give every round is prepared in the member's first
+round, `MemberRecords`), scaled, stochastically rounded, plus its discrete Gaussian share,
 mod 2^bits (`mechanisms.secagg.member.encode`, its draws from the member's privacy generator:
 rounding on the `mechanism` stream, noise on `dpsgd_noise`). The residues are summed mod 2^bits
 and decoded to the noisy mean gradient; the global model takes an SGD step with momentum (the
@@ -25,7 +26,7 @@ from torch import nn
 from mechanisms.randomness import PrivacyGenerator
 from mechanisms.secagg.member import decode, encode, sum_residues
 from mechanisms.secagg.policy import SecAggPolicy
-from node.learning.clipped_sum import clipped_gradient_sum
+from node.learning.clipped_sum import MemberRecords
 from node.learning.train import round_lr
 from node.protocol.blob import TensorSpec, unflatten
 from node.protocol.settings import PeerSettings
@@ -44,6 +45,7 @@ class SecureRounds:
         self.policy = policy
         self.settings = settings
         self.velocity: torch.Tensor | None = None
+        self.records: dict[str, MemberRecords] = {}  # each member's records, prepared in its first round
 
     def step(
         self,
@@ -61,7 +63,9 @@ class SecureRounds:
         model.load_state_dict(unflatten(global_vector, spec))
         residues, losses, records = [], [], 0
         for member in members:
-            gradient_sum, loss = clipped_gradient_sum(model, member.x, member.y, self.policy.clip)
+            if member.name not in self.records:
+                self.records[member.name] = MemberRecords(model, member.x, member.y)
+            gradient_sum, loss = self.records[member.name].clipped_sum(model, self.policy.clip)
             generator = noise(member.name)
             residues.append(encode(self.policy, gradient_sum.numpy(), generator.mechanism, generator.dpsgd_noise))
             losses.append(loss)

@@ -127,3 +127,17 @@ def test_acceptance_beyond_int64_takes_the_python_integer_path():
     accepted = [dg._accept(y, stream(s)) for s in range(20)]
     assert not any(a[0] or a[1] for a in accepted)
     assert any(a[2] for a in accepted)  # exp(-1/12) for y = 1
+
+
+def test_bernoulli_exp_minus_one_compares_with_the_digits_of_one_over_e():
+    """Bernoulli(exp(-1)) is [U < 1/e] digit word by digit word: the digits are those of 1/e
+    (mpmath at 400 bits as the reference) and the frequency is exp(-1)."""
+    import mpmath
+
+    from mechanisms.secagg.discrete_gaussian import _inverse_e_digits, bernoulli_exp_one
+
+    with mpmath.workprec(400):
+        reference = int(mpmath.floor(mpmath.mpf(2) ** 252 / mpmath.e))
+    assert reference == sum(_inverse_e_digits(level) << (63 * (3 - level)) for level in range(4))
+    n = 200_000
+    assert within(int(bernoulli_exp_one(n, stream(9)).sum()), n, math.exp(-1))

@@ -48,7 +48,10 @@ def test_simulate_learns_under_secure_aggregation(tmp_path):
     result = Simulation(load_config(None, SECURE), out=tmp_path / "secure").run()
     policy = secagg_policy(load_config(None, SECURE))
     accuracies = [r["accuracy"] for r in result.records]
-    assert accuracies[-1] > 0.8  # logistic regression on digits, eps 8
+    # 4 full-batch steps of logistic regression on digits: 0.81 with the noise made negligible
+    # (eps 1000), 0.74 to 0.80 at eps 8 over seeds 3 to 5; chance is 0.1
+    assert accuracies[-1] > 0.7
+    assert accuracies == sorted(accuracies)
     assert [r["record_eps_max"] for r in result.records] == [policy.epsilon(k) for k in range(1, 5)]
     assert result.summary["privacy"]["scope"] == "record"
     assert result.summary["privacy"]["epsilon"] == policy.epsilon(4)
@@ -72,3 +75,27 @@ def test_scatter_linear_closed_form_equals_opacus_ghost_clipping():
     assert torch.allclose(fast, hooks, rtol=0, atol=1e-6 * float(hooks.abs().max()))
     assert abs(fast_loss - hooks_loss) < 1e-4
     assert float(hooks.norm()) > 1.0  # many records, most clipped: a sum to compare
+
+
+def test_records_prepared_once_give_the_sum_at_every_later_model():
+    """A member's ScatterNet + linear records are prepared at the genesis model and reused each
+    round: at a model with other weights, gamma and beta, their sum is still opacus' (to float32
+    rounding of the opacus path: its per-record norms and products are float32)."""
+    import torch
+
+    from node.learning.clipped_sum import CLIP_MARGIN, MemberRecords, ghost_clipped_sum
+    from node.learning.models import init_model
+
+    model = init_model("scatter-linear", input_shape=(1, 28, 28), num_classes=10, seed=1)
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 81, 7, 7, generator=generator) * 3 + 1
+    y = torch.randint(0, 10, (300,), generator=generator)
+    records = MemberRecords(model, x, y)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=generator) * 0.1)
+    fast, fast_loss = records.clipped_sum(model, 0.1)
+    hooks, hooks_loss = ghost_clipped_sum(model, x, y, 0.1 * CLIP_MARGIN)
+    assert torch.allclose(fast, hooks, rtol=0, atol=1e-5 * float(hooks.abs().max()))
+    assert abs(fast_loss - hooks_loss) < 1e-4
+    assert float(hooks.norm()) > 1.0
