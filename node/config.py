@@ -118,6 +118,7 @@ class ChainConfig:
     block_time: float
     run_timeout: float
     confirmations: int  # blocks on top of the head a peer's chain reads and receipts wait for (docs/TESTNET.md)
+    ws_url: str  # auto | off | a ws(s):// URL: where a peer subscribes to new heads and the ledger's logs
     max_samples: int = 0  # cap on a commit's numSamples (the FedAvg weight); 0 = the largest shard (node.derive)
     rpc_url: str | None = None
     ledger: str | None = None
@@ -348,6 +349,11 @@ def _check_ranges(c: Config) -> None:
         (c.chain.block_time > 0, "chain.block_time", "must be > 0"),
         (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),
         (0 <= c.chain.confirmations <= 64, "chain.confirmations", "must be in 0..64 blocks"),
+        (
+            c.chain.ws_url in ("auto", "off") or c.chain.ws_url.startswith(("ws://", "wss://")),
+            "chain.ws_url",
+            "must be auto, off or a ws:// or wss:// URL",
+        ),
         (c.chain.min_peers <= c.swarm.peers, "chain.min_peers", f"must be <= swarm.peers ({c.swarm.peers})"),
         (
             c.privacy.mechanism in ("none", SECURE_AGGREGATION, *MECHANISMS),

@@ -22,6 +22,9 @@ WAITING_PHASES) and no block has come for a while, it acts:
 - either way it logs one warning naming the URL and the fix: start the chain with interval
   mining, `swarm chain` or `anvil --block-time 1`. A dev chain that refuses `evm_mine` (geth
   --dev) gets the same warning and is no longer nudged.
+
+While a subscription pushes the chain's heads (`pushed_head`: node.chain.subscription), the
+head is the last one pushed, and the watcher asks the endpoint nothing but its `evm_mine`.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class ChainLiveness:
         stall_after: float | None = None,
         nudge_every: float = NUDGE_EVERY_S,
         clock: Callable[[], float] = time.monotonic,
+        pushed_head: Callable[[], int | None] | None = None,
     ) -> None:
         self.w3 = w3
         self.rpc_url = rpc_url
@@ -74,7 +78,8 @@ class ChainLiveness:
         self.nudge_every = nudge_every
         # the head through the bare reader where there is one (a tenth of web3's CPU per read)
         raw = raw_reader(w3)
-        self._head: Callable[[], int] = raw.block_number if raw is not None else partial(head_block, w3)
+        self._read_head: Callable[[], int] = raw.block_number if raw is not None else partial(head_block, w3)
+        self._pushed_head = pushed_head  # the subscription's last head while it runs, else None
         self.last_block = self._head()
         self.last_change = clock()  # when the block number last moved (or this watcher mined)
         self.nudges = 0  # empty blocks this watcher mined since the chain last moved without it
@@ -109,7 +114,8 @@ class ChainLiveness:
                 self._warn(f"it refused evm_mine ({type(exc).__name__}), so this peer cannot nudge it")
                 return "warned"
             self.nudges += 1
-            self.last_block = self._head()  # our own block is not the chain moving
+            # our own block is not the chain moving (a pushed head of it may not have come yet)
+            self.last_block = self.last_block + 1 if self._pushed() is not None else self._head()
             if not self.warned:
                 self._warn(
                     f"this local dev chain gets an empty block (evm_mine) whenever {self.nudge_every:g} s pass "
@@ -120,6 +126,14 @@ class ChainLiveness:
             self._warn(f"chain id {self.chain_id} is not a local dev chain, so this peer cannot mine for it")
             return "warned"
         return "idle"
+
+    def _pushed(self) -> int | None:
+        return self._pushed_head() if self._pushed_head is not None else None
+
+    def _head(self) -> int:
+        """The chain's head: the last pushed one while a subscription runs, else read."""
+        pushed = self._pushed()
+        return pushed if pushed is not None else self._read_head()
 
     def _warn(self, what: str) -> None:
         self.warned = True
@@ -141,13 +155,17 @@ async def watch_chain(
     interval: float = CHECK_EVERY_S,
     stall_after: float | None = None,
     nudge_every: float = NUDGE_EVERY_S,
+    pushed_head: Callable[[], int | None] | None = None,
 ) -> None:
-    """Watch the chain while `phase()` (the peer's phase value) runs; ends when cancelled."""
+    """Watch the chain while `phase()` (the peer's phase value) runs; ends when cancelled.
+    `pushed_head`: the subscription's last head while it runs (`ChainFeed.live_head`), else None."""
     watcher: ChainLiveness | None = None
     while watcher is None:  # the RPC may be down at this moment: the peer reports that itself
         try:
             watcher = await trio.to_thread.run_sync(
-                lambda: ChainLiveness(w3, rpc_url, stall_after=stall_after, nudge_every=nudge_every)
+                lambda: ChainLiveness(
+                    w3, rpc_url, stall_after=stall_after, nudge_every=nudge_every, pushed_head=pushed_head
+                )
             )
         except Exception as exc:
             log.debug("chain liveness watcher not started yet: %s", exc)

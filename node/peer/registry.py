@@ -7,14 +7,24 @@ import logging
 import threading
 
 import trio
+from web3 import Web3
 
 from node.chain.client import LOG_CHUNK_BLOCKS, LedgerClient
 from node.chain.errors import LedgerError
 from node.chain.registration import Registration
+from node.chain.subscription import ChainFeed, LedgerLog
 from node.rules import PeerIdOwners, Verdict
 from p2p import peer_id_from_bytes
 
 log = logging.getLogger("swarm.node")
+
+# the events a refresh reads: with a subscription, only a log of one of them calls for a refresh
+REGISTRY_TOPICS = frozenset(
+    bytes(Web3.keccak(text=e)) for e in ("Registered(address,bytes,bytes)", "AllowlistChanged(address,bool)")
+)
+# with a subscription, a refresh at least this often anyway (seconds): a safety net, not the way
+# a registration is seen
+REFRESH_ANYWAY_S = 60.0
 
 
 class RegistryCache:
@@ -89,10 +99,37 @@ class RegistryCache:
         }
         self.scanned_to = latest
 
-    async def keep_fresh(self, interval: float = 2.0) -> None:
+    async def keep_fresh(self, interval: float = 2.0, feed: ChainFeed | None = None) -> None:
+        """Refresh every `interval` seconds; while `feed`'s subscription runs, only once a pushed
+        Registered or AllowlistChanged log is as deep as the ledger client reads (its
+        confirmations), when the subscription (re)starts, and every REFRESH_ANYWAY_S."""
+        due = trio.Event()
+        deep_at: list[int] = []  # head at which a pushed registry log is deep enough to be read
+
+        def on_log(entry: LedgerLog) -> None:
+            if entry.topic in REGISTRY_TOPICS:
+                deep_at.append(entry.block + self.ledger.confirmations)
+                on_head(feed.head if feed is not None and feed.head is not None else 0)
+
+        def on_head(head: int) -> None:
+            if deep_at and min(deep_at) <= head:
+                deep_at.clear()  # the refresh reads every block up to the head, these included
+                due.set()
+
+        if feed is not None:
+            feed.on_log(on_log)
+            feed.on_head(on_head)
+            feed.on_live(lambda _: due.set())
         while True:  # ends when the owning nursery is cancelled at shutdown
             try:
                 await trio.to_thread.run_sync(self.refresh)
             except Exception as exc:  # a transient RPC error must not take the peer down
                 log.warning("registry refresh failed: %s", exc)
-            await trio.sleep(interval)
+                await trio.sleep(interval)
+                continue
+            if feed is not None and feed.live:
+                with trio.move_on_after(REFRESH_ANYWAY_S):
+                    await due.wait()
+                due = trio.Event()
+            else:
+                await trio.sleep(interval)

@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from eth_account.signers.local import LocalAccount
 from node.chain.client import LedgerClient, connect
 from node.chain.keys import load_account
 from node.chain.liveness import watch_chain
+from node.chain.subscription import ChainFeed, ws_url_for
 from node.config import Config
 from node.derive import load_shard, peer_settings
 from node.peer.addresses import advertised_addrs, tcp_problem
@@ -170,12 +172,24 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 ownership=registry.ownership,
                 witness=witness,
             )
+            # new heads and the ledger's logs pushed where the endpoint offers it; polled otherwise
+            ws_url = ws_url_for(options.rpc_url, config.chain.ws_url)
+            feed = ChainFeed(ws_url, ledger.address, ledger.take_head) if ws_url is not None else None
             async with trio.open_nursery() as nursery:
+                if feed is not None:
+                    peer.watcher.follow(feed, ledger.confirmations)
+                    ledger.pushed_head = feed.live_head  # every read of the head: the one pushed
+                    nursery.start_soon(feed.run)
                 if witness is not None:
                     nursery.start_soon(witness.watch)
-                nursery.start_soon(registry.keep_fresh)
+                nursery.start_soon(partial(registry.keep_fresh, feed=feed))
                 nursery.start_soon(require_bootstrap, host, options.bootstrap, options.bootstrap_timeout)
-                nursery.start_soon(watch_chain, w3, options.rpc_url, lambda: peer.phase.value)  # nudge/warn if stalled
+                nursery.start_soon(
+                    partial(watch_chain, pushed_head=feed.live_head if feed is not None else None),
+                    w3,
+                    options.rpc_url,
+                    lambda: peer.phase.value,
+                )  # nudge/warn if stalled
                 await peer.run(on_round=on_round)
                 nursery.cancel_scope.cancel()
     return 0

@@ -2,8 +2,10 @@
 transactions that move a round along (close, abort) once the round's windows allow them.
 
 A waiter re-reads the ledger only after the ledger emitted an event (every change of a round's
-state does), as the poller reports: it reads the cheap block number, and on a new block whether
-the ledger emitted anything in it. So a peer with nothing to do stays idle.
+state does). With a subscription (`node.chain.subscription.ChainFeed`, `follow`) the endpoint
+pushes both, new heads and the ledger's logs, and the watcher asks nothing; without one, or while
+it is down, the poller asks: the cheap block number, and on a new block whether the ledger
+emitted anything in it. So a peer with nothing to do stays idle.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import trio
 
 from node.chain.errors import LedgerError
 from node.chain.records import RoundInfo, RoundState
+from node.chain.subscription import MAX_PENDING_LOGS, ChainFeed, LedgerLog
 from node.peer.ports import LedgerPort, OffLoop
 
 log = logging.getLogger("swarm.peer")
@@ -58,18 +61,42 @@ class ChainWatcher:
         self._tick = trio.Event()  # set on every new block
         self._watching = False  # `run` runs
         self._nudged_at = (0, 0)  # (round, participant count) at our last try to close a round
+        self._pushed = False  # a subscription pushes heads and logs: nothing to poll (`follow`)
+        self._feed_changed = trio.Event()  # set when the subscription starts or stops
+        self._confirmations = 0  # the ledger client's depth: a pushed head h is block h - confirmations
+        self._pending: set[int] = set()  # blocks of pushed ledger logs not yet `confirmations` deep
+        self._catch_up = False  # the subscription (re)started: `run` reads the chain once
+        self._moved_at = 0  # the block of the last pushed move: one read of the ledger covers all of a block's logs
+
+    def follow(self, feed: ChainFeed, confirmations: int) -> None:
+        """Take new heads and the ledger's logs from `feed` while it is live, polling otherwise.
+        `confirmations`: the ledger client's, so the block watched is the one it reads at."""
+        self._confirmations = confirmations
+        feed.on_head(self._pushed_head)
+        feed.on_log(self._pushed_log)
+        feed.on_live(self._feed_live)
+        feed.on_reorg(self._reorganised)
 
     async def run(self) -> None:
-        """The peer's one poller of the chain, for its whole life (ends when cancelled): after
-        QUICK_WAIT of quiet on the ledger it polls every IDLE_POLL only."""
+        """The peer's one watcher of the chain, for its whole life (ends when cancelled): idle
+        while a subscription pushes (`follow`), else polling; after QUICK_WAIT of quiet on the
+        ledger it polls every IDLE_POLL only."""
         self._watching = True
         try:
             while True:
+                if self._pushed and not self._catch_up:  # the subscription reports: until it changes
+                    await self._feed_changed.wait()
+                    self._feed_changed = trio.Event()
+                    continue
                 quiet = trio.current_time() - self._last_move
                 pause = self.poll_interval if quiet < QUICK_WAIT else IDLE_POLL
                 pause = max(pause, min(self.block_interval / POLLS_PER_BLOCK, MAX_POLL_PAUSE))
                 try:
-                    await self.poll(pause=pause)
+                    if self._catch_up:  # what came between the last poll and the subscription
+                        await self._read_chain()
+                        self._catch_up = False
+                    else:
+                        await self.poll(pause=pause)
                 except Exception as exc:  # an RPC that fails or lies: the waiters' own deadlines decide
                     round_now = self.info.round if self.info is not None else 0
                     log.warning("round %d: watching the chain failed, trying again: %s", round_now, exc)
@@ -81,16 +108,31 @@ class ChainWatcher:
         """One poll after `pause`: on a new block, wake the waiters, and count a move if the ledger
         emitted an event since the last block seen."""
         await trio.sleep(pause)
+        if not self._pushed:  # a subscription came up meanwhile: it reports
+            await self._read_chain()
+
+    async def _read_chain(self) -> None:
+        """Read the block number and, on a new block, whether the ledger emitted anything since."""
         block = await self._call(self.ledger.block_number)
         if block <= self.block:
             return
+        seen = self._new_block(block)
+        self._moved(not seen or await self._call(self.ledger.activity, seen + 1, block))
+
+    def _new_block(self, block: int) -> int:
+        """Take `block` as the one the ledger is read at; the one before."""
         seen, self.block = self.block, block
         now = trio.current_time()
         if seen and self._last_block_at is not None:
             gap = (now - self._last_block_at) / (block - seen)
             self.block_interval = gap if not self.block_interval else 0.75 * self.block_interval + 0.25 * gap
         self._last_block_at = now
-        if not seen or await self._call(self.ledger.activity, seen + 1, block):
+        return seen
+
+    def _moved(self, ledger_event: bool) -> None:
+        """A new block: count a move if the ledger emitted an event (or a re-read is due), wake the waiters."""
+        now = trio.current_time()
+        if ledger_event:
             self.moves += 1
             self._last_move = now
         elif now - max(self._last_move, self._last_reread) > REREAD_AFTER:
@@ -98,6 +140,53 @@ class ChainWatcher:
             self._last_reread = now  # not a move: the poller stays at its idle pace
         self._tick.set()
         self._tick = trio.Event()
+
+    def _pushed_head(self, head: int) -> None:
+        """A head the subscription pushed (through the ledger client's guard): the block the
+        ledger is read at is `confirmations` below it, and the pushed logs that deep are moves."""
+        block = head - self._confirmations
+        if not self._pushed or block <= self.block:
+            return
+        self._new_block(block)
+        deep = {b for b in self._pending if b <= block}
+        self._pending -= deep
+        if deep:
+            self._moved_at = block
+        self._moved(bool(deep))
+
+    def _pushed_log(self, entry: LedgerLog) -> None:
+        """A ledger log the subscription pushed: a move once its block is as deep as the ledger
+        reads; a removed one (a reorganisation) at once, so the waiters read the ledger again."""
+        if not self._pushed:
+            return
+        if entry.removed:
+            self._pending.discard(entry.block)
+            self._moved_at = min(self._moved_at, entry.block - 1)  # the logs of its block again are news
+            self._moved(True)
+        elif entry.block <= self._moved_at:
+            return  # its block's move is counted: a read after it sees the whole block
+        elif entry.block <= self.block:  # no confirmations: the head of its block came first
+            self._moved_at = entry.block
+            self._moved(True)
+        elif len(self._pending) < MAX_PENDING_LOGS:
+            self._pending.add(entry.block)
+
+    def _reorganised(self, first: int) -> None:
+        """The chain from block `first` on was replaced: the waiters read the ledger again (the
+        logs pushed for those blocks are gone; those of the new blocks come pushed too)."""
+        if not self._pushed:
+            return
+        self._pending = {b for b in self._pending if b < first}
+        self._moved_at = min(self._moved_at, first - 1)
+        self._moved(True)
+
+    def _feed_live(self, live: bool) -> None:
+        """The subscription started (`run` reads the chain once: the block, and the ledger's
+        logs since the last poll, which no subscription saw) or stopped (the poller takes over,
+        from the last block taken)."""
+        self._pushed = self._catch_up = live
+        self._pending.clear()
+        self._feed_changed.set()  # `run` wakes: to read the chain once, or to poll
 
     async def next_tick(self) -> None:
         """Until the chain has a new block (read by `run` when it runs, else here)."""
@@ -156,7 +245,9 @@ class ChainWatcher:
 
     async def _nudge_close(self, r: int) -> None:
         """Close round r when the chain would take it: its commit window is over, or a commit came
-        since our last try (the last registered peer's commit lets anyone close it at once)."""
+        since our last try (the commit of the last member the round awaits lets anyone close it at
+        once: every registered peer but those the last finalized aggregate left out, contracts/
+        SwarmLedger.sol closeRound; a late commit of a left-out one is then refused)."""
         info = self.info
         if info is None or info.round != r:
             return
