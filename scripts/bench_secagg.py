@@ -78,7 +78,11 @@ def play(n: int, dim: int, dropped: set[int], clock: StepClock) -> dict[str, int
     """One round of n members in-process; member 0's calls are timed. Returns member 0's frame sizes."""
     signing = [Ed25519PrivateKey.generate() for _ in range(n)]
     setup = r.RoundSetup.for_members(
-        session_id(b"bench", 1), {i: k.public_key() for i, k in enumerate(signing)}, 32, dim
+        session_id(b"bench", 1),
+        {i: k.public_key() for i, k in enumerate(signing)},
+        32,
+        dim,
+        counted_members=n - len(dropped),
     )
     policy = SecAggPolicy(
         members=100, max_records=60_000, dim=dim, clip=0.1, noise_multiplier=7.466, dropout_fraction=0.1

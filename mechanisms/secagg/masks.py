@@ -15,9 +15,11 @@ rebuilt from shares) and, for each member v that dropped after the keys were fix
 sign(u, v) PRG(s_uv) for u in S (s_uv rebuilt from v's reconstructed mask key and u's public key).
 For a member in S the pairwise seeds are never revealed, so its y_u stays masked.
 
-Speed: a mask is drawn as 32-bit words when bits <= 32 (64-bit otherwise), low `bits` bits kept,
-and the masks of a vector are accumulated in int64 without a reduction per term: 2^bits divides
-2^64, so one final `wrap` gives the residue mod 2^bits even after int64 wrap-around.
+Speed: a mask is drawn as 32-bit words when bits <= 32 (64-bit otherwise, reinterpreted as int64:
+the same residue mod 2^64), low `bits` bits kept, and the masks of a vector are accumulated in
+int64 without a reduction per term: 2^bits divides 2^64, so one final `wrap` gives the residue mod
+2^bits even after int64 wrap-around. (Adding uint64 words to int64 would go through float64 and
+lose the low bits.)
 """
 
 from __future__ import annotations
@@ -83,9 +85,11 @@ def _pair_seed(key: X25519PrivateKey, peer_public: bytes, session: bytes, u: int
 _NONCES = {p: hashlib.blake2b(f"secagg {p}".encode(), digest_size=12).digest() for p in ("self", "pair")}
 
 
-def _words(seed: bytes, dim: int, bits: int, purpose: str) -> npt.NDArray[np.uint32] | npt.NDArray[np.uint64]:
-    """dim uniform words from ChaCha20 keyed with `seed`: 32-bit if bits <= 32, else 64-bit."""
-    dtype = np.dtype("<u4") if bits <= 32 else np.dtype("<u8")
+def _words(seed: bytes, dim: int, bits: int, purpose: str) -> npt.NDArray[np.uint32] | npt.NDArray[np.int64]:
+    """dim uniform words from ChaCha20 keyed with `seed`: unsigned 32-bit if bits <= 32, else
+    64-bit read as int64 (two's complement: the same residue mod 2^64, and int64 + int64 stays in
+    integers where int64 + uint64 would be computed in float64)."""
+    dtype = np.dtype("<u4") if bits <= 32 else np.dtype("<i8")
     out = np.empty(dim, dtype=dtype)
     encryptor = Cipher(algorithms.ChaCha20(seed, bytes(4) + _NONCES[purpose]), mode=None).encryptor()
     encryptor.update_into(bytes(out.nbytes), out.data.cast("B"))
@@ -112,9 +116,9 @@ class MaskSum:
     def add(self, seed: bytes, purpose: str, sign: int) -> None:
         words = _words(seed, len(self.total), self.bits, purpose)
         if sign > 0:
-            np.add(self.total, words, out=self.total, casting="unsafe")
+            np.add(self.total, words, out=self.total)
         else:
-            np.subtract(self.total, words, out=self.total, casting="unsafe")
+            np.subtract(self.total, words, out=self.total)
 
     def residues(self) -> Ints:
         return wrap(self.total, self.bits)

@@ -140,6 +140,13 @@ def open_frame(raw: bytes, kind: Kind, session: bytes, keys: Mapping[int, Ed2551
     return Frame(kind, session, sender, body[_HEAD:], raw)
 
 
+def frame_digest(raw: bytes) -> bytes:
+    """SHA-256 of a frame's bytes, signature included: what the chain holds for each frame a step
+    admits. An archive's frames are checked against these before `unmask.verify_round`: a frame
+    its own sender re-signed after the others acted on it opens, and the sum cannot tell."""
+    return hashlib.sha256(raw).digest()
+
+
 def _index(data: bytes) -> int:
     return int.from_bytes(data, "big")
 
@@ -361,14 +368,17 @@ def reveal_message(session: bytes, sender: int, openings: Sequence[Opening], key
     return seal_frame(Kind.REVEAL, session, sender, b"".join(parts), key)
 
 
-def read_reveal(frame: Frame) -> list[Opening]:
-    """The openings a survivor revealed (each still to be checked against its dealer's commitment)."""
+def read_reveal(frame: Frame, max_openings: int = MAX_MEMBERS) -> list[Opening]:
+    """The openings a survivor revealed (each still to be checked against its dealer's commitment);
+    more than `max_openings` (the round's dealers) are refused before any is parsed."""
     p = frame.payload
     if len(p) < 2:
         raise BadMessage(frame.sender, "REVEAL body too short")
     count = _index(p[:2])
     if count > MAX_MEMBERS or len(p) != 2 + count * _REVEALED:
         raise BadMessage(frame.sender, "REVEAL body has the wrong length")
+    if count > max_openings:
+        raise BadMessage(frame.sender, f"REVEAL carries {count} openings, the round has {max_openings} dealers")
     openings, holder = [], frame.sender
     for at in range(2, len(p), _REVEALED):
         dealer, secret, y = _index(p[at : at + 2]), _SECRET_OF.get(p[at + 2]), _index(p[at + 3 : at + 3 + SHARE_BYTES])

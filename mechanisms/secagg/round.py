@@ -14,7 +14,9 @@ them (which frames' digests were posted in time), so every member and any audito
   other member of U2 (`masks.mask`). U3: the members of U2 whose MASKED frame opens and has the
   round's bits and dimension (`unmask.survivors`).
 - R3 `reveal`: for each member of U2, the share of b_v if v is in U3, of its mask key otherwise;
-  never both for one member: a second call that would reveal the other secret is refused.
+  never both for one member: a second call that would reveal the other secret is refused, and so
+  is any reveal when U3 is below `RoundSetup.min_survivors` (`deal` and `masked_vector` stop the
+  round the same way when U1 or U2 is: U3 is a subset of both).
 """
 
 from __future__ import annotations
@@ -32,25 +34,41 @@ from . import messages as m
 from .masks import Ints, MaskKey
 from .shamir import split, threshold_for
 
-DROPOUT_TOLERANCE = 1 / 3  # the round finalizes when up to this share of U1 drops before revealing
+DROPOUT_TOLERANCE = 1 / 3  # t leaves room for this share of the members with keys bound to drop
 
 
 @dataclass(frozen=True)
 class RoundSetup:
     """What every participant of a round agrees on before it starts: the session (swarm and
     round), the members' Ed25519 keys (index -> key, bound on chain to their registrations),
-    the threshold, and the vectors' bits and dimension."""
+    the threshold t, the vectors' bits and dimension, and the fewest masked vectors the sum may
+    hold (`min_survivors`, at least t): below it no member reveals and no sum is unmasked (a sum
+    of one or two vectors would be those members' inputs, and a sum of fewer than the policy's
+    counted members carries less noise than the accounting assumes)."""
 
     session: bytes
     signing: Mapping[int, Ed25519PublicKey]
     threshold: int
     bits: int
     dim: int
+    min_survivors: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.threshold <= self.min_survivors <= len(self.signing):
+            raise ValueError(
+                f"need 1 <= threshold ({self.threshold}) <= min_survivors ({self.min_survivors}) "
+                f"<= members ({len(self.signing)})"
+            )
 
     @classmethod
-    def for_members(cls, session: bytes, signing: Mapping[int, Ed25519PublicKey], bits: int, dim: int) -> RoundSetup:
-        """t = n - floor(n / 3) (and a majority), n the members with keys bound for the round."""
-        return cls(session, signing, threshold_for(len(signing), DROPOUT_TOLERANCE), bits, dim)
+    def for_members(
+        cls, session: bytes, signing: Mapping[int, Ed25519PublicKey], bits: int, dim: int, *, counted_members: int
+    ) -> RoundSetup:
+        """t = n - floor(n / 3) (and a majority), n the members with keys bound for the round
+        (everyone registered, not U1); min_survivors = max(t, counted_members), the latter the
+        policy's h (`SecAggPolicy.counted_members`: the members whose noise the guarantee counts on)."""
+        threshold = threshold_for(len(signing), DROPOUT_TOLERANCE)
+        return cls(session, signing, threshold, bits, dim, max(threshold, counted_members))
 
 
 @dataclass(frozen=True)
@@ -73,7 +91,25 @@ class MemberState:
 
 
 class RevealRefused(ValueError):
-    """A reveal that would give out both secrets of one member (or shares of a non-member)."""
+    """A reveal that would give out both secrets of one member, shares of a non-member, or
+    seeds of fewer survivors than the round's minimum."""
+
+
+class RoundFailed(ValueError):
+    """The round cannot go on or be unmasked. `member` names the one member proven at fault
+    (None when the failure proves nobody's); `faults` holds every member named on the way."""
+
+    def __init__(self, member: int | None, reason: str, faults: Mapping[int, str] | None = None) -> None:
+        super().__init__(f"member {member}: {reason}" if member is not None else reason)
+        self.member = member
+        self.faults: Mapping[int, str] = dict(faults or {})
+
+
+def check_enough(setup: RoundSetup, count: int, what: str) -> None:
+    """RoundFailed when fewer than `setup.min_survivors` members are left in a set: the masked
+    vectors that could follow are a subset of it."""
+    if count < setup.min_survivors:
+        raise RoundFailed(None, f"{what} has {count} members, the round needs at least {setup.min_survivors}")
 
 
 def seed_digest(setup: RoundSetup, seed: bytes) -> bytes:
@@ -126,6 +162,7 @@ def deal(state: MemberState, setup: RoundSetup, keys: Mapping[int, PublicKeys]) 
     """The public DEALING frame and one SEALED frame per holder (every member of U1)."""
     if state.index not in keys:
         raise ValueError("a member deals only if its keys are in U1")
+    check_enough(setup, len(keys), "U1")
     holders = sorted(keys)
     if holders[-1] >= m.MAX_MEMBERS:
         raise ValueError("member indices below 2^12")
@@ -209,6 +246,7 @@ def masked_vector(
     every other member of U2 (`dealt`)."""
     if state.index not in dealt:
         raise ValueError("a member sends a masked vector only if its dealing is in U2")
+    check_enough(setup, len(dealt), "U2")
     publics = {v: keys[v].mask for v in dealt}
     y = masks.mask(residues, state.index, state.mask_key, publics, state.self_seed, setup.session, setup.bits)
     return m.masked_message(setup.session, state.index, y, setup.bits, state.signing_key)
@@ -223,10 +261,13 @@ def reveal(state: MemberState, setup: RoundSetup, dealt: Collection[int], surviv
     if U3 is not within U2, or if this member already revealed the other secret of any member. A
     member that could not fetch a MASKED frame whose digest the chain holds leaves its sender out
     of `dealt` (reveals neither secret): counting it as dropped would hand out its mask key while
-    others hand out its seed."""
+    others hand out its seed. Refused too when U3 has fewer than `setup.min_survivors` members:
+    the seeds would unmask a sum of too few inputs."""
     survivors = set(survivors)
     if not survivors <= set(dealt):
         raise RevealRefused("survivors of R2 must be members of U2")
+    if len(survivors) < setup.min_survivors:
+        raise RevealRefused(f"{len(survivors)} masked vectors survived R2, the round needs {setup.min_survivors}")
     chosen: list[m.Opening] = []
     for dealer in sorted(set(dealt) & set(state.held)):
         secret = m.Secret.SELF_SEED if dealer in survivors else m.Secret.MASK_KEY

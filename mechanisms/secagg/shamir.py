@@ -111,3 +111,22 @@ def threshold_for(members: int, dropout_fraction: float) -> int:
         raise ValueError("need members >= 1 and 0 <= dropout_fraction < 1")
     staying = members - int(dropout_fraction * members)
     return max(staying, members // 2 + 1) if members > 1 else 1
+
+
+def lagrange_without(points: Sequence[int], coefficients: Sequence[int], missing: Sequence[int]) -> list[int]:
+    """`lagrange_at_zero` of `points` less the points in `missing`, from the coefficients of all of
+    `points`: l_i prod over m missing of (x_m - x_i) / x_m, in the order of the points kept.
+    O(kept x missing) multiplications and one inversion per missing point, where a fresh set costs
+    O(kept^2): a round whose revealers each leave out different dealers gets one set per dealer."""
+    gone = set(missing)
+    if not gone <= set(points):
+        raise ValueError("missing points must be among the points")
+    inverses = [(m, pow(m, -1, PRIME)) for m in gone]
+    adjusted = []
+    for x, c in zip(points, coefficients):
+        if x in gone:
+            continue
+        for m, inverse in inverses:
+            c = c * (m - x) % PRIME * inverse % PRIME
+        adjusted.append(c)
+    return adjusted

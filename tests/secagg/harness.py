@@ -21,16 +21,21 @@ Hook = Callable[[int, bytes], bytes]
 
 @dataclass
 class Swarm:
-    """n members with Ed25519 keys bound for the round, and what each step published."""
+    """n members with Ed25519 keys bound for the round, and what each step published. With
+    the policy's counted members h at 1 (the default) the round needs t masked vectors."""
 
     n: int
+    bits: int = BITS
+    counted_members: int = 1
     signing: list[Ed25519PrivateKey] = field(init=False)
     setup: r.RoundSetup = field(init=False)
 
     def __post_init__(self) -> None:
         self.signing = [Ed25519PrivateKey.generate() for _ in range(self.n)]
         publics = {i: k.public_key() for i, k in enumerate(self.signing)}
-        self.setup = r.RoundSetup.for_members(session_id(b"genesis", 5), publics, BITS, DIM)
+        self.setup = r.RoundSetup.for_members(
+            session_id(b"genesis", 5), publics, self.bits, DIM, counted_members=self.counted_members
+        )
 
 
 @dataclass
@@ -57,7 +62,7 @@ def play(
     gone: set[int] = set()
     n, setup = swarm.n, swarm.setup
     rng = np.random.default_rng(seed)
-    inputs = {i: rng.integers(0, 2**BITS, DIM, dtype=np.int64) for i in range(n)}
+    inputs = {i: rng.integers(0, 2**setup.bits, DIM, dtype=np.int64) for i in range(n)}
 
     gone |= drops["keys"]
     states, key_frames = {}, {}
@@ -97,4 +102,4 @@ def play(
 
 
 def plain_sum(played: Played) -> np.ndarray:
-    return sum_residues([played.inputs[i] for i in sorted(played.alive)], BITS)
+    return sum_residues([played.inputs[i] for i in sorted(played.alive)], played.swarm.setup.bits)

@@ -8,7 +8,16 @@ import numpy as np
 import pytest
 
 from mechanisms.randomness import seeded_generator
-from mechanisms.secagg.masks import MaskKey, check_key_matches, expand, mask, new_self_seed, session_id, unmask
+from mechanisms.secagg.masks import (
+    MaskKey,
+    MaskSum,
+    check_key_matches,
+    expand,
+    mask,
+    new_self_seed,
+    session_id,
+    unmask,
+)
 from mechanisms.secagg.member import decode, encode, sum_residues
 from mechanisms.secagg.policy import SecAggPolicy
 from mechanisms.secagg.quantize import wrap
@@ -75,3 +84,28 @@ def test_masked_sum_equals_the_simulated_unmasked_sum():
     # rounding (< 1 unit per member) and noise (sigma units on the sum) over scale x 400 records
     sigma = policy.noise_multiplier * policy.sensitivity * np.sqrt(policy.members / policy.counted_members)
     assert np.abs(mean - exact).max() < (6 * sigma + 4) / (policy.scale * 400)
+
+
+@pytest.mark.parametrize("bits", [32, 33, 48, 62])
+def test_masks_cancel_at_every_width_of_word(bits):
+    """Above 32 bits the masks are 64-bit words: their sum must wrap mod 2^64 (int64 + uint64
+    in numpy goes through float64 and loses the low bits)."""
+    start = np.arange(5, dtype=np.int64)
+    total = MaskSum(start, bits)
+    seed = new_self_seed()
+    total.add(seed, "self", +1)
+    total.add(seed, "self", -1)
+    assert np.array_equal(total.residues(), start)
+
+    n = 3
+    keys, publics, seeds = members(n)
+    rng = np.random.default_rng(bits)
+    xs = [rng.integers(0, 2**bits, DIM, dtype=np.int64) for _ in range(n)]
+    ys = {u: mask(xs[u], u, keys[u], publics, seeds[u], SESSION, bits) for u in range(n)}
+    assert np.array_equal(unmask(ys, dict(enumerate(seeds)), {}, publics, SESSION, bits), sum_residues(xs, bits))
+    # a masked vector of zeros is the mask alone: uniform on [0, 2^bits), no mass at 0 or in the
+    # low bits (each bit of a uniform residue is 1 with probability 1/2; 6 standard deviations)
+    y = mask(np.zeros(DIM, dtype=np.int64), 0, keys[0], publics, seeds[0], SESSION, bits)
+    assert np.count_nonzero(y == 0) == 0 and y.min() >= 0 and y.max() < 2**bits
+    ones = np.array([np.count_nonzero((y >> b) & 1) for b in range(bits)])
+    assert (np.abs(ones - DIM / 2) < 6 * np.sqrt(DIM / 4)).all()

@@ -4,6 +4,7 @@ anything else is parsed, and never crashes the reader."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import numpy as np
@@ -98,6 +99,16 @@ def test_reveal_round_trips_and_carries_at_most_one_share_per_dealer(signers):
     with pytest.raises(m.BadMessage) as err:
         m.read_reveal(m.open_frame(twice, m.Kind.REVEAL, SESSION, publics))
     assert err.value.member == 0
+    # more openings than the round has dealers: refused before any is parsed
+    with pytest.raises(m.BadMessage, match="carries 2 openings, the round has 1 dealers"):
+        m.read_reveal(m.open_frame(raw, m.Kind.REVEAL, SESSION, publics), max_openings=1)
+
+
+def test_a_frames_digest_is_the_sha256_of_its_bytes(signers):
+    keys, _ = signers
+    raw = m.keys_message(SESSION, 1, bytes(range(32)), bytes(32), keys[1])
+    assert m.frame_digest(raw) == hashlib.sha256(raw).digest()
+    assert m.frame_digest(raw) != m.frame_digest(m.keys_message(SESSION, 1, bytes(32), bytes(32), keys[1]))
 
 
 def test_hostile_bytes_are_refused_without_crashing(signers):

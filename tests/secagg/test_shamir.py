@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from mechanisms.secagg.shamir import PRIME, Share, combine, split, threshold_for
+from mechanisms.secagg.shamir import PRIME, Share, combine, lagrange_at_zero, lagrange_without, split, threshold_for
 
 
 def test_p_is_the_prime_just_above_2_256():
@@ -69,3 +69,13 @@ def test_threshold_survives_a_third_and_needs_a_majority():
     assert threshold_for(10, 0.9) == 6
     with pytest.raises(ValueError):
         split(b"short", 2, 3)
+
+
+def test_coefficients_without_some_points_equal_a_fresh_computation():
+    points = [1, 2, 4, 5, 8, 11, 12, 17, 30]
+    everyone = lagrange_at_zero(points)
+    for missing in ([], [4], [1, 30], [2, 5, 8, 12]):
+        kept = [x for x in points if x not in missing]
+        assert lagrange_without(points, everyone, missing) == lagrange_at_zero(kept)
+    with pytest.raises(ValueError):
+        lagrange_without(points, everyone, [3])
