@@ -554,7 +554,9 @@ contract SwarmLedger {
      * (their blob did not reach the majority: withheld, or its holder down), and, when the round
      * before that was finalized too, the members it left out that did not commit since. Who is
      * awaited is decided per member (its participant number and that bitmap), never by a count
-     * anyone could fill with commits of its own. The participant list is final from here.
+     * anyone could fill with commits of its own; and an early close also needs more than two
+     * thirds of the registered members committed, so members left out of one round never let
+     * fewer than that decide the next one early. The participant list is final from here.
      * @param round the current round
      */
     function closeRound(uint64 round) external {
@@ -568,7 +570,13 @@ contract SwarmLedger {
             _commitWindow,
             _commitWindowSeconds
         );
-        if (!passed && live.settled < counts.registered) revert CommitWindowOpen(round, lastBlock, endsAt);
+        // Early, also only while more than two thirds of the registered members committed: once
+        // members are left out, the ones still awaited could otherwise be a colluding minority that
+        // closes rounds on itself before restarted honest members get their commits in.
+        if (
+            !passed &&
+            (live.settled < counts.registered || 3 * uint256(live.participantCount) <= 2 * uint256(counts.registered))
+        ) revert CommitWindowOpen(round, lastBlock, endsAt);
         if (live.participantCount < _minPeers) revert QuorumNotMet(round, live.participantCount, _minPeers);
         _live.state = RoundState.CLOSED;
         _live.sinceBlock = uint40(block.number);

@@ -163,7 +163,30 @@ def test_removing_a_left_out_member_does_not_let_the_round_close_without_an_incl
     assert not swarm.reader.is_awaited(address(swarm, 3)) and swarm.reader.awaited_count() == 1
     swarm.peers[0].disallow(address(swarm, 2))  # an included member removed: no longer awaited
     assert swarm.reader.awaited_count() == 0
+    with pytest.raises(errors.CommitWindowOpen):  # 2 commits of 3 registered: not more than two thirds
+        swarm.peers[0].close_round(2)
+    commit(swarm, kit, 2, 3)
     swarm.peers[0].close_round(2)
+
+
+def test_two_colluders_of_five_cannot_close_early_on_honest_members_left_out(automine_chain, kit):
+    """Two honest members (1, 2) left out of round 1 (they crashed after committing); the two
+    colluders (3, 4) and one honest member (0) are all round 2 awaits. Their three commits do not
+    close it early (3 of 5 registered: not more than two thirds), so the restarted members commit
+    in time and the colluders are no majority of its participants. Without the two-thirds bound
+    the colluders decided round 2, then round 3 alone (an attacker's review of the early close)."""
+    s = kit.Swarm(automine_chain, 5, min_peers=2, commit_window=500, attest_window=500)
+    s.register(5)
+    commit(s, kit, 1, 0, 1, 2, 3, 4)
+    finalize(s, kit, 1, [True, False, False, True, True])
+    commit(s, kit, 2, 0, 3, 4)
+    assert s.reader.awaited_count() == 0  # nobody awaited is missing...
+    with pytest.raises(errors.CommitWindowOpen):  # ...but 3 of 5 is not enough to close early
+        s.peers[3].close_round(2)
+    commit(s, kit, 2, 1)  # a restarted honest member gets in
+    s.peers[3].close_round(2)  # 4 of 5
+    participants = s.reader.participants(2)
+    assert len(participants) == 4 and address(s, 1) in participants
 
 
 def test_a_participant_removed_in_its_round_makes_the_next_round_await_everyone(allowlisted, kit):
