@@ -106,22 +106,41 @@ def _verify_run(run: Path, archive: list[Path] | None, as_json: bool, rounds: in
 
     info = read_run_info(run)
     folders = blob_folders(archive or [run / "archive"])
-    # `kill` (SIGTERM) stops it as Ctrl-C does, so the chain it started is stopped too, not left running
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # `kill` (SIGTERM) stops it as Ctrl-C does, so the chain it started is stopped too, not left
+    # running. Until the chain is started and held, the signal waits: raised inside Popen, after
+    # the fork, it would leave a chain nobody holds.
+    term = _DeferredTerm()
+    previous = signal.signal(signal.SIGTERM, term.handle)
     try:
         try:
             anvil = start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"])
         except AnvilError as exc:
             raise CLIError(str(exc)) from exc
         with anvil:
+            term.arm()
             ledger = common.open_ledger(common.connect_chain(anvil.url, check_evm=False), info["ledger"])
             return _verify(ledger, folders, as_json, rounds or rounds_wanted(info))
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+class _DeferredTerm:
+    """SIGTERM as KeyboardInterrupt, held back until `arm()`: a signal before it is raised there."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.pending = False
+
+    def handle(self, signum: int, frame: object) -> None:
+        if not self.armed:
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    def arm(self) -> None:
+        self.armed = True
+        if self.pending:
+            raise KeyboardInterrupt
 
 
 def blob_folders(archives: list[Path]) -> list[Path]:
