@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -112,6 +113,22 @@ def open_witness(ledger: LedgerClient, options: NodeOptions) -> Witness | None:
     return witness
 
 
+def round_recorder(ledger: LedgerClient, address: str, metrics: MetricsWriter) -> Callable[[RoundOutcome], None]:
+    """What the peer calls at each round's end: the round's line in metrics.jsonl, with the RPC
+    requests it made to its endpoint over the round (start-up's count towards round 1)."""
+    requests_before = [ledger.rpc_requests()]
+
+    def on_round(outcome: RoundOutcome) -> None:
+        record = {"peer": address, "time": time.time(), **asdict(outcome)}
+        requests_before.append(ledger.rpc_requests())
+        record["rpc_requests"] = requests_before[-1] - requests_before[-2]
+        record["included"] = sum(outcome.included) if outcome.included else None
+        metrics.write(record)
+        log.info("round %d %s acc=%s", outcome.round, outcome.state, outcome.accuracy)
+
+    return on_round
+
+
 async def run_node(config: Config, options: NodeOptions) -> int:
     """Run one peer until the configured number of rounds is over. Returns an exit status."""
 
@@ -149,16 +166,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
             def on_status(status: dict) -> None:
                 write_json_atomic(status_path, status)
 
-            requests_before = [ledger.rpc_requests()]  # at the end of the last round (start-up's go to round 1)
-
-            def on_round(outcome: RoundOutcome) -> None:
-                record = {"peer": account.address, "time": time.time(), **asdict(outcome)}
-                requests_before.append(ledger.rpc_requests())
-                record["rpc_requests"] = requests_before[-1] - requests_before[-2]  # to the endpoint, this round
-                record["included"] = sum(outcome.included) if outcome.included else None
-                metrics.write(record)
-                log.info("round %d %s acc=%s", outcome.round, outcome.state, outcome.accuracy)
-
+            on_round = round_recorder(ledger, account.address, metrics)
             peer = Peer(
                 settings,
                 ledger=ledger,

@@ -79,9 +79,9 @@ class BlockTicker:
                 log.debug("peer readiness unknown this tick: %s", exc)
                 release = False
             if release:
-                self.released_at = time.monotonic()
-                if over:
+                if over:  # said before the release is seen: whoever waits on the release finds it said
                     log.warning("peers still starting after %.0f s: the chain runs at its pace anyway", self.hold_limit)
+                self.released_at = time.monotonic()
         return self.block_time if self.released_at is not None else self.hold_pace
 
     def _run(self) -> None:
