@@ -194,13 +194,17 @@ def header_hash(answer: Any, number: int) -> bytes | None:
         return None
     if not isinstance(header, dict) or parse_quantity(header.get("number"), "eth_getBlockByNumber") != number:
         raise LedgerError(f"eth_getBlockByNumber({number}): the RPC answered another block: {str(header)[:200]}")
-    digest = header.get("hash")
-    if not isinstance(digest, str) or not digest.startswith("0x") or len(digest) != 66:
-        raise LedgerError(f"eth_getBlockByNumber({number}): no block hash in {str(header)[:200]}")
+    return parse_hash32(header.get("hash"), f"eth_getBlockByNumber({number}) hash")
+
+
+def parse_hash32(value: Any, what: str) -> bytes:
+    """A JSON-RPC 32-byte hash ("0x" and 64 hex digits)."""
+    if not isinstance(value, str) or not value.startswith("0x") or len(value) != 66:
+        raise LedgerError(f"{what}: not a 32-byte hash: {str(value)[:80]}")
     try:
-        return bytes.fromhex(digest[2:])
+        return bytes.fromhex(value[2:])
     except ValueError:
-        raise LedgerError(f"eth_getBlockByNumber({number}): a block hash that is not hex: {digest[:70]}") from None
+        raise LedgerError(f"{what}: not hex: {value[:80]}") from None
 
 
 def parse_quantity(result: Any, what: str) -> int:

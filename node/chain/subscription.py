@@ -27,7 +27,7 @@ import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
 
 from node.chain.errors import LedgerError
-from node.chain.rawrpc import parse_quantity
+from node.chain.rawrpc import parse_hash32, parse_quantity
 
 log = logging.getLogger("swarm.chain")
 
@@ -232,8 +232,8 @@ class ChainFeed:
         if not isinstance(header, dict):
             raise LedgerError(f"newHeads: not a header: {str(header)[:100]}")
         number = parse_quantity(header.get("number"), "newHeads")
-        digest = _hash32(header.get("hash"), "newHeads hash")
-        parent = _hash32(header.get("parentHash"), "newHeads parentHash")
+        digest = parse_hash32(header.get("hash"), "newHeads hash")
+        parent = parse_hash32(header.get("parentHash"), "newHeads parentHash")
         with trio.fail_after(HEAD_CHECK_TIMEOUT_S):
             taken = await trio.to_thread.run_sync(self._take_head, number)
         self.notifications += 1
@@ -262,7 +262,7 @@ class ChainFeed:
         topics = entry.get("topics")
         if not isinstance(topics, list) or not 1 <= len(topics) <= 4:
             raise LedgerError(f"logs: topics {str(topics)[:100]}")
-        topic = _hash32(topics[0], "logs topic")
+        topic = parse_hash32(topics[0], "logs topic")
         removed = entry.get("removed", False)
         if not isinstance(removed, bool):
             raise LedgerError(f"logs: removed {str(removed)[:20]}")
@@ -285,12 +285,3 @@ def _parse(message: str | bytes) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
-
-
-def _hash32(value: Any, what: str) -> bytes:
-    if not isinstance(value, str) or not value.startswith("0x") or len(value) != 66:
-        raise LedgerError(f"{what}: not a 32-byte hash: {str(value)[:80]}")
-    try:
-        return bytes.fromhex(value[2:])
-    except ValueError:
-        raise LedgerError(f"{what}: not hex: {value[:80]}") from None
