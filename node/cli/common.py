@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from web3 import Web3
@@ -174,16 +175,33 @@ def open_ledger(w3: Web3, address: str) -> LedgerClient:
         raise CLIError(f"{one_line(exc)}: check --ledger (the address swarm deploy printed) and --rpc-url") from exc
 
 
+class _CurrentStderrHandler(logging.StreamHandler[TextIO]):
+    """Writes to whatever `sys.stderr` is when a record is emitted, not the stream it was at setup:
+    a CLI run inside another program (a test that swaps and closes stderr) leaves no handler on a
+    closed stream behind it."""
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass
+
+
 def setup_logging(verbose: bool) -> None:
     """Log records to stderr in one format: warnings and errors, everything from INFO up with -v.
     `force`: opacus configures the root logger when imported (its own format, no level), which
     would make this a no-op. py-libp2p detaches its loggers when imported (no handler, no
     propagation: Python's last-resort handler printed their warnings raw); they go through ours,
     whose level (not the loggers', which py-libp2p sets to INFO here and there) keeps them quiet."""
-    import logging
-
     level = logging.INFO if verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s", force=True)
+    logging.basicConfig(
+        level=level,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        handlers=[_CurrentStderrHandler()],
+        force=True,
+    )
     for handler in logging.getLogger().handlers:
         handler.setLevel(level)
     logging.getLogger("libp2p").propagate = True
