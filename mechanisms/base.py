@@ -1,9 +1,10 @@
 """The interface every mechanism implements, its guarantee object, and input validation.
 
 Perturb paths draw keystream words block by block (mechanisms/draws.py) and transform each block
-with whole-tensor ops on a few scratch buffers, so a mechanism costs little more than its random
-bits (docs/BENCHMARKS.md, section "Mechanisms"). The scratch buffers are kept per thread and
-reused across calls: fresh allocations cost more page faults than the arithmetic.
+with compiled per-coordinate kernels (mechanisms/kernels.py) or whole-tensor ops on a few scratch
+buffers, so a mechanism costs little more than its random bits (docs/BENCHMARKS.md, section
+"Mechanisms"). The scratch buffers are kept per thread and reused across calls: fresh
+allocations cost more page faults than the arithmetic.
 """
 
 from __future__ import annotations

@@ -37,6 +37,11 @@ def words32(stream: RandomStream, n: int, slot: int = 0) -> torch.Tensor:
     return stream.fill_(scratch(n, torch.int32, slot))
 
 
+def words64(stream: RandomStream, n: int, slot: int = 0) -> torch.Tensor:
+    """n uniform int64 words, in a reused per-thread buffer (`slot` tells a caller's buffers apart)."""
+    return stream.fill_(scratch(n, torch.int64, slot))
+
+
 def bits63_(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
     """out (int64) <- 63 uniform random bits per element (a non-negative int64)."""
     return stream.fill_(out).bitwise_and_(_LOW63)
@@ -84,19 +89,29 @@ def round_down_uniform_(
     extra.bitwise_or_(ob.bitwise_left_shift_(_SHIFTS[extra_bits]))  # h < 2^53: exact as a float64
     out.copy_(extra).mul_(_SCALES[grid])  # h 2^-grid: exact
     ob.bitwise_and_(_EXPONENT_MASK).bitwise_or_(bits.bitwise_and_(_MANTISSA_MASK))
-    if depth < _MAX_DEPTH and out.numel() and float(out.amin()) < _NORMAL_MIN:  # h = 0 somewhere
-        idx = torch.nonzero(out < _NORMAL_MIN).view(-1)
-        k = idx.numel()
-        more = bits63_(torch.empty(k, dtype=torch.int64), stream)
-        deeper = round_down_uniform_(
-            torch.empty(k, dtype=torch.float64),
-            bits63_(torch.empty(k, dtype=torch.int64), stream),
-            more.bitwise_right_shift_(21),
-            42,
-            stream,
-            depth + 1,
-        )
-        out[idx] = deeper.mul_(2.0**-grid)  # exact while normal
+    if out.numel() and float(out.amin()) < _NORMAL_MIN:  # h = 0 somewhere
+        redraw_below_grid_(out, grid, stream, depth)
+    return out
+
+
+def redraw_below_grid_(out: torch.Tensor, grid: int, stream: RandomStream, depth: int = 0) -> torch.Tensor:
+    """The second part of `round_down_uniform_`: each U* of `out` below 2^-1022 (its h was 0:
+    R below the 2^-grid grid) drawn again one level down, from fresh draws (two words each, in
+    the order of the coordinates), R = 2^-grid R'. Up to `_MAX_DEPTH` levels."""
+    if depth >= _MAX_DEPTH:
+        return out
+    idx = torch.nonzero(out < _NORMAL_MIN).view(-1)
+    k = idx.numel()
+    more = bits63_(torch.empty(k, dtype=torch.int64), stream)
+    deeper = round_down_uniform_(
+        torch.empty(k, dtype=torch.float64),
+        bits63_(torch.empty(k, dtype=torch.int64), stream),
+        more.bitwise_right_shift_(21),
+        42,
+        stream,
+        depth + 1,
+    )
+    out[idx] = deeper.mul_(2.0**-grid)  # exact while normal
     return out
 
 

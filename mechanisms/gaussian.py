@@ -44,14 +44,11 @@ from .base import (
     flat_input,
     scratch,
 )
-from .draws import TAIL_EXPONENT, bits63_, blocks, round_down_uniform_
+from .draws import TAIL_EXPONENT, blocks, redraw_below_grid_, words64
 from .randomness import PrivacyGenerator, RandomStream, mechanism_stream
 from .snapping import LOG_ULPS
 
 _SQRT2 = math.sqrt(2.0)
-_LOW63 = torch.tensor((1 << 63) - 1)
-_ANGLE_BITS = torch.tensor((1 << 53) - 1)
-_SIXTY_THREE, _FIFTY_THREE = torch.tensor(63), torch.tensor(53)
 
 
 def _phi(x: float) -> float:
@@ -163,31 +160,47 @@ _RADIUS_CUT = 12.0  # radii beyond it (probability e^-72) count as a boundary ev
 
 def standard_normal_pairs_(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
     """out (float64, even length 2m) <- 2m standard normals: out[i] and out[m + i] are the pair
-    (r cos 2 pi V, r sin 2 pi V) of one radius r = sqrt(-2 ln R) (see the module's docstring).
+    (r cos 2 pi V, r sin 2 pi V) of one radius r = sqrt(-2 ln R) (see the module's docstring)."""
+    from . import kernels  # numba: paid on the first draw only
+
+    kernels.box_muller_products(out.numpy(), _polar_(out, stream).numpy())
+    return out
+
+
+def _polar_(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
+    """out (float64, even length 2m) <- (cos 2 pi V, then sin 2 pi V) of m pairs; returns their
+    radii r = sqrt(-2 ln R), in a scratch buffer.
 
     Two 64-bit words per pair: the first's sign bit is the coin (R = Y or 1 - Y) and its other 63
     bits U*'s significand and binade; the second's low 53 bits the angle V and its top 10 more of
-    U*'s binade. Randomness: only `stream`."""
+    U*'s binade. The logs, the square root, cos and sin are torch's (Sleef's vectorized) and
+    numpy's log1p (its SIMD one): the functions LOG_ULPS bounds (tests/mechanisms/test_float_noise.py
+    measures them); the rest is `kernels.box_muller_*`. Randomness: only `stream`."""
+    from . import kernels
+
     m = out.numel() // 2
-    first = stream.fill_(scratch(m, torch.int64, 0))
-    coin = torch.bitwise_right_shift(first, _SIXTY_THREE, out=scratch(m, torch.int64, 3))  # all ones: R = Y
-    bits = first.bitwise_and_(_LOW63)
-    aux = bits63_(scratch(m, torch.int64, 1), stream)
-    extra = torch.bitwise_right_shift(aux, _FIFTY_THREE, out=scratch(m, torch.int64, 2))
-    y = round_down_uniform_(scratch(m, torch.float64, 0), bits, extra, 10, stream).mul_(0.5)
-    low = torch.log(y, out=scratch(m, torch.float64, 1))  # -l when R = Y
-    # -l when R = 1 - Y: numpy's log1p (libm's), 1.6x faster than torch's float64 log1p, which
-    # is not vectorized; within LOG_ULPS like torch's (tests/mechanisms/test_float_noise.py)
-    minus_y = y.neg_().numpy()
-    np.log1p(minus_y, out=minus_y)
-    high = y
-    # high <- low where the coin is set, bit for bit (integer passes: cheaper than torch.where)
-    picked = low.view(torch.int64).bitwise_xor_(high.view(torch.int64)).bitwise_and_(coin)
-    radius = high.view(torch.int64).bitwise_xor_(picked).view(torch.float64).mul_(-2.0).sqrt_()
-    theta = scratch(m, torch.float64, 2).copy_(aux.bitwise_and_(_ANGLE_BITS)).mul_(2.0 * math.pi * 2.0**-53)
-    torch.mul(torch.cos(theta, out=out[:m]), radius, out=out[:m])
-    torch.mul(torch.sin(theta, out=out[m:]), radius, out=out[m:])
-    return out
+    first, aux = words64(stream, m, 0), words64(stream, m, 1)
+    y, neg_y = scratch(m, torch.float64, 0), scratch(m, torch.float64, 1).numpy()
+    theta = scratch(m, torch.float64, 2)
+    first_np = first.numpy()
+    if kernels.box_muller_uniforms(first_np, aux.numpy(), y.numpy(), neg_y, theta.numpy()):
+        _redraw_halves_(y, neg_y, stream)  # h = 0: probability 2^-21 per pair
+    low = torch.log(y, out=scratch(m, torch.float64, 5))  # -l when R = Y
+    # -l when R = 1 - Y: numpy's log1p, 1.6x faster than torch's float64 log1p
+    high = np.log1p(neg_y, out=neg_y)
+    kernels.box_muller_radius_squared(first_np, low.numpy(), high)
+    torch.cos(theta, out=out[:m])
+    torch.sin(theta, out=out[m:])
+    return low.sqrt_()
+
+
+def _redraw_halves_(y: torch.Tensor, neg_y: np.ndarray, stream: RandomStream) -> None:
+    """y[i] <- U*/2 and neg_y[i] <- -y[i] where U* was below 2^-1022 (its binade draw was 0): U*
+    redrawn one level down (`draws.redraw_below_grid_`), then halved."""
+    idx = torch.nonzero(y < 2.0**-1022).view(-1)
+    redraw_below_grid_(y, 21, stream)
+    y[idx] = y[idx].mul_(0.5)
+    neg_y[idx.numpy()] = -y[idx].numpy()
 
 
 def add_gaussian_noise(
@@ -335,14 +348,17 @@ class Gaussian(Mechanism):
     def _snap(self, flat: torch.Tensor, scale: float, stream: RandomStream) -> torch.Tensor:
         """clamp(round(scale x / L + noise / L), -K, K) L, per coordinate, in float64; rounded
         once into the output dtype."""
+        from . import kernels  # numba: paid on the first perturb only
+
         grid, steps, out = self.grid, float(self.steps), torch.empty_like(flat)
+        flat_np, out_np = flat.numpy(), out.numpy()
         for lo, hi in blocks(flat.numel()):
             n = hi - lo
-            v = standard_normal_pairs_(scratch(n + n % 2, torch.float64, 3), stream)[:n]
-            x = flat[lo:hi] if flat.dtype == torch.float64 else scratch(n, torch.float64, 4).copy_(flat[lo:hi])
-            torch.add(v.mul_(self.sigma / grid), x, alpha=scale / grid, out=v)  # one dtype: mixed is slow
-            v.round_().clamp_(-steps, steps).mul_(grid)  # k L: exact
-            out[lo:hi].copy_(v)
+            angles = scratch(n + n % 2, torch.float64, 3)
+            radius = _polar_(angles, stream).numpy()
+            kernels.gaussian_snap(
+                angles.numpy(), radius, flat_np[lo:hi], out_np[lo:hi], self.sigma / grid, scale / grid, steps, grid
+            )
         return out
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:

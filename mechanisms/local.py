@@ -9,8 +9,9 @@ it (docs/MECHANISMS.md, "Floating point"). The snapping Laplace and the exponent
 in mechanisms/snapping.py.
 
 Each perturb path works block by block (draws.BLOCK coordinates): draw the block's words, turn
-them into the output in a few whole-tensor passes while they are in the cache. Formulas cite the
-papers in docs/MECHANISMS.md.
+them and the input into the output in one pass of a compiled kernel (mechanisms/kernels.py;
+PNPM on float64 and RR with k > 2: a few whole-tensor passes). Formulas cite the papers in
+docs/MECHANISMS.md.
 """
 
 from __future__ import annotations
@@ -43,9 +44,6 @@ from .randomness import PrivacyGenerator, RandomStream, mechanism_stream
 # exp(eps) overflows a double near 709; no useful local mechanism runs there.
 MAX_EPSILON = 700.0
 HALF = 1 << 23  # the 24-bit grid of the two-point decisions: w >> 8 is uniform on [-2^23, 2^23)
-_SIGN_BIT = torch.tensor(-(2**31), dtype=torch.int32)  # a float32's sign bit, as an int32
-# Operands of the per-block passes as 0-dim tensors: a Python number costs a tensor per call
-_ONE32 = torch.tensor(1, dtype=torch.int32)
 
 
 def _epsilon(epsilon: object) -> float:
@@ -57,30 +55,6 @@ def _epsilon(epsilon: object) -> float:
 
 def _output(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(like.numel(), dtype=like.dtype)
-
-
-def _words_in(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
-    """One int32 word per coordinate, drawn into the float32 output block itself (its bytes are
-    overwritten by the result computed from them: no other buffer to keep in the cache), or into
-    a scratch buffer for a float64 output."""
-    if out.dtype == torch.float32:
-        return stream.fill_(out.view(torch.int32))
-    return words32(stream, out.numel())
-
-
-def float32_words_(words: torch.Tensor) -> torch.Tensor:
-    """The int32 `words` as float32 (round to nearest even, the conversion the thresholds of
-    `draws.float32_threshold` count), converted in place: their bytes become the floats. One
-    pass; an int32 operand in a float op would make torch convert it into a temporary first."""
-    return words.view(torch.float32).copy_(words)
-
-
-def _grid_values_(out: torch.Tensor, cells: torch.Tensor, values: tuple[float, float, int]) -> torch.Tensor:
-    """out <- first + step * cell (cells: integer-valued float32), computed in out's dtype."""
-    first, step, _ = values
-    if out.dtype == torch.float32:
-        return torch.add(constant(first, out.dtype), cells, alpha=step, out=out)
-    return out.copy_(cells).mul_(step).add_(first)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,27 +122,6 @@ def duchi_exact_bound(epsilon: float) -> float:
     return float(HALF) / duchi_steps(epsilon)
 
 
-def duchi_sign_(y: torch.Tensor, words: torch.Tensor, s: torch.Tensor, steps: int) -> torch.Tensor:
-    """y <- W + 1/2 + A s (doubled: 2W + 1 + 2A s, odd integers plus a product, so that the
-    half is exact), whose sign is the decision: >= 0 (+0 included) means +B. `words` (int32,
-    possibly y's own bytes) are left holding 2W + 1; s in [-1, 1]."""
-    words.bitwise_right_shift_(7).bitwise_or_(_ONE32)  # 2W + 1: W = w >> 8, odd values in (-2^24, 2^24)
-    # converted in place (exact: |2W + 1| < 2^24), then one same-dtype pass: an int32 operand
-    # would make torch convert it into a temporary first
-    return y.copy_(words).add_(s, alpha=2.0 * steps)
-
-
-def signed_(y: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
-    """y <- copysign(magnitude, y) in place (magnitude: a positive 0-dim tensor of y's dtype):
-    for float32, two integer passes on y's bits (keep the sign bit, set the magnitude's bits),
-    cheaper than torch's copysign."""
-    if y.dtype != torch.float32:
-        return torch.copysign(magnitude, y, out=y)
-    bits = y.view(torch.int32)
-    bits.bitwise_and_(_SIGN_BIT).bitwise_or_(magnitude.view(torch.int32))
-    return y
-
-
 class _PureLocal(Mechanism):
     """Shared parts of the pure-eps per-coordinate mechanisms on the domain [-1, 1]."""
 
@@ -188,11 +141,6 @@ class _PureLocal(Mechanism):
         """One block of the input, checked (finite, in [-1, 1]) or clamped into scratch `spare`."""
         out = scratch(t.numel(), t.dtype, spare) if self.clip else None
         return check_values(t, low=-1.0, high=1.0, clip=self.clip, out=out)
-
-    def _block32(self, t: torch.Tensor) -> torch.Tensor:
-        """`_block`, as float32 (the grid PM computes its positions in float32)."""
-        block = self._block(t)
-        return block if block.dtype == torch.float32 else block.to(torch.float32)
 
     def params(self) -> dict[str, object]:
         return {"name": self.name, "epsilon": self.epsilon, "clip": self.clip}
@@ -237,10 +185,13 @@ class Duchi(_PureLocal):
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
-        magnitude = constant(self.bound, t.dtype)
+        from . import kernels  # numba: paid on the first perturb only
+
+        t_np, out_np = t.numpy(), out.numpy()
         for lo, hi in blocks(t.numel()):
-            y = out[lo:hi]
-            signed_(duchi_sign_(y, _words_in(y, stream), self._block(t[lo:hi]), self.steps), magnitude)
+            words, args = words32(stream, hi - lo).numpy(), (out_np[lo:hi], 2.0 * self.steps, self.bound)
+            if not kernels.duchi(words, t_np[lo:hi], *args):  # outside [-1, 1]: refuse, or clip and redo
+                kernels.duchi(words, self._block(t[lo:hi]).numpy(), *args)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -279,13 +230,13 @@ class LDPFL(Mechanism):
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         w = flat_input(x)
         stream, out = mechanism_stream(generator), _output(w)
-        magnitude, center = constant(self.bound, w.dtype), constant(self.center, w.dtype)
+        from . import kernels  # numba: paid on the first perturb only
+
+        w_np, out_np, steps2 = w.numpy(), out.numpy(), 2.0 * self.steps
         for lo, hi in blocks(w.numel()):
-            s = self._scaled_(scratch(hi - lo, w.dtype, 1), check_finite_block(w[lo:hi]))
-            y = out[lo:hi]
-            signed_(duchi_sign_(y, _words_in(y, stream), s, self.steps), magnitude)
-            if self.center != 0.0:  # + 0 changes nothing (-0 + 0 is +0, and the outputs are +-rB')
-                y.add_(center)
+            words = words32(stream, hi - lo).numpy()
+            if not kernels.ldp_fl(words, w_np[lo:hi], out_np[lo:hi], self.center, self.radius, steps2, self.bound):
+                check_values(w[lo:hi])  # inf or NaN: say so
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -324,8 +275,7 @@ def pnpm_flip_threshold(epsilon: float) -> int:
 
 
 _MANTISSA23 = torch.tensor((1 << 23) - 1, dtype=torch.int32)
-_MANTISSA23_NP, _ONE_BITS_NP = np.int32((1 << 23) - 1), np.int32(0x3F800000)  # float32 1.0's bits
-_SIGN_BIT_NP = np.int32(-(2**31))
+_EXPONENT32 = 0x7F800000  # a float32's exponent field: all ones for inf and NaN
 
 
 class PNPM(Mechanism):
@@ -365,26 +315,16 @@ class PNPM(Mechanism):
         stream, out = mechanism_stream(generator), _output(w)
         if w.dtype != torch.float32:  # float64: the same law, computed without the float32 tricks
             return self._perturb64(w, stream, out).view(x.shape)
-        offset, threshold = constant(self._offset, torch.float32), np.int32(self.threshold)
-        total = torch.zeros((), dtype=torch.float32)  # NaN or inf in w propagates into it
+        from . import kernels  # numba: paid on the first perturb only
+
+        slope, offset, threshold = np.float32(self._slope), np.float32(self._offset), np.int32(self.threshold)
         w_np, out_np = w.numpy(), out.numpy()
+        w_bits, seen = w_np.view(np.int32), 0
         for lo, hi in blocks(w.numel()):
-            n = hi - lo
-            words = words32(stream, 2 * n)
-            flip, magnitude = words.numpy()[:n], words.numpy()[n:]
-            # in place, integer passes (numpy's: the same throughput as torch's at a third of its
-            # cost per call): f = 1 + j 2^-23 from J's low 23 bits; the flip's sign bit
-            np.bitwise_and(magnitude, _MANTISSA23_NP, out=magnitude)
-            np.bitwise_or(magnitude, _ONE_BITS_NP, out=magnitude)
-            f = words[n:].view(torch.float32)
-            torch.add(offset, f, alpha=self._slope, out=f)  # M > 0, one fused pass (numpy has no fma)
-            np.right_shift(flip, 1, out=flip)
-            np.subtract(flip, threshold, out=flip)
-            np.bitwise_and(flip, _SIGN_BIT_NP, out=flip)  # set: flip
-            np.bitwise_or(magnitude, flip, out=magnitude)  # S M
-            np.multiply(magnitude.view(np.float32), w_np[lo:hi], out=out_np[lo:hi])  # rounded once, as torch's
-            total.add_(out[lo:hi].sum())  # torch's float32 sum: a third of numpy's time
-        if not math.isfinite(float(total)):  # no output is returned: check the input itself
+            words = words32(stream, 2 * (hi - lo)).numpy()  # the flip words, then the magnitude words
+            exponents = kernels.pnpm32(words, w_np[lo:hi], w_bits[lo:hi], out_np[lo:hi], slope, offset, threshold)
+            seen = max(seen, exponents)
+        if seen == _EXPONENT32:  # inf or NaN in w, and no output is returned: check the input itself
             check_values(w)
         return out.view(x.shape)
 
@@ -430,8 +370,6 @@ CELLS = 1 << 10  # PM's output grid: 1024 cells over [-C', C']
 # The window position is computed in float32 from at most 4 roundings of values below CELLS
 # (in cells): it is within 4 * 2^-24 * CELLS = 2^-12 cell of its exact value.
 _POSITION_ERROR = 4.0 * 2.0**-24 * CELLS
-_HALF_CELLS = torch.tensor(CELLS / 2.0)
-_EIGHT = torch.tensor(8, dtype=torch.int32)
 
 
 class PiecewiseGrid:
@@ -466,29 +404,21 @@ class PiecewiseGrid:
             raise ValueError(f"epsilon {epsilon!r} is outside what PM's grid can realise")
         self.alpha = (count - skipped) / (WORD - skipped)
         self.scale = 2.0 / ((1.0 - self.alpha) * (n - m))
-        self._threshold = torch.tensor(self.threshold)  # float32 0-dim operands of `cells_`
 
     @property
     def values(self) -> tuple[float, float, int]:
         """(first, step, count) of the output grid."""
         return (self.scale * (0.5 - CELLS / 2), self.scale, CELLS)
 
-    def cells_(self, pos: torch.Tensor, branch: torch.Tensor, position: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """pos (float32) <- the cell of each coordinate, as a float: `branch` (the branch words
-        as float32, `float32_words_`) decides "uniform over all" (below threshold) or the window, `position`
-        (24-bit words in [-2^23, 2^23)) the position; t is the input (float32). Both words are
-        used as scratch. No masks: the branch is an exact 0/1 weight between integer cells."""
+    def kernel_constants(self) -> tuple[np.float32, np.float32, np.float32, float, float]:
+        """What `kernels.pm` computes a cell and its value with: the cell is "uniform over all"
+        (floor(N/2 + W 2^-14), exact) iff float32(branch word) < threshold, else the window's
+        floor(fma((N - m)/2, t, fma(m 2^-24, W, N/2))) clamped to [0, N - 1], in float32 (two
+        fused roundings: the position bound `_POSITION_ERROR` counts four); then first + step cell.
+        Returns (m 2^-24, (N - m)/2, threshold) as float32, (first, step) as float64."""
+        first, step, _ = self.values
         m = self.window
-        w = position.view(torch.float32).copy_(position)  # W as a float32 (24 bits: exact), in place
-        torch.add(_HALF_CELLS, w, alpha=m * 2.0**-24, out=pos).add_(t, alpha=(CELLS - m) / 2.0)
-        pos.floor_().clamp_(0.0, CELLS - 1.0)  # the window's cell
-        # floor(N/2 + W 2^-14) = N/2 + (W >> 14): "uniform over all", exact (W 2^-14 and the sum
-        # have at most 24 significant bits)
-        everywhere = torch.add(_HALF_CELLS, w, alpha=2.0**-14, out=w).floor_()
-        # threshold - float32(word): an integer-valued float32, >= 1 iff the word is below it
-        chosen = torch.sub(self._threshold, branch, out=branch).clamp_(0.0, 1.0)
-        # weight 0 or 1: torch's lerp returns pos + 0 (pos) or everywhere - 0 (everywhere), exactly
-        return pos.lerp_(everywhere, chosen)
+        return np.float32(m * 2.0**-24), np.float32((CELLS - m) / 2.0), np.float32(self.threshold), first, step
 
     def variance(self, t: torch.Tensor) -> torch.Tensor:
         """Var of the output for inputs t (float64): the mixture's, with a continuous U (the
@@ -524,13 +454,14 @@ class Piecewise(_PureLocal):
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
+        from . import kernels  # numba: paid on the first perturb only
+
+        grid, fused = self.law.kernel_constants(), out.dtype == torch.float32
+        t_np, out_np = t.numpy(), out.numpy()
         for lo, hi in blocks(t.numel()):
-            n = hi - lo
-            words = words32(stream, 2 * n)
-            pos = scratch(n, torch.float32, 1)
-            position = words[n:].bitwise_right_shift_(_EIGHT)
-            self.law.cells_(pos, float32_words_(words[:n]), position, self._block32(t[lo:hi]))
-            _grid_values_(out[lo:hi], pos, self.law.values)
+            words = words32(stream, 2 * (hi - lo)).numpy()  # the branch words, then the position words
+            if not kernels.pm(words, t_np[lo:hi], out_np[lo:hi], *grid, fused):  # see `Duchi.perturb`
+                kernels.pm(words, self._block(t[lo:hi]).numpy(), out_np[lo:hi], *grid, fused)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -571,26 +502,21 @@ class Hybrid(_PureLocal):
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
-        threshold, magnitude = constant(self.duchi_threshold, torch.float32), constant(self.bound, t.dtype)
+        from . import kernels  # numba: paid on the first perturb only
+
+        # no PM branch (eps <= 0.61): a NaN threshold, which no word is below
+        grid = (
+            self.law.kernel_constants()
+            if self.law is not None
+            else (np.float32(0), np.float32(0), np.float32("nan"), 0.0, 0.0)
+        )
+        steps2, duchi_threshold = 2.0 * self.steps, np.float32(self.duchi_threshold)
+        fused, t_np, out_np = out.dtype == torch.float32, t.numpy(), out.numpy()
         for lo, hi in blocks(t.numel()):
-            n = hi - lo
-            block = self._block(t[lo:hi])
-            words = words32(stream, 2 * n)
-            branch, drive = words[:n], words[n:]
-            duchi = signed_(duchi_sign_(scratch(n, t.dtype, 3), drive, block, self.steps), magnitude)
-            if self.law is None:
-                out[lo:hi].copy_(duchi)
-                continue
-            # threshold - float32(word): an integer-valued float32, >= 1 iff the word picks Duchi
-            branch = float32_words_(branch)
-            duchi_weight = torch.sub(threshold, branch, out=scratch(n, torch.float32, 4)).clamp_(0.0, 1.0)
-            position = drive.bitwise_right_shift_(_ONE32)  # (2W + 1) >> 1 = W: J's 24 bits again
-            block32 = block if block.dtype == torch.float32 else block.to(torch.float32)
-            pos = self.law.cells_(scratch(n, torch.float32, 1), branch, position, block32)
-            y = _grid_values_(out[lo:hi], pos, self.law.values)
-            # weight 0 or 1: torch's lerp returns PM's value or Duchi's exactly (no arithmetic
-            # reaches the output: y + 0 (y - d) or d - 0 (d - y), both values finite and non-zero)
-            y.lerp_(duchi, duchi_weight if y.dtype == torch.float32 else duchi_weight.to(y.dtype))
+            words = words32(stream, 2 * (hi - lo)).numpy()  # the branch words U, then the drive words J
+            args = (out_np[lo:hi], steps2, self.bound, duchi_threshold, *grid, fused)
+            if not kernels.hm(words, t_np[lo:hi], *args):  # see `Duchi.perturb`
+                kernels.hm(words, self._block(t[lo:hi]).numpy(), *args)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -629,7 +555,6 @@ class RandomizedResponse(Mechanism):
         else:
             self.flip_threshold, self.other = math.nan, math.ceil(Fraction(WORD) / (bound + k - 1))
         self.keep = WORD - (k - 1) * self.other
-        self._flip_threshold = torch.tensor(self.flip_threshold)  # float32 0-dim
         if not (self.keep > 0 and Fraction(self.keep, self.other) <= bound and self.other <= bound * self.keep):
             raise ValueError(f"epsilon {epsilon!r} is too small for randomized response's 2^-32 grid")
 
@@ -659,25 +584,33 @@ class RandomizedResponse(Mechanism):
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:
         v = flat_input(x)
         stream, out = mechanism_stream(generator), _output(v)
+        if self.k == 2:
+            return self._perturb_binary(v, stream, out).view(x.shape)
         for lo, hi in blocks(v.numel()):
-            block = check_values(v[lo:hi], low=0.0, high=float(self.k - 1))
-            # frac >= 0 on the checked non-negative block: one reduction (any() is about 7x slower)
-            if float(torch.frac(block, out=scratch(hi - lo, v.dtype, 6)).amax()) > 0.0:
-                raise ValueError(f"x must hold integer categories 0..{self.k - 1}")
-            self._perturb_block(words32(stream, hi - lo), block, out[lo:hi])
+            block = self._categories(v[lo:hi])
+            shift = self._shift(words32(stream, hi - lo), scratch(hi - lo, torch.float64, 1))
+            shift.add_(block)  # (v + shift) mod k for v + shift in [0, 2k - 2]
+            wraps = torch.div(shift, self.k).floor_()
+            out[lo:hi].copy_(shift.add_(wraps, alpha=-self.k))
         return out.view(x.shape)
 
-    def _perturb_block(self, words: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
-        if self.k == 2:  # out = |v - flip|
-            # threshold - float32(word) is an integer-valued float32, >= 1 iff the word flips
-            flip = float32_words_(words)
-            torch.sub(self._flip_threshold, flip, out=flip)
-            torch.sub(flip.clamp_(0.0, 1.0), v, out=out).abs_()
-            return
-        shift = self._shift(words, scratch(out.numel(), torch.float64, 1))
-        shift.add_(v)  # (v + shift) mod k for v + shift in [0, 2k - 2]
-        wraps = torch.div(shift, self.k).floor_()
-        out.copy_(shift.add_(wraps, alpha=-self.k))
+    def _categories(self, block: torch.Tensor) -> torch.Tensor:
+        """`block` if it holds integer categories 0..k-1 (ValueError otherwise)."""
+        block = check_values(block, low=0.0, high=float(self.k - 1))
+        # frac >= 0 on the checked non-negative block: one reduction (any() is about 7x slower)
+        if float(torch.frac(block, out=scratch(block.numel(), block.dtype, 6)).amax()) > 0.0:
+            raise ValueError(f"x must hold integer categories 0..{self.k - 1}")
+        return block
+
+    def _perturb_binary(self, v: torch.Tensor, stream: RandomStream, out: torch.Tensor) -> torch.Tensor:
+        """k = 2: out = |v - flip|, flip iff float32(word) < the threshold (`kernels.binary_rr`)."""
+        from . import kernels  # numba: paid on the first perturb only
+
+        v_np, out_np, threshold = v.numpy(), out.numpy(), np.float32(self.flip_threshold)
+        for lo, hi in blocks(v.numel()):
+            if not kernels.binary_rr(words32(stream, hi - lo).numpy(), v_np[lo:hi], out_np[lo:hi], threshold):
+                self._categories(v[lo:hi])  # a value that is not 0 or 1: say which
+        return out
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
         v = check_tensor(x, low=0.0, high=float(self.k - 1)).to(torch.float64)

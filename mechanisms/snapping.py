@@ -18,18 +18,14 @@ import math
 
 import torch
 
-from .base import Guarantee, OutputSet, affine_, flat_input, scratch
-from .draws import TAIL_EXPONENT, bits63_, blocks, round_down_uniform_
+from .base import Guarantee, OutputSet, flat_input, scratch
+from .draws import BLOCK, TAIL_EXPONENT, blocks, redraw_below_grid_, words64
 from .local import _output, _PureLocal
 from .randomness import PrivacyGenerator, mechanism_stream
 
 # Assumed bound on the error of torch's float64 log and exp, in ulps of the result (Sleef's u10 and
 # glibc's are documented within 1 ulp; tests/mechanisms/test_float_noise.py measures it).
 LOG_ULPS = 4.0
-_DITHER_BITS = torch.tensor(4095)
-_DITHER_CENTRE = torch.tensor(2047.5, dtype=torch.float64)
-_SIGN64 = torch.tensor(-(1 << 63))  # a float64's sign bit, as an int64
-_TEN = torch.tensor(10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,27 +158,20 @@ class Laplace(_PureLocal):
         t = flat_input(x)
         stream, out = mechanism_stream(generator), _output(t)
         snap, steps, c = self.snap, float(self.steps), self.scale / self.snap
+        from . import kernels  # numba: paid on the first perturb only
+
+        t_np, out_np = t.numpy(), out.numpy()
         for lo, hi in blocks(t.numel()):
             n = hi - lo
-            bits = bits63_(scratch(n, torch.int64, 0), stream)
-            # aux: the sign and the dither in its low 12 bits, 42 more binade bits in bits 21..62
-            aux = bits63_(scratch(n, torch.int64, 1), stream)
-            extra = torch.bitwise_right_shift(aux, 21, out=scratch(n, torch.int64, 2))
-            noise = round_down_uniform_(scratch(n, torch.float64, 0), bits, extra, 42, stream).log_()
-            # w uniform on 0..4095, s = 2047.5 - w: sign(s) is a fair sign and |s| - 1/2 = j is
-            # uniform on 0..2047 and independent of it; the dither is phi = (j + 1/2)/2048 - 1/2
-            s = scratch(n, torch.float64, 1).copy_(aux.bitwise_and_(_DITHER_BITS))  # w, exact
-            torch.sub(_DITHER_CENTRE, s, out=s)  # same-dtype operands: no temporary conversion
-            # LOG(U*) < 0, its sign flipped where s < 0 (two integer passes, cheaper than
-            # copysign): S |LOG(U*)| for the fair sign S = -sign(s), the Laplace noise over b
-            sign = torch.bitwise_and(s.view(torch.int64), _SIGN64, out=aux)
-            noise.view(torch.int64).bitwise_xor_(sign)
-            neg_phi = affine_(s.abs_(), -1.0 / 2048.0, 0.5)  # -phi = 1/2 - |s|/2048: exact
-            v = scratch(n, torch.float64, 2).copy_(self._block(t[lo:hi]))  # mixed-dtype ops are slow
-            torch.add(neg_phi, v, alpha=1.0 / snap, out=v)  # t/L - phi (t/L exact)
-            v.add_(noise, alpha=c).clamp_(-steps, steps).round_()  # k: snapped, in units of L
-            torch.sub(v, neg_phi, out=v).mul_(snap)  # (k + phi) L: exact
-            out[lo:hi].copy_(v)  # rounded once into the output
+            # raw words (the kernels drop their top bits): U*'s, then the sign, dither and binade's
+            bits, aux = words64(stream, n, 0).numpy(), words64(stream, n, 1).numpy()
+            u = scratch(n, torch.float64, 0)
+            if kernels.round_down_uniform53(bits, aux, u.numpy()):  # h = 0: probability 2^-53 each
+                redraw_below_grid_(u, 53, stream)
+            log_u = u.log_()  # torch's (Sleef's vectorized) log: the function LOG_ULPS bounds
+            args = (out_np[lo:hi], 1.0 / snap, snap, c, steps)
+            if not kernels.laplace(aux, log_u.numpy(), t_np[lo:hi], *args):  # see `Duchi.perturb`
+                kernels.laplace(aux, log_u.numpy(), self._block(t[lo:hi]).numpy(), *args)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:
@@ -208,7 +197,6 @@ class Laplace(_PureLocal):
 
 EXPONENTIAL_GRID = 2.0**-10  # output step: 2049 values from -1 to 1
 _LAMBDA_LIMIT = 0.25
-_MINUS_ONE = torch.tensor(-1.0, dtype=torch.float64)
 
 
 def exponential_error(scale: float) -> float:
@@ -281,27 +269,29 @@ class Exponential(_PureLocal):
         stream, out = mechanism_stream(generator), _output(t)
         b = 4.0 / self.run_epsilon
         c = math.exp(-1.0 / b)
+        from . import kernels  # numba: paid on the first perturb only
+
+        t_np, out_np = t.numpy(), out.numpy()
+        # the block's buffers and their numpy views, made once (per-block calls are a few us each)
+        h_all, left_all = scratch(BLOCK, torch.float64, 0), scratch(BLOCK, torch.uint8, 0).numpy()
+        words_all = scratch(BLOCK, torch.int64, 2)
+        h_np_all, words_np_all = h_all.numpy(), words_all.numpy()
         for lo, hi in blocks(t.numel()):
             n = hi - lo
-            bits = bits63_(scratch(n, torch.int64, 0), stream).bitwise_right_shift_(_TEN)  # 53 bits
-            u = scratch(n, torch.float64, 0).copy_(bits)  # U = u 2^53 for u on [0, 1): exact
-            tb = scratch(n, torch.float64, 1).copy_(self._block(t[lo:hi]))
+            whole = n == BLOCK
+            stream.fill_(words_all if whole else words_all[:n])  # u: 53 of each word's bits
             # masses over b: left of t 1 - c h, right of t 1 - c / h, with c = exp(-1/b) and
-            # h = exp(-t/b): ONE exp per coordinate, float64 so the masses resolve the uniform
-            h = torch.mul(tb, -1.0 / b, out=scratch(n, torch.float64, 2)).exp_()
-            neg_left = torch.add(_MINUS_ONE, h, alpha=c, out=scratch(n, torch.float64, 3))
-            # the total mass times 2^-53, so that U total 2^-53 = u total (scalings by powers of
-            # 2 are exact: the same values as scaling u)
-            total = affine_(h.reciprocal_(), -c * 2.0**-53, 2.0**-53).sub_(neg_left, alpha=2.0**-53)
-            s = torch.addcmul(neg_left, u, total, out=u)  # signed mass from t over b: < 0 goes left
-            # |s| < 1 in exact arithmetic; the clamp keeps a rounding at huge eps from a NaN
-            distance = affine_(torch.abs(s, out=total), -1.0, 1.0).clamp_(min=0.0).log_()  # <= 0
-            # its sign flipped where s < 0 (two integer passes, cheaper than copysign): minus
-            # the signed distance from t over b, sign(s) |log(1 - |s|)|, so it is added times -b
-            distance.view(torch.int64).bitwise_xor_(torch.bitwise_and(s.view(torch.int64), _SIGN64, out=bits))
-            y = torch.add(tb, distance, alpha=-b, out=distance).clamp_(-1.0, 1.0)
-            y.mul_(1.0 / EXPONENTIAL_GRID).round_().mul_(EXPONENTIAL_GRID)  # snapped: exact
-            out[lo:hi].copy_(y)
+            # h = exp(-t/b): ONE exp per coordinate (torch's, Sleef's vectorized: the function
+            # LOG_ULPS bounds), float64 so that the masses resolve the uniform
+            h, h_np, block = (h_all if whole else h_all[:n]), h_np_all[:n], t_np[lo:hi]
+            if not kernels.scaled_unit(block, h_np, -1.0 / b):  # outside [-1, 1]: refuse or clip
+                block = self._block(t[lo:hi]).numpy()
+                kernels.scaled_unit(block, h_np, -1.0 / b)
+            left = left_all[:n]  # s < 0: the output lies left of t
+            h.exp_()
+            kernels.exponential_mass(words_np_all[:n], h_np, left, c)  # h <- 1 - |s|, the log's argument
+            h.log_()
+            kernels.exponential(left, h_np, block, out_np[lo:hi], b, EXPONENTIAL_GRID)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:

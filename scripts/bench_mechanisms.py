@@ -10,7 +10,7 @@ round: on a machine shared with other jobs the minimum is the run least disturbe
 torch thread by default: what a peer runs with (node/peer/runner.py), and the keystream is one
 core's work either way.
 
-    python scripts/bench_mechanisms.py [--n 10000000] [--repeat 31] [--threads 1] [--no-write]
+    python scripts/bench_mechanisms.py [--n 10000000] [--repeat 31] [--threads 1] [--no-write] [--only NAME ...]
 """
 
 from __future__ import annotations
@@ -103,6 +103,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=31)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--no-write", action="store_true", help="print only, do not write docs/BENCHMARKS.md")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="these mechanisms only (implies --no-write)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -115,6 +116,8 @@ def main() -> int:
     gen = seeded_generator(0)  # a benchmark: the same ChaCha20 draws as a secret generator, public key
     rows, ok = [], True
     for name, params, kind, per_coordinate, what, target in CASES:
+        if args.only and name not in args.only:
+            continue
         mech = mechanisms.get(name, **params)
         x = inputs[kind]
         check_floor(name, mech, x, per_coordinate)
@@ -178,7 +181,7 @@ def main() -> int:
         'made of, and why the targets not met are not: docs/MECHANISMS.md, "Implementation notes and '
         'performance".'
     )
-    if not args.no_write:
+    if not (args.no_write or args.only):
         benchdoc.write_section("mechanisms", md)
     return 0 if ok else 1
 
