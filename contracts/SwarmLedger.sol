@@ -220,6 +220,12 @@ contract SwarmLedger {
     error AbortTooEarly(uint64 round, uint64 lastBlock, uint64 endsAt);
     /// @notice A finalized round cannot be aborted.
     error RoundAlreadyFinalized(uint64 round);
+    /// @notice `step` is not a secure-aggregation step posted with postFrame (0 KEYS, 1 DEALING,
+    /// 3 REVEAL; the MASKED frame's digest is the commit).
+    error InvalidStep(uint8 step);
+    /// @notice `round` is not in `step`'s window now (see postFrame); `endsAt` is the window's last
+    /// timestamp-bound second, or 0 when the window has not begun.
+    error StepWindowClosed(uint64 round, uint8 step, uint64 lastBlock, uint64 endsAt);
 
     // ------------------------------------------------------------------ events
 
@@ -253,6 +259,10 @@ contract SwarmLedger {
     event RoundFinalized(uint64 indexed round, bytes32 aggregateDigest, uint32 votes);
     /// @notice The attestation window passed without a majority.
     event RoundAborted(uint64 indexed round, address indexed by);
+    /// @notice `peer` posted the digest of its frame for secure-aggregation step `step` of
+    /// `round` within that step's window; the first posting per (round, step, peer) is the one
+    /// that counts (peers and verifiers ignore later ones).
+    event FramePosted(uint64 indexed round, address indexed peer, uint8 step, bytes32 digest);
 
     // ------------------------------------------------------------------ storage
 
@@ -687,6 +697,63 @@ contract SwarmLedger {
             leftOutAbsent: 0
         }));
         emit RoundOpened(round + 1, live.baseRound, base);
+    }
+
+    /**
+     * @notice Post the sha256 digest of the sender's frame for a step of a secure-aggregation
+     * round (docs/SECAGG.md "The protocol"): the step's set is the frames whose digests the chain
+     * took in its window, so every member and any auditor see the same sets. Registered, not
+     * removed, senders only. Windows, in blocks and seconds like the others (a window ends once
+     * both have passed): KEYS (step 0) from the round's opening through the first quarter of the
+     * commit window, DEALING (step 1) from there through its first half, MASKED as the sender's
+     * ordinary commit (after the DEALING window, for members that follow the protocol), REVEAL
+     * (step 3) from the round's closing through the first half of the attestation window. Nothing
+     * is stored: the event is the record, so this costs no commit or attestation anything.
+     * @param round the current round
+     * @param step 0 KEYS, 1 DEALING, 3 REVEAL
+     * @param digest sha256 of the frame, as the sender publishes it
+     */
+    function postFrame(uint64 round, uint8 step, bytes32 digest) external {
+        Peer memory peer = _peers[msg.sender];
+        if (!peer.registered) revert NotRegistered(msg.sender);
+        if (peer.banned) revert NotAllowed(msg.sender);
+        if (uint256(digest) <= 1) revert InvalidDigest(digest);
+        Live memory live = _live;
+        if (round != live.round) revert WrongRound(round, live.round);
+        bool open = live.state == RoundState.OPEN;
+        bool passed;
+        uint64 lastBlock;
+        uint64 endsAt;
+        if (step == 0 || step == 1) {
+            if (!open) revert StepWindowClosed(round, step, 0, 0);
+            uint64 parts = step == 0 ? 4 : 2;
+            (passed, lastBlock, endsAt) = _window(
+                live.sinceBlock,
+                live.sinceTime,
+                _commitWindow / parts,
+                uint32(_commitWindowSeconds / parts)
+            );
+            if (!passed && step == 1) {
+                // DEALING begins where KEYS ends
+                (bool keysPassed, , ) = _window(
+                    live.sinceBlock,
+                    live.sinceTime,
+                    _commitWindow / 4,
+                    uint32(_commitWindowSeconds / 4)
+                );
+                if (!keysPassed) revert StepWindowClosed(round, step, 0, 0);
+            }
+        } else if (step == 3) {
+            if (open) revert StepWindowClosed(round, step, 0, 0);
+            (passed, lastBlock, endsAt) = _window(
+                live.sinceBlock,
+                live.sinceTime,
+                _attestWindow / 2,
+                uint32(_attestWindowSeconds / 2)
+            );
+        } else revert InvalidStep(step);
+        if (passed) revert StepWindowClosed(round, step, lastBlock, endsAt);
+        emit FramePosted(round, msg.sender, step, digest);
     }
 
     /// @dev The live slot in one SSTORE (a struct assigned to storage is written field by field:

@@ -25,6 +25,11 @@ of its committer, where there is one), never the end of verification.
 The ledger opens the next round as soon as one ends, so a finished swarm leaves a last round that
 is open with no commitment: it is reported as `not_started`, not as a round (nothing to check).
 The archive may be several folders (`ArchiveStores`): every peer's blob store, for example.
+
+A secure-aggregation round (docs/SECAGG.md) is checked by `verify_secure_round`: its members and
+each step's set from the chain, every frame from the archive against its digest, then the sum
+recomputed by `unmask.verify_round`, naming every member whose frame or share does not fit. The
+run-folder verification (`verify`) does not call it yet: no peer runs secure rounds.
 """
 
 from __future__ import annotations
@@ -36,9 +41,13 @@ from typing import Any, Protocol
 
 import torch
 
+from mechanisms.secagg.masks import session_id
+from mechanisms.secagg.round import RoundFailed, RoundSetup
+from mechanisms.secagg.unmask import verify_round
 from node.chain.client import LedgerClient, load_artifact
 from node.chain.codec import abi_type
 from node.chain.records import Commitment, RoundInfo, RoundState
+from node.chain.secure_steps import chain_steps, fetch_archive, round_members
 from node.protocol import aggregate, policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
 from node.protocol.settings import SharedSettings
@@ -569,3 +578,52 @@ def _finalizing_bitmap(ledger: LedgerClient, r: int, digest: bytes, n: int) -> b
         if d == digest and 2 * count > n:
             return bm
     return None
+
+
+# ------------------------------------------------------------------ secure aggregation
+
+
+@dataclass(frozen=True)
+class SecureRoundCheck:
+    """A secure round recomputed from the chain's digests and an archive of its frames: the sum
+    (mod 2^bits) of the survivors' residues, who is in it, and every member named (by address)
+    with what of its own did not fit; `failure` says why the sum could not be recomputed."""
+
+    round: int
+    total: Any  # the unmasked sum as `unmask.verify_round` gives it, None on failure
+    survivors: tuple[str, ...]
+    dropped: tuple[str, ...]
+    faults: dict[str, str]
+    failure: str | None
+
+
+def verify_secure_round(
+    ledger: LedgerClient, round: int, archive: BlobSource, *, bits: int, dim: int, counted_members: int
+) -> SecureRoundCheck:
+    """The members and each step's set from the chain (`node.chain.secure_steps`, as the members
+    read them), every frame fetched from `archive` and checked against its digest, then
+    `unmask.verify_round`, the function members unmask with. A frame the archive lacks or holds
+    other bytes for names its sender (left out of that step's set)."""
+    members = round_members(ledger, round)
+    setup = RoundSetup.for_members(
+        session_id(ledger.params().genesis_digest, round), members.signing, bits, dim, counted_members=counted_members
+    )
+    steps = chain_steps(ledger, round, members)
+    frames, missing = fetch_archive(steps, lambda digest, _bound: archive.get(digest.hex()), bits=bits, dim=dim)
+    named = dict(steps.repeated) | missing
+
+    def by_address(faults: dict[int, str]) -> dict[str, str]:
+        return {members.addresses[i]: reason for i, reason in sorted(faults.items())}
+
+    try:
+        result = verify_round(setup, frames)
+    except RoundFailed as exc:
+        return SecureRoundCheck(round, None, (), (), by_address(named | dict(exc.faults)), str(exc))
+    return SecureRoundCheck(
+        round,
+        result.total,
+        tuple(members.addresses[i] for i in result.survivors),
+        tuple(members.addresses[i] for i in result.dropped),
+        by_address(named | dict(result.faults)),
+        None,
+    )

@@ -1,5 +1,6 @@
 """Gas of the SwarmLedger: deploy, register, commit, closeRound, attest, and gas per peer per round
-for 4, 16, 64 and 256 peers, on a real Anvil. Writes the section "ledger" of docs/BENCHMARKS.md.
+for 4, 16, 64 and 256 peers, on a real Anvil; and a secure-aggregation round of 4 members (postFrame).
+Writes the section "ledger" of docs/BENCHMARKS.md.
 
     python scripts/bench_ledger.py [--peers 4 16 64 256] [--no-write]
 
@@ -105,6 +106,60 @@ def run_swarm(anvil, n: int) -> dict:
     }
 
 
+def run_secure(anvil, n: int = 4) -> dict:
+    """A secure-aggregation round (docs/SECAGG.md): every member posts its KEYS, DEALING and
+    REVEAL digests with postFrame, each in its window, and commits its MASKED frame's digest;
+    round 2, as above. The windows' seconds are 1 and the blocks are mined past each step."""
+    from eth_account import Account
+
+    from node.chain.client import LedgerClient, connect
+    from node.protocol.wire import encode_bitmap
+
+    w3 = connect(anvil.url)
+    accounts = [Account.from_key(k) for k in anvil.private_keys[:n]]
+    window = 8 * (n + 2)  # a quarter of it holds round 1's registrations and every KEYS posting
+    deployer = LedgerClient.deploy(
+        w3,
+        accounts[0],
+        min_peers=n,
+        commit_window=window,
+        attest_window=window,
+        commit_window_seconds=1,
+        attest_window_seconds=1,
+        eps_cap_micro=100_000_000,
+        delta=1e-5,
+        genesis_digest=digest("genesis"),
+        record_eps_cap_micro=100_000_000,
+        record_delta=1e-5,
+        max_samples=100_000,
+    )
+    peers = [deployer] + [LedgerClient(w3, deployer.address, a) for a in accounts[1:]]
+    for i, p in enumerate(peers):
+        register_signed(p, i)
+    posts: dict[str, list[int]] = {}
+    for r in (1, 2):
+        opened = peers[0].round_info(r).opened_block
+        posts = {"keys": [], "dealing": [], "reveal": []}
+        anvil.mine(max(0, opened + 1 - anvil.block_number()))
+        posts["keys"] = [p.post_frame(r, 0, digest(f"k{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
+        anvil.mine(max(0, opened + window // 4 + 1 - anvil.block_number()))
+        posts["dealing"] = [p.post_frame(r, 1, digest(f"d{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
+        anvil.mine(max(0, opened + window // 2 + 1 - anvil.block_number()))
+        commits = [
+            p.commit(r, digest(f"m{r}-{i}"), 1000 + i, 0, MECHANISM, r * 2_000_000)["gasUsed"]
+            for i, p in enumerate(peers)
+        ]
+        peers[0].close_round(r)  # every member committed: the early close
+        posts["reveal"] = [p.post_frame(r, 3, digest(f"v{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
+        attests = [p.attest(r, digest(f"agg-{r}"), encode_bitmap([True] * n))["gasUsed"] for p in peers[: n // 2 + 1]]
+    return {
+        "n": n,
+        "post_frame": max(max(g) for g in posts.values()),
+        "secure_per_peer_round": (sum(sum(g) for g in posts.values()) + sum(commits) + sum(attests)) / n,
+        "close_after_all": peers[0].gas_used["closeRound"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="SwarmLedger gas benchmark")
     parser.add_argument("--peers", type=int, nargs="+", default=[4, 16, 64, 256])
@@ -118,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         with start_anvil(accounts=n) as anvil:
             results.append(run_swarm(anvil, n))
             print(json.dumps(results[-1]))
+    with start_anvil(accounts=4) as anvil:
+        secure = run_secure(anvil)
+        print(json.dumps(secure))
+    secure_total = secure["secure_per_peer_round"] + secure["close_after_all"] / secure["n"]
     base = results[0]["per_peer_round"]
     rows = [
         [
@@ -180,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                 ],
                 rows,
             ),
+            "",
+            f'Secure aggregation (`privacy.mechanism = "secagg"`, docs/SECAGG.md): each member also posts '
+            f"three frame digests with `postFrame` (KEYS, DEALING, REVEAL), at most {secure['post_frame']:,} gas "
+            f"each (nothing stored: a check of the sender and the step's window, and the event); a round of "
+            f"{secure['n']} members costs {secure_total:,.0f} gas per member, closeRound included (the MASKED "
+            "frame's digest is the ordinary commit).",
             "",
             "A commit whose first bucket of the round table is full reads the next one, about 2,540 gas more "
             'each (docs/LEDGER.md "Gas"); the columns show the digests of this run.',

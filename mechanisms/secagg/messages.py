@@ -95,6 +95,11 @@ def _max_body(kind: Kind) -> int:
     return _HEAD + 2 + MAX_MEMBERS * _REVEALED  # REVEAL: at most one opening per member
 
 
+def max_frame_bytes(kind: Kind) -> int:
+    """The largest frame of `kind` that can open: what a transport refuses before reading more."""
+    return HEADER.size + _max_body(kind) + SIGNATURE_BYTES
+
+
 @dataclass(frozen=True)
 class Frame:
     kind: Kind
@@ -316,6 +321,43 @@ def read_sealed(
         _read_opening(plain[:_OPENING], frame.sender, holder, Secret.SELF_SEED, frame.sender),
         _read_opening(plain[_OPENING:], frame.sender, holder, Secret.MASK_KEY, frame.sender),
     )
+
+
+SEALED_FRAME_BYTES = HEADER.size + _HEAD + _SEALED + SIGNATURE_BYTES  # every SEALED frame's exact size
+
+
+def dealing_bundle(dealing: bytes, sealed: Mapping[int, bytes]) -> bytes:
+    """What a dealer publishes at R1, one blob whose digest goes on chain: its DEALING frame, then
+    the SEALED frame of every holder (by holder), each of `SEALED_FRAME_BYTES`. A holder finds its
+    own shares in the blob the chain names, and nobody else can open them."""
+    if any(len(frame) != SEALED_FRAME_BYTES for frame in sealed.values()):
+        raise ValueError("a SEALED frame of the wrong size")
+    return dealing + b"".join(sealed[h] for h in sorted(sealed))
+
+
+def max_bundle_bytes() -> int:
+    return max_frame_bytes(Kind.DEALING) + MAX_MEMBERS * SEALED_FRAME_BYTES
+
+
+def split_bundle(raw: bytes, dealer: int) -> tuple[bytes, dict[int, bytes]]:
+    """The DEALING frame and holder -> SEALED frame of a dealing bundle, by sizes alone (each frame
+    is opened and checked by its reader); BadMessage naming `dealer` if the sizes do not add up or
+    a holder appears twice."""
+    if len(raw) > max_bundle_bytes() or len(raw) < HEADER.size:
+        raise BadMessage(dealer, "dealing bundle of impossible size")
+    _, _, length = HEADER.unpack_from(raw)
+    end = HEADER.size + length + SIGNATURE_BYTES
+    rest = len(raw) - end
+    if length > _max_body(Kind.DEALING) or rest < 0 or rest % SEALED_FRAME_BYTES:
+        raise BadMessage(dealer, "dealing bundle does not split into a DEALING frame and SEALED frames")
+    sealed: dict[int, bytes] = {}
+    for start in range(end, len(raw), SEALED_FRAME_BYTES):
+        frame = raw[start : start + SEALED_FRAME_BYTES]
+        holder = _index(frame[HEADER.size + _HEAD : HEADER.size + _HEAD + 2])
+        if holder in sealed:
+            raise BadMessage(dealer, f"dealing bundle holds two SEALED frames for member {holder}")
+        sealed[holder] = frame
+    return raw[:end], sealed
 
 
 # ------------------------------------------------------------------------------------- MASKED

@@ -120,8 +120,14 @@ def seed_digest(setup: RoundSetup, seed: bytes) -> bytes:
 
 
 def start(setup: RoundSetup, index: int, signing_key: Ed25519PrivateKey) -> tuple[MemberState, bytes]:
+    return start_session(setup.session, index, signing_key)
+
+
+def start_session(session: bytes, index: int, signing_key: Ed25519PrivateKey) -> tuple[MemberState, bytes]:
+    """R0 before the round's member set is final (on a swarm, members may still register while
+    the KEYS window runs): only the session and the member's own index go into its KEYS frame."""
     state = MemberState(index, signing_key, MaskKey.generate(), MaskKey.generate(), masks.new_self_seed())
-    frame = m.keys_message(setup.session, index, state.mask_key.public, state.cipher_key.public, signing_key)
+    frame = m.keys_message(session, index, state.mask_key.public, state.cipher_key.public, signing_key)
     return state, frame
 
 

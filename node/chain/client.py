@@ -299,6 +299,16 @@ class LedgerClient:
             "commit", round, bytes(digest), num_samples, eps_micro, record_eps_micro, bytes(mechanism)
         )
 
+    def post_frame(self, round: int, step: int, digest: bytes) -> TxReceipt:
+        """Post the digest of this account's secure-aggregation frame for `step` of `round`
+        (`node.chain.secure_steps`: the step's window decides whether the chain takes it)."""
+        return self._transact("postFrame", round, step, bytes(digest))
+
+    def frame_postings(self, round: int, from_block: int, to_block: int) -> list[dict[str, Any]]:
+        """The FramePosted events of `round` in from_block..to_block, in chain order (decoded,
+        unchecked: `node.chain.secure_steps.chain_steps` reads them)."""
+        return self._logs("FramePosted", from_block, to_block, {"round": round})
+
     def close_round(self, round: int) -> TxReceipt:
         """Close the round (anyone) once its window has passed with quorum."""
         return self._transact("closeRound", round)

@@ -92,5 +92,11 @@ AbortTooEarly = _refusal(
     "(both must pass)",
 )
 RoundAlreadyFinalized = _refusal("RoundAlreadyFinalized", "round {round} is finalized and cannot be aborted")
+InvalidStep = _refusal("InvalidStep", "step {step} is not posted with postFrame (0 KEYS, 1 DEALING, 3 REVEAL)")
+StepWindowClosed = _refusal(
+    "StepWindowClosed",
+    "round {round}: not in step {step}'s window (it lasts through block {lastBlock} and until block time {endsAt}; "
+    "0, 0: not begun)",
+)
 
 REFUSALS: dict[str, type[ContractRefusal]] = {cls.__name__: cls for cls in ContractRefusal.__subclasses__()}

@@ -156,3 +156,35 @@ def test_hostile_bytes_are_refused_without_crashing(signers):
     over = m.seal_frame(m.Kind.MASKED, SESSION, 2, bytes([20]) + (1).to_bytes(4, "big") + b"\xff" * 3, keys[2])
     with pytest.raises(m.BadMessage):  # a residue above 2^20 in a 20-bit round
         m.read_masked(m.open_frame(over, m.Kind.MASKED, SESSION, publics), 20, 1)
+
+
+def test_a_dealing_bundle_splits_back_and_a_hostile_one_is_named(signers):
+    keys, publics = signers
+    dealer = 1
+    ciphers = [MaskKey.generate() for _ in range(N)]
+    sealed = {
+        h: m.sealed_message(
+            SESSION,
+            (opening(dealer, h, m.Secret.SELF_SEED), opening(dealer, h, m.Secret.MASK_KEY)),
+            ciphers[dealer].loaded(),
+            ciphers[h].public,
+            os.urandom(12),
+            keys[dealer],
+        )
+        for h in range(N)
+    }
+    commitments = {h: (os.urandom(32), os.urandom(32)) for h in range(N)}
+    dealing = m.dealing_message(SESSION, dealer, b"\x01" * 32, commitments, keys[dealer])
+    bundle = m.dealing_bundle(dealing, sealed)
+    assert m.split_bundle(bundle, dealer) == (dealing, sealed)
+    m.open_frame(m.split_bundle(bundle, dealer)[0], m.Kind.DEALING, SESSION, publics)
+    for hostile in (
+        bundle[:-1],  # a SEALED frame cut short
+        bundle + sealed[0],  # holder 0 twice
+        bundle[: m.HEADER.size],  # a header whose body is missing
+        b"\x00" * 3,  # shorter than a header
+        b"\xff" * (m.max_bundle_bytes() + 1),
+    ):
+        with pytest.raises(m.BadMessage) as err:
+            m.split_bundle(hostile, dealer)
+        assert err.value.member == dealer

@@ -1,0 +1,168 @@
+"""A secure-aggregation round as the chain fixes it (docs/SECAGG.md "The protocol"): the round's
+members with the Ed25519 keys their registrations bind, each step's set (the frames whose digests
+the chain took in the step's window), and the archive of those frames fetched and checked against
+the digests. The same functions for a member and for `swarm verify`, so they see the same sets.
+
+- Members: every registration whose signature verifies (`registration.resolve`) up to the last
+  block of the round's KEYS window (`round_members`), in chain order; member i is the i-th. Its
+  signing key is the Ed25519 key its libp2p peer id embeds (the key that signed the
+  registration): a peer id of another key type binds no signing key and is no member.
+- Steps: KEYS, DEALING and REVEAL digests from `postFrame` (FramePosted events; the contract took
+  each only inside its step's window), MASKED digests from the round's commits. A member's first
+  posting of a step counts; a later one is named in `repeated` and ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from web3 import Web3
+
+from mechanisms.secagg import messages as m
+from mechanisms.secagg.unmask import RoundArchive
+from node.chain.client import LedgerClient
+from node.chain.registration import Registration, resolve
+
+
+class Step(enum.IntEnum):
+    """The contract's step numbers (`postFrame`); MASKED is the commit, never posted."""
+
+    KEYS = 0
+    DEALING = 1
+    MASKED = 2
+    REVEAL = 3
+
+
+@dataclass(frozen=True)
+class RoundMembers:
+    """Index -> address, libp2p peer id and Ed25519 key of a secure round's members."""
+
+    addresses: tuple[str, ...]
+    peer_ids: tuple[bytes, ...]
+    signing: Mapping[int, Ed25519PublicKey]
+
+    def index_of(self, address: str) -> int | None:
+        address = Web3.to_checksum_address(address)
+        return self.addresses.index(address) if address in self.addresses else None
+
+
+@dataclass(frozen=True)
+class ChainSteps:
+    """Per step, member index -> the digest the chain holds for its frame."""
+
+    digests: Mapping[Step, Mapping[int, bytes]]
+    repeated: Mapping[int, str] = field(default_factory=dict)  # member -> the steps it posted twice
+
+
+def signing_key(peer_id: bytes) -> Ed25519PublicKey | None:
+    """The Ed25519 key a libp2p peer id embeds, or None (another key type, or malformed)."""
+    from libp2p.crypto.keys import KeyType  # here: importing this module must not load libp2p
+    from libp2p.peer.id import ID
+
+    try:
+        key = ID(bytes(peer_id)).extract_public_key()
+        if key is None or key.get_type() != KeyType.Ed25519:
+            return None
+        return Ed25519PublicKey.from_public_bytes(key.to_bytes())
+    except Exception:
+        return None
+
+
+def members_from(registrations: list[Registration], chain_id: int, ledger: str) -> RoundMembers:
+    owners = sorted(resolve(registrations, chain_id, ledger).values(), key=lambda r: (r.block_number, r.log_index))
+    addresses: list[str] = []
+    peer_ids: list[bytes] = []
+    signing: dict[int, Ed25519PublicKey] = {}
+    for registration in owners:
+        key = signing_key(registration.peer_id)
+        address = Web3.to_checksum_address(registration.address)
+        if key is None or address in addresses:
+            continue
+        signing[len(addresses)] = key
+        addresses.append(address)
+        peer_ids.append(bytes(registration.peer_id))
+    return RoundMembers(tuple(addresses), tuple(peer_ids), signing)
+
+
+def round_members(ledger: LedgerClient, round: int) -> RoundMembers:
+    """The members of `round`: verified registrations, in chain order, up to the last block of its
+    KEYS window by blocks (its opening + commitWindow / 4, as the contract divides). The KEYS
+    window has not passed before that block, so the set is final when dealing may begin; and a
+    member's index never changes once it registered (registrations only append)."""
+    last = ledger.round_info(round).opened_block + ledger.params().commit_window // 4
+    return members_from(ledger.registrations(to_block=last), ledger.chain_id(), ledger.address)
+
+
+def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers) -> ChainSteps:
+    """Each step's digests as the chain holds them now (a step whose window is still open may
+    gain more). Postings by addresses that are not members of the round are ignored."""
+    info = ledger.round_info(round)
+    to_block = info.ended_block or ledger.block_number()
+    digests: dict[Step, dict[int, bytes]] = {step: {} for step in Step}
+    repeated: dict[int, list[str]] = {}
+    for event in ledger.frame_postings(round, info.opened_block, to_block):
+        index = members.index_of(event["args"]["peer"])
+        step = event["args"]["step"]
+        if index is None or step not in (Step.KEYS, Step.DEALING, Step.REVEAL):
+            continue
+        posted = digests[Step(step)]
+        if index in posted:
+            repeated.setdefault(index, []).append(Step(step).name)
+        else:
+            posted[index] = bytes(event["args"]["digest"])
+    if info.closed_block:
+        for commitment in ledger.commitments(round):
+            index = members.index_of(commitment.peer)
+            if index is not None:
+                digests[Step.MASKED][index] = commitment.digest
+    named = {
+        i: f"posted its {', '.join(steps)} digest more than once (the first counts)" for i, steps in repeated.items()
+    }
+    return ChainSteps(digests, named)
+
+
+Fetch = Callable[[bytes, int], bytes | None]  # (digest, most bytes to take) -> the blob, or None
+
+
+def step_bound(step: Step, bits: int, dim: int) -> int:
+    """The most bytes a step's blob may have: a MASKED frame has one exact size."""
+    if step is Step.MASKED:
+        return m.masked_frame_size(bits, dim)
+    if step is Step.DEALING:
+        return m.max_bundle_bytes()
+    return m.max_frame_bytes(m.Kind.KEYS if step is Step.KEYS else m.Kind.REVEAL)
+
+
+def checked_blob(raw: bytes | None, digest: bytes, bound: int) -> bytes | None:
+    """`raw` if it is within `bound` bytes and hashes to `digest` (never parsed here), else None."""
+    if raw is None or len(raw) > bound or hashlib.sha256(raw).digest() != digest:
+        return None
+    return raw
+
+
+def fetch_archive(steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int) -> tuple[RoundArchive, dict[int, str]]:
+    """The round's archive: every blob whose digest the chain holds, fetched and checked against
+    it, the DEALING frame taken from each dealing bundle (`messages.split_bundle`). The second
+    value names, per member, the steps whose blob could not be had or split (such a member is
+    left out of that step's set)."""
+    frames: dict[Step, dict[int, bytes]] = {step: {} for step in Step}
+    missing: dict[int, list[str]] = {}
+    for step, digests in steps.digests.items():
+        bound = step_bound(step, bits, dim)
+        for member, digest in sorted(digests.items()):
+            raw = checked_blob(fetch(digest, bound), digest, bound)
+            if raw is not None and step is Step.DEALING:
+                try:
+                    raw = m.split_bundle(raw, member)[0]
+                except m.BadMessage:
+                    raw = None
+            if raw is None:
+                missing.setdefault(member, []).append(step.name)
+            else:
+                frames[step][member] = raw
+    archive = RoundArchive(frames[Step.KEYS], frames[Step.DEALING], frames[Step.MASKED], frames[Step.REVEAL])
+    return archive, {i: f"no blob matching its {', '.join(s)} digest on chain" for i, s in missing.items()}

@@ -1,0 +1,305 @@
+"""One member's secure-aggregation round over libp2p and the chain (docs/SECAGG.md "The protocol").
+
+Each step's blob is published as model blobs are (put in the store, announced, served by the
+libp2p host to whoever asks for it by digest) and its digest posted on chain inside the step's
+window (`LedgerClient.post_frame`; the MASKED frame's digest is the member's commit). Once a
+window has passed, the step's set is the chain's (`node.chain.secure_steps.chain_steps`): every
+member fetches the blobs the chain names from their senders, each within its step's size bound
+and checked against its digest before anything parses it, and goes on with
+`mechanisms.secagg.round` on exactly those frames.
+
+- R0: the KEYS frame, under the member's index among the registrations (stable: they only append).
+- KEYS window passed: the round's members are final (`round_members`); U1 from the KEYS frames;
+  deal, and publish the dealing bundle (the DEALING frame and every holder's SEALED frame:
+  `messages.dealing_bundle`).
+- DEALING window passed: U2 from the bundles; open the shares sealed for this member; the MASKED
+  frame, committed (`commit`, the caller's: it records the privacy spend) then announced.
+- Round closed: U3 from the committed MASKED frames; the REVEAL frame. A MASKED frame whose
+  digest the chain holds but that nobody served is left out of what this member reveals for
+  (neither secret of its sender), never counted as dropped.
+- REVEAL window passed: the sum (`unmask.unmask_round`, what `swarm verify` recomputes).
+
+A member that misses a window (late, or its frame refused) sits the rest of the round out.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from mechanisms.secagg import messages as m
+from mechanisms.secagg import round as sr
+from mechanisms.secagg.masks import Ints, session_id
+from mechanisms.secagg.shamir import PRIME
+from mechanisms.secagg.unmask import RoundResult, survivors, unmask_round
+from node.chain.client import LedgerClient
+from node.chain.records import RoundInfo, RoundState, SwarmParams
+from node.chain.secure_steps import (
+    RoundMembers,
+    Step,
+    chain_steps,
+    checked_blob,
+    members_from,
+    round_members,
+    step_bound,
+)
+from node.peer.fetching import REQUEST_SHARE, BlobUnavailable, Holders, fetch_from_holders
+from node.peer.ports import HostPort, OffLoop, StorePort
+from p2p import peer_id_from_bytes
+
+log = logging.getLogger("swarm.peer")
+
+# testing faults (like node/peer/faults.py's): a share of member 0's secret moved by one in this
+# member's REVEAL, or a MASKED frame one coordinate short, each signed by the member itself
+FAULTS = ("secagg-wrong-share", "secagg-bad-masked")
+
+Head = Callable[[], tuple[int, int]]  # the chain's latest block: (number, timestamp)
+
+
+@dataclass(frozen=True)
+class SecureSettings:
+    bits: int
+    dim: int
+    counted_members: int  # the policy's h (`SecAggPolicy.counted_members`)
+    fetch_timeout: float = 30.0
+    poll: float = 0.25  # seconds between two looks at the chain's head while a window runs
+    fault: str | None = None
+
+
+@dataclass
+class SecureOutcome:
+    """What one member saw of a round: the sum (None if it could not get one) and why not."""
+
+    result: RoundResult | None = None
+    sat_out: str | None = None  # the step this member stopped at, and why
+    faults: dict[int, str] = field(default_factory=dict)  # members named on the way
+
+
+class _SitOut(Exception):
+    """This member stops at a step of the round; the message says which and why."""
+
+
+@dataclass
+class _Round:
+    """What one member holds of a round as it goes."""
+
+    r: int
+    params: SwarmParams
+    info: RoundInfo
+    out: SecureOutcome
+    state: sr.MemberState
+    members: RoundMembers
+    setup: sr.RoundSetup
+    keys: dict[int, sr.PublicKeys]
+    dealt: dict[int, m.Dealing] = field(default_factory=dict)
+    closed: tuple[int, int] = (0, 0)  # the round's closing block and timestamp
+    vectors: dict[int, Ints] = field(default_factory=dict)
+    unfetched: set[int] = field(default_factory=set)  # MASKED frames on chain that nobody served us
+
+
+class SecureMember:
+    def __init__(
+        self,
+        ledger: LedgerClient,
+        host: HostPort,
+        store: StorePort,
+        signing_key: Ed25519PrivateKey,
+        settings: SecureSettings,
+        *,
+        call: OffLoop,
+        head: Head,
+    ) -> None:
+        if ledger.account is None:
+            raise ValueError("a member needs a ledger client with an account")
+        self.ledger, self.host, self.store, self.key, self.s = ledger, host, store, signing_key, settings
+        self.call, self.head = call, head
+        self.address = ledger.account.address
+
+    async def play(self, r: int, residues: Ints, commit: Callable[[bytes], Awaitable[None]]) -> SecureOutcome:
+        """Round r with this member's `residues` (mod 2^bits); `commit(digest)` commits the
+        MASKED frame's digest on chain."""
+        out = SecureOutcome()
+        try:
+            played = await self._keys(r, out)
+            await self._deal(played)
+            await self._mask(played, residues, commit)
+            await self._reveal_and_unmask(played)
+        except _SitOut as exc:
+            out.sat_out = str(exc)
+        return out
+
+    async def _keys(self, r: int, out: SecureOutcome) -> _Round:
+        """R0: our KEYS frame; then, once the KEYS window passed, the members and U1."""
+        params = await self.call(self.ledger.params)
+        info = await self.call(self.ledger.round_info, r)
+        session = session_id(bytes(params.genesis_digest), r)
+        me = (await self.call(self._members_now)).index_of(self.address)
+        if me is None:
+            raise _SitOut("R0: not registered with an Ed25519 peer id")
+        state, keys_frame = sr.start_session(session, me, self.key)
+        await self._publish(r, Step.KEYS, keys_frame)
+        await self._until_passed(
+            info.opened_block + params.commit_window // 4, info.opened_at + params.commit_window_seconds // 4
+        )
+        members = await self.call(round_members, self.ledger, r)
+        setup = sr.RoundSetup.for_members(
+            session, members.signing, self.s.bits, self.s.dim, counted_members=self.s.counted_members
+        )
+        keys, out.faults = sr.key_set(setup, await self._fetch_step(r, Step.KEYS, members))
+        if me not in keys:
+            raise _SitOut("R1: our KEYS frame is not in U1")
+        return _Round(r, params, info, out, state, members, setup, keys)
+
+    async def _deal(self, p: _Round) -> None:
+        """R1: our dealing bundle; then, once the DEALING window passed, U2 and our shares."""
+        try:
+            dealing, sealed = sr.deal(p.state, p.setup, p.keys)
+        except sr.RoundFailed as exc:
+            raise _SitOut(f"R1: {exc}") from None
+        await self._publish(p.r, Step.DEALING, m.dealing_bundle(dealing, sealed))
+        params, info, me = p.params, p.info, p.state.index
+        await self._until_passed(
+            info.opened_block + params.commit_window // 2, info.opened_at + params.commit_window_seconds // 2
+        )
+        dealings: dict[int, bytes] = {}
+        mine: dict[int, bytes] = {}
+        for dealer, raw in (await self._fetch_step(p.r, Step.DEALING, p.members)).items():
+            try:
+                dealings[dealer], sealed_to = m.split_bundle(raw, dealer)
+            except m.BadMessage as exc:
+                p.out.faults[dealer] = str(exc)
+                continue
+            if me in sealed_to:
+                mine[dealer] = sealed_to[me]
+        p.dealt, faults = sr.dealt_set(p.setup, p.keys, dealings)
+        p.out.faults |= faults | sr.receive(p.state, p.setup, p.keys, p.dealt, mine)
+        if me not in p.dealt:
+            raise _SitOut("R2: our dealing is not in U2")
+
+    async def _mask(self, p: _Round, residues: Ints, commit: Callable[[bytes], Awaitable[None]]) -> None:
+        """R2: our MASKED frame, committed then announced; then, once the round closed, U3."""
+        try:
+            masked = sr.masked_vector(p.state, p.setup, p.keys, p.dealt, residues)
+        except sr.RoundFailed as exc:
+            raise _SitOut(f"R2: {exc}") from None
+        if self.s.fault == "secagg-bad-masked":
+            masked = _short_masked(p.setup, p.state.index, masked, self.key)
+        digest = bytes.fromhex(self.store.put(masked))
+        try:
+            await commit(digest)
+        except Exception as exc:
+            raise _SitOut(f"R2: commit refused: {exc}") from None
+        await self.host.announce_blob(digest.hex())
+        p.closed = await self._until_closed(p.r)
+        frames = await self._fetch_step(p.r, Step.MASKED, p.members)
+        p.vectors, faults = survivors(p.setup, p.dealt, frames)
+        p.out.faults |= faults
+        posted = (await self.call(chain_steps, self.ledger, p.r, p.members)).digests[Step.MASKED]
+        p.unfetched = {v for v in posted if v not in frames}
+
+    async def _reveal_and_unmask(self, p: _Round) -> None:
+        """R3: our REVEAL frame; then, once the REVEAL window passed, the sum."""
+        try:
+            reveal = sr.reveal(p.state, p.setup, set(p.dealt) - p.unfetched, p.vectors)
+        except sr.RevealRefused as exc:
+            raise _SitOut(f"R3: {exc}") from None
+        if self.s.fault == "secagg-wrong-share":
+            reveal = _forged_reveal(p.setup, p.state.index, reveal, self.key)
+        await self._publish(p.r, Step.REVEAL, reveal)
+        params = p.params
+        await self._until_passed(
+            p.closed[0] + params.attest_window // 2, p.closed[1] + params.attest_window_seconds // 2
+        )
+        reveals = await self._fetch_step(p.r, Step.REVEAL, p.members)
+        try:
+            p.out.result = unmask_round(p.setup, p.keys, p.dealt, p.vectors, reveals, p.out.faults)
+            p.out.faults = dict(p.out.result.faults)
+        except sr.RoundFailed as exc:
+            p.out.faults |= exc.faults
+            raise _SitOut(f"unmask: {exc}") from None
+
+    def _members_now(self) -> RoundMembers:
+        registrations = self.ledger.registrations()
+        return members_from(registrations, self.ledger.chain_id(), self.ledger.address)
+
+    async def _publish(self, r: int, step: Step, raw: bytes) -> None:
+        """Store and announce `raw`, then post its digest (_SitOut if the chain refuses it)."""
+        digest = self.store.put(raw)
+        await self.host.announce_blob(digest)
+        try:
+            await self.call(self.ledger.post_frame, r, step, bytes.fromhex(digest))
+        except Exception as exc:
+            raise _SitOut(f"{step.name}: digest refused: {exc}") from None
+
+    async def _until_passed(self, last_block: int, ends_at: int) -> None:
+        """Until the chain's head is past a window (its last block and its last second): the next
+        block, the first a transaction can land in, is then outside it, as the contract counts."""
+        while True:
+            number, timestamp = await self.call(self.head)
+            if number >= last_block and timestamp >= ends_at:
+                return
+            await trio.sleep(self.s.poll)
+
+    async def _until_closed(self, r: int) -> tuple[int, int]:
+        """Until round r is closed (its MASKED set final): its closing block and timestamp."""
+        while True:
+            info = await self.call(self.ledger.round_info, r)
+            if info.state is not RoundState.OPEN:
+                return info.closed_block, info.closed_at
+            await trio.sleep(self.s.poll)
+
+    async def _fetch_step(self, r: int, step: Step, members: RoundMembers) -> dict[int, bytes]:
+        """Sender -> its blob for `step`, of every digest the chain holds: fetched from the sender
+        (or anyone holding it), within the step's bound, checked against the digest. Blobs that
+        did not come in time are missing from the answer."""
+        digests: Mapping[int, bytes] = (await self.call(chain_steps, self.ledger, r, members)).digests[step]
+        bound = step_bound(step, self.s.bits, self.s.dim)
+        got: dict[int, bytes] = {}
+
+        async def one(sender: int, digest: bytes) -> None:
+            digest_hex = digest.hex()
+            raw = self.store.get(digest_hex)
+            if raw is None:
+                sender_id = peer_id_from_bytes(members.peer_ids[sender])
+
+                async def obtain(wanted: str, providers: list[str], timeout: float) -> bytes:
+                    return await self.host.fetch(wanted, providers=providers, max_size=bound, timeout=timeout)
+
+                try:
+                    raw = await fetch_from_holders(
+                        obtain,
+                        digest_hex,
+                        Holders(f"round {r}: {step.name} blob of member {sender}"),
+                        lambda: [sender_id, *self.host.providers(digest_hex)],
+                        deadline=trio.current_time() + self.s.fetch_timeout,
+                        request_timeout=self.s.fetch_timeout * REQUEST_SHARE,
+                    )
+                except BlobUnavailable as exc:
+                    log.warning("%s", exc)
+                    return
+            checked = checked_blob(raw, digest, bound)
+            if checked is not None:
+                got[sender] = checked
+
+        async with trio.open_nursery() as nursery:
+            for sender, digest in sorted(digests.items()):
+                nursery.start_soon(one, sender, digest)
+        return got
+
+
+def _short_masked(setup: sr.RoundSetup, me: int, frame: bytes, key: Ed25519PrivateKey) -> bytes:
+    """`--fault secagg-bad-masked`: our MASKED frame one coordinate short, signed by us."""
+    y = m.read_masked(m.open_frame(frame, m.Kind.MASKED, setup.session, setup.signing), setup.bits, setup.dim)
+    return m.masked_message(setup.session, me, y[:-1], setup.bits, key)
+
+
+def _forged_reveal(setup: sr.RoundSetup, me: int, frame: bytes, key: Ed25519PrivateKey) -> bytes:
+    """`--fault secagg-wrong-share`: our share of the lowest dealer's secret moved by one."""
+    opened = m.read_reveal(m.open_frame(frame, m.Kind.REVEAL, setup.session, setup.signing))
+    first = min((o.dealer for o in opened), default=None)
+    forged = [o._replace(y=(o.y + 1) % PRIME) if o.dealer == first else o for o in opened]
+    return m.reveal_message(setup.session, me, forged, key)

@@ -1,0 +1,151 @@
+"""A secure-aggregation round played by members with real libp2p hosts on 127.0.0.1 over a real
+Anvil that builds a block every second (node.peer.secure): every frame published and fetched as
+blobs, every digest posted in its step's window; one member gone after dealing, one revealing a
+wrong share, one sending a malformed masked vector. Every other member gets the sum of the
+survivors' inputs and names the two faulty members; `swarm verify`'s check agrees from the
+members' stores alone."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import numpy as np
+import pytest
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from libp2p.crypto.ed25519 import create_new_key_pair
+
+from mechanisms.secagg.member import sum_residues
+from node.chain.errors import LedgerError
+from node.chain.records import RoundState
+from node.chain.secure_steps import Step, chain_steps, round_members
+from node.peer.secure import SecureMember, SecureSettings
+from node.verify import ArchiveStores, verify_secure_round
+from p2p.host import HostConfig, open_host
+from p2p.store import MemoryBlobStore
+
+pytestmark = pytest.mark.anyio
+N, BITS, DIM = 6, 32, 300  # t = 4
+GONE, WRONG_SHARE, BAD_MASKED = 5, 1, 2
+
+
+@pytest.fixture
+def anyio_backend():
+    return "trio"
+
+
+async def off(fn, *args, **kwargs):
+    return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+def host_config(i: int) -> HostConfig:
+    seed = hashlib.sha256(b"libp2p key %d" % i).digest()  # the conftest's identity(i): the registered key
+    return HostConfig(
+        key_pair=create_new_key_pair(seed),
+        topic="secure-test",
+        connect_timeout=5.0,
+        reconnect_interval=0.3,
+        hello_interval=1.0,
+        gossip_heartbeat=0.3,
+        announce_delay=0.0,
+        announce_max_delay=0.0,
+    )
+
+
+async def test_a_secure_round_over_libp2p_and_the_chain(testnet_chain, kit):
+    rng = np.random.default_rng(3)
+    inputs = {i: rng.integers(0, 2**BITS, DIM, dtype=np.int64) for i in range(N)}
+    stores = [MemoryBlobStore() for _ in range(N)]
+    outcomes: dict[int, object] = {}
+    deployed: list = []  # the swarm, once the hosts are up: round 1's KEYS window starts at deployment
+    everyone_done = trio.Event()
+
+    def head() -> tuple[int, int]:
+        block = deployed[0].w3.eth.get_block("latest")
+        return block["number"], block["timestamp"]
+
+    async def member(i: int, ready: trio.Event, bootstrap: list[str], task_status=trio.TASK_STATUS_IGNORED):
+        async with open_host(host_config(i), stores[i]) as host:
+            for addr in bootstrap:
+                await host.connect(addr)
+            task_status.started(host.addrs[0])
+            await ready.wait()
+            swarm = deployed[0]
+            fault = {WRONG_SHARE: "secagg-wrong-share", BAD_MASKED: "secagg-bad-masked"}.get(i)
+            settings = SecureSettings(BITS, DIM, counted_members=1, fetch_timeout=20.0, fault=fault)
+            key = Ed25519PrivateKey.from_private_bytes(kit.identity(i).to_bytes())
+            secure = SecureMember(swarm.peers[i], host, stores[i], key, settings, call=off, head=head)
+
+            async def commit(digest: bytes) -> None:
+                await off(swarm.peers[i].commit, 1, digest, 10, 1_000_000, kit.MECHANISM)
+
+            outcomes[i] = await secure.play(1, inputs[i], commit)
+            if len(outcomes) == N - 1:
+                everyone_done.set()
+            await everyone_done.wait()  # keep serving this member's blobs until every other member has them
+
+    async def kill_after_dealing(scope: trio.CancelScope) -> None:
+        """Member GONE stops (its host with it) once the chain holds its dealing."""
+        while True:
+            members = await off(round_members, deployed[0].reader, 1)
+            if GONE in (await off(chain_steps, deployed[0].reader, 1, members)).digests[Step.DEALING]:
+                scope.cancel()
+                return
+            await trio.sleep(0.25)
+
+    async def close_when_due() -> None:
+        while (await off(deployed[0].reader.round_info, 1)).state is RoundState.OPEN:
+            try:
+                await off(deployed[0].peers[0].close_round, 1)
+            except LedgerError:  # CommitWindowOpen until the window has passed
+                await trio.sleep(0.5)
+
+    with trio.fail_after(600):  # the windows take 120 s of blocks; the rest is a loaded machine's slack
+        async with trio.open_nursery() as nursery:
+            ready = trio.Event()
+            addrs = [await nursery.start(member, 0, ready, [])]
+            for i in range(1, N - 1):
+                addrs.append(await nursery.start(member, i, ready, list(addrs)))
+            gone_scope = trio.CancelScope()
+
+            async def gone_member(task_status=trio.TASK_STATUS_IGNORED) -> None:
+                with gone_scope:
+                    await member(GONE, ready, list(addrs), task_status=task_status)
+
+            await nursery.start(gone_member)
+            # quorum: the five members that commit, so no commit is late however slow the machine;
+            # the round closes when the commit window has passed (GONE is awaited until then)
+            swarm = await off(
+                kit.Swarm, testnet_chain, N, min_peers=N - 1, commit_window=80, commit_window_seconds=80,
+                attest_window=80, attest_window_seconds=80,
+            )  # fmt: skip
+            deployed.append(swarm)
+            # inside round 1's KEYS window (20 blocks: a loaded machine still serves every KEYS blob in it)
+            async with trio.open_nursery() as registering:
+                for i in range(N):
+                    registering.start_soon(off, kit.register_signed, swarm.peers[i], kit.identity(i))
+            ready.set()
+            nursery.start_soon(kill_after_dealing, gone_scope)
+            nursery.start_soon(close_when_due)
+
+    members = round_members(swarm.reader, 1)
+    index = {i: members.index_of(swarm.accounts[i].address) for i in range(N)}  # registrations raced
+    survivors = [i for i in range(N) if i not in (GONE, BAD_MASKED)]
+    expected = sum_residues([inputs[i] for i in survivors], BITS)
+    assert GONE not in outcomes
+    for i in range(N - 1):
+        out = outcomes[i]
+        assert out.result is not None, (i, out.sat_out)
+        np.testing.assert_array_equal(out.result.total, expected)
+        assert out.result.survivors == tuple(sorted(index[j] for j in survivors))
+        assert "does not match its commitment" in out.faults[index[WRONG_SHARE]]
+        assert "wrong size" in out.faults[index[BAD_MASKED]]
+
+    check = verify_secure_round(swarm.reader, 1, ArchiveStores(stores[: N - 1]), bits=BITS, dim=DIM, counted_members=1)
+    assert check.failure is None, check.failure
+    np.testing.assert_array_equal(check.total, expected)
+    bad = (swarm.accounts[WRONG_SHARE].address, swarm.accounts[BAD_MASKED].address)
+    gone = swarm.accounts[GONE].address  # posted its dealing's digest, then served nobody
+    assert set(check.faults) == {*bad, gone} and "no blob matching its DEALING digest" in check.faults[gone]
+    assert check.dropped == (bad[1],)  # its mask key rebuilt, its vector left out
