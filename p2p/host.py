@@ -35,7 +35,7 @@ from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
 
-from . import pubsub_records, wire, yamux_window
+from . import pubsub_reader, pubsub_records, task_parents, wire, yamux_window
 from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
 from .errors import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
 from .gossip import MESH_DEGREE, swarm_gossipsub
@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 pubsub_records.install()
 # Window credit goes back once half the window is read, not after every small read (p2p/yamux_window.py).
 yamux_window.install()
+# A new task's parent found by a table, not by walking every task (p2p/task_parents.py).
+task_parents.install()
+# Gossip RPCs cut out of a per-stream buffer, not read a few bytes at a time (p2p/pubsub_reader.py).
+pubsub_reader.install()
 
 MiB = 1 << 20
 _ADDR_TTL = 3600  # seconds an announced address stays in the peerstore

@@ -345,7 +345,10 @@ class LedgerClient:
         """A view call, at the latest block or at `block` (reads that must agree with each other
         and with logs pin one block: the chain moves between two calls). A bare eth_call through
         the raw reader (`node.chain.codec`) where there is one, else web3's contract call."""
-        if block is None and self.confirmations:
+        pushed = self.pushed_head is not None and self.pushed_head() is not None
+        if block is None and (self.confirmations or pushed):
+            # at the block the pinned reads use: a pushed head may lag "latest", and a view at
+            # "latest" followed by a read pinned there saw a round the pinned block does not hold
             block = self.block_number()
         raw = self._raw_rpc()
         if raw is not None:

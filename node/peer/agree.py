@@ -13,9 +13,10 @@ what the peer holds every time it is read, so a blob fetched later drops every s
 The steps, in order (`Agreement.run`):
 
 1. `fetch_round_set`: every blob of the on-chain set, while `watch_attestations` (reading the
-   attestations whenever the ledger moves, at least every WATCH_INTERVAL) learns holders
-   (an attester holds the blobs it included, so a blob unreachable at its committer, or that its
-   committer served corrupted, is fetched from them: node/peer/fetching.py); ends when every blob
+   attestations whenever the ledger moves, and every WATCH_INTERVAL while the chain is polled)
+   learns holders (an attester holds the blobs it included, so a blob unreachable at its
+   committer, or that its committer served corrupted, is fetched from them:
+   node/peer/fetching.py); ends when every blob
    is settled (fetched, malformed or withheld; one not awaited is not waited for) or at the
    deadline. No attestation cuts this step short: a set that leaves a slow blob out must not stop
    us waiting for it.
@@ -73,7 +74,11 @@ from p2p import FetchTimeout
 
 log = logging.getLogger("swarm.peer")
 
-WATCH_INTERVAL = 0.5  # seconds between two reads of the round's attestations
+WATCH_INTERVAL = 0.5  # seconds between two looks at who announced the unsettled blobs (gossip, no request)
+# Where the ledger's events are pushed (a subscription), the attestations are read again on each
+# event, and otherwise only this many seconds after the last read (a fallback); while the chain is
+# polled, every WATCH_INTERVAL as well (a poll may see an attestation's block before its log).
+ATTESTATIONS_REREAD = 2.0
 # Of fetch_timeout: how long after its committer claimed it (announced it, or attested a set including it) a blob
 # nobody else claims is waited for before it is withheld (see the module doc): time for the claims
 # of others (attestations, announcements) to land, should the committer have served some of them.
@@ -269,7 +274,7 @@ class Agreement:
         read_attestations: Callable[[], Awaitable[list[Attestation]]],
         refused: Sequence[object | None] = (),
         awaited: Sequence[bool] = (),
-        ledger_news: Callable[[float], Awaitable[None]] | None = None,
+        ledger_news: Callable[[float], Awaitable[bool | None]] | None = None,
     ) -> None:
         self.round = round
         self.commitments = commitments
@@ -297,8 +302,9 @@ class Agreement:
         # their answer instead of asking the committer for the same bytes a second time
         self._asking = [0] * len(commitments)
         self._step: tuple[list[bool], trio.CancelScope] | None = None  # the running step's wanted blobs and scope
-        # returns once the ledger emitted an event (an attestation among them), or after the seconds given
-        self._ledger_news = ledger_news or trio.sleep
+        # returns once the ledger emitted an event (an attestation among them), or after the seconds
+        # given: whether it did (None: cannot tell, so the attestations are read again)
+        self._ledger_news: Callable[[float], Awaitable[bool | None]] = ledger_news or trio.sleep
 
     def who(self, i: int) -> str:
         """Participant i, as the log and `RoundBlobs.left_out` name it."""
@@ -439,12 +445,18 @@ class Agreement:
             scope.cancel()
 
     async def watch_attestations(self, wanted: list[bool], nursery: trio.Nursery) -> None:
-        """Read the attestations when the ledger moves (at least every WATCH_INTERVAL), and who
-        announced the unsettled blobs: holders, claims (each new one probed at once, unless its
+        """Read the attestations when the ledger moves (at least every ATTESTATIONS_REREAD, and
+        every WATCH_INTERVAL while `ledger_news` cannot tell), and who announced the unsettled
+        blobs (every WATCH_INTERVAL): holders, claims (each new one probed at once, unless its
         committer is being asked already), focal candidates; mark the overdue claims withheld;
         stop once nothing of `wanted` is left to wait for."""
+        moved: bool | None = True
+        reread_at = trio.current_time()
+        attestations: list[Attestation] = []
         while True:
-            attestations = await self._read_attestations()
+            if moved is not False or trio.current_time() >= reread_at:
+                attestations = await self._read_attestations()
+                reread_at = trio.current_time() + ATTESTATIONS_REREAD
             now = trio.current_time()
             claimed = self.blobs.learn(attestations, self.index, now)
             for i in range(self.blobs.n):
@@ -457,7 +469,7 @@ class Agreement:
             if self.blobs.settled(wanted):
                 break
             due = self.blobs.next_due(self.patience, now)
-            await self._ledger_news(WATCH_INTERVAL if due is None else min(WATCH_INTERVAL, max(0.0, due - now)))
+            moved = await self._ledger_news(WATCH_INTERVAL if due is None else min(WATCH_INTERVAL, max(0.0, due - now)))
         nursery.cancel_scope.cancel()
 
     def _settle(self) -> None:

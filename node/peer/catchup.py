@@ -83,16 +83,16 @@ class CatchUp:
             return []
         return decode_bitmap(max(winning, key=lambda a: a.votes).included, info.participant_count)
 
-    async def fetch_model(self, r: int) -> torch.Tensor:
-        """The finalized model of round r, checked against its digest on chain; ModelUnavailable
-        if no holder served it in time. Its holders are the round's participants (each computed
-        it) and whoever announced it since (a peer that just started may not have heard any
-        announcement yet, but the participants are on chain)."""
-        digest = (await self.finalized_digest(r)).hex()
+    async def fetch_model(self, r: int, finalized: bytes | None = None) -> torch.Tensor:
+        """The finalized model of round r, checked against its digest on chain (`finalized`: as
+        the caller read it, with the round's state; else read here); ModelUnavailable if no holder
+        served it in time. Its holders are the round's participants (each computed it) and
+        whoever announced it since (a peer that just started may not have heard any announcement
+        yet, but the participants are on chain)."""
+        digest = (finalized or await self.finalized_digest(r)).hex()
         participants = await self._call(self.ledger.participants, r)
-        holders = [
-            peer_id_from_bytes(await self._call(self.ledger.peer_id_of, a)) for a in participants if a != self.address
-        ]
+        raw_ids = await self._call(lambda: [self.ledger.peer_id_of(a) for a in participants if a != self.address])
+        holders = [peer_id_from_bytes(raw) for raw in raw_ids]
         what = f"round {r}: the finalized model {digest[:16]}"
         try:
             data = await fetch_from_holders(

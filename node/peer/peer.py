@@ -403,11 +403,11 @@ class Peer:
             if previous is not None:
                 await self.catchup.rebuild_model(r, previous, out.included)
         try:
-            vector = await self.catchup.fetch_model(r)
+            vector = await self.catchup.fetch_model(r, info.finalized_digest)
         except ModelUnavailable as exc:
             log.error("%s: this peer follows the next round", exc)
             return None
-        self._model_digest = await self.catchup.finalized_digest(r)
+        self._model_digest = info.finalized_digest or await self.catchup.finalized_digest(r)
         out.global_digest = self._model_digest.hex()
         self._set(Phase.EVALUATING)
         out.accuracy, out.loss = await self._off_loop(PROCESS_COMPUTE.timed(self._evaluate), vector)
@@ -547,6 +547,7 @@ class Peer:
         """The agreement step of round r over its on-chain set, wired to this peer's ledger, host and
         store; every commit and every fetched blob held to the rulebook by the vetting room."""
         commitments = await self.chain(self.ledger.commitments, r)
+        self.vetting.closed_round(r, commitments)  # read after the close: the round's whole set
         vetted = [await self._vet(r, c) for c in commitments]
         peer_ids = [peer_id_from_bytes(raw) for raw, _ in vetted]
         refused = [verdict for _, verdict in vetted]
@@ -565,11 +566,13 @@ class Peer:
             ledger_news=self._ledger_news,
         )
 
-    async def _ledger_news(self, timeout: float) -> None:
-        """Until the ledger emitted an event (the chain watcher's count), or `timeout` seconds."""
+    async def _ledger_news(self, timeout: float) -> bool | None:
+        """Until the ledger emitted an event (the chain watcher's count), or `timeout` seconds:
+        whether it did, where a subscription pushes its logs (None, cannot tell, while polling)."""
         moves = self.watcher.moves
         with trio.move_on_after(timeout):
             await self.watcher.moved_since(moves)
+        return self.watcher.moves != moves if self.watcher.pushed else None
 
     async def _vet(self, r: int, c: Commitment) -> Vetted:
         """Commitment c's peer id and its verdict under rules 1 to 3 (`Vetter.vet`)."""

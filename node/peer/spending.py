@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from mechanisms.record_level import RecordAccountant
+from node.chain.records import SwarmParams
 from node.peer.ports import LedgerPort, OffLoop
 from node.protocol import policy, wire
 from node.protocol.policy import PrivacySpend
@@ -44,6 +45,7 @@ class Spending:
         self._call = call  # the peer's `chain`: ledger reads, and the accountants' computations
         self.accountant_path = accountant_path  # where the record-level accountant is kept (DP-SGD)
         self.counts: list[int] = []
+        self._params: SwarmParams | None = None  # the ledger's caps: immutable (set at deploy), read once
 
     @property
     def commits(self) -> int:
@@ -91,7 +93,9 @@ class Spending:
         BudgetExhausted if either would pass the swarm's cap."""
         counts = self._next(num_records)
         spent = await self._call(policy.privacy_spend, self.s.shared.privacy, self.num_params, counts)
-        params = await self._call(self.ledger.params)
+        if self._params is None:
+            self._params = await self._call(self.ledger.params)
+        params = self._params
         for what, micro, cap in (
             (
                 f"eps to {wire.eps_from_micro(spent.eps_micro):.6g} ({spent.mechanism.protects})",

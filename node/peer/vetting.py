@@ -19,6 +19,8 @@ from node.rules import BlobRefused, Rulebook, Verdict
 
 log = logging.getLogger("swarm.peer")
 
+CLOSED_SETS_KEPT = 8  # rounds whose whole sets are kept (`Vetter.closed_round`): a history older than that is read
+
 # Rule 1 for (committer address, its registered peer id), blocking: the registry's `ownership`.
 Ownership: TypeAlias = Callable[[str, bytes], Verdict | None]
 # A commitment's registered peer id, and why it is left out (None: it is not).
@@ -52,6 +54,8 @@ class Vetter:
         self._rulebook: Rulebook | None = None
         self._peer_ids: dict[str, bytes] = {}  # committer address -> its registered peer id
         self._histories: dict[str, list[Commitment]] = {}  # committer address -> its commits so far
+        self._complete_through: dict[str, int] = {}  # committer address -> its history holds every commit to this round
+        self._closed_sets: dict[int, list[Commitment]] = {}  # round -> its whole set (`closed_round`), the last few
         self._vetted: dict[tuple[int, str, bytes], Vetted] = {}
 
     async def rulebook(self) -> Rulebook:
@@ -105,14 +109,36 @@ class Vetter:
         counts = [int(h.num_samples) for h in await self._history_through(c) if h.round <= r]
         return await self._call(rulebook.commit_verdict, c, counts)
 
+    def closed_round(self, r: int, commitments: list[Commitment]) -> None:
+        """Round r is closed and `commitments` is its whole set (read after the close: the chain
+        takes no more): a committer's history known through an earlier round then extends through
+        this one without reading its logs (`_history_through`)."""
+        self._closed_sets[r] = list(commitments)
+        for old in [k for k in self._closed_sets if k <= r - CLOSED_SETS_KEPT]:
+            del self._closed_sets[old]
+
     async def _history_through(self, c: Commitment) -> list[Commitment]:
-        """Committer c.peer's commits up to c at least, kept between rounds: each round reads only
-        the blocks since the last commit we knew of."""
+        """Committer c.peer's commits up to c at least, kept between rounds. Rounds whose whole set
+        this peer saw (`closed_round`) extend a history without a request (at most one commit per
+        peer and round: the contract refuses a second); otherwise the blocks since the last commit
+        we knew of are read."""
         known = self._histories.get(c.peer, [])
-        if not any(h.round == c.round and h.digest == c.digest for h in known):
+        if self._holds(known, c):
+            return known
+        through = self._complete_through.get(c.peer)
+        between = range(through + 1, c.round) if through is not None and through < c.round else None
+        if between is not None and all(j in self._closed_sets for j in between):
+            newer = [h for j in between for h in self._closed_sets[j] if h.peer == c.peer] + [c]
+        else:
             since = max((h.block_number for h in known), default=None)
             newer = await self._call(self.ledger.commit_history, c.peer, None if since is None else since + 1)
-            rounds = {h.round for h in known}
-            known = known + [h for h in newer if h.round not in rounds]
-            self._histories[c.peer] = known
+        rounds = {h.round for h in known}
+        known = known + [h for h in newer if h.round not in rounds]
+        self._histories[c.peer] = known
+        if self._holds(known, c):  # every commit before c's block is in: the history is whole through c's round
+            self._complete_through[c.peer] = c.round
         return known
+
+    @staticmethod
+    def _holds(history: list[Commitment], c: Commitment) -> bool:
+        return any(h.round == c.round and h.digest == c.digest for h in history)

@@ -68,6 +68,11 @@ class ChainWatcher:
         self._catch_up = False  # the subscription (re)started: `run` reads the chain once
         self._moved_at = 0  # the block of the last pushed move: one read of the ledger covers all of a block's logs
 
+    @property
+    def pushed(self) -> bool:
+        """A subscription pushes the heads and the ledger's logs now: every ledger event is a move."""
+        return self._pushed
+
     def follow(self, feed: ChainFeed, confirmations: int) -> None:
         """Take new heads and the ledger's logs from `feed` while it is live, polling otherwise.
         `confirmations`: the ledger client's, so the block watched is the one it reads at."""

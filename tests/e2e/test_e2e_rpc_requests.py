@@ -36,9 +36,11 @@ SETS = [
 # watcher's, the stall watcher's, the registry's): measured 81.5-94.5 requests polling against
 # 54-58 subscribed, a share of 0.58-0.71 (docs/TESTNET.md). What stays (views on each ledger event,
 # the agreement's reads of attestations, transactions and their receipts) is the same in both runs;
-# the polling run moves with the machine's load (a slower round polls more). 0.8 keeps a margin
-# over the worst share measured and fails a run in which the subscription took nothing over.
-MAX_SHARE = 0.8
+# the polling run moves with the machine's load (a slower round polls more). Since the reads common to
+# both runs were cut (rule checks from seen rounds, attestations on pushed events, the catch-up's
+# digest, the caps once) the shares are higher: 65.5 polling against 48 subscribed (0.73). 0.85 keeps
+# a margin over that and fails a run in which the subscription took nothing over.
+MAX_SHARE = 0.85
 # Per method, over the whole run: the head is read at start-up and once per subscription only
 # (measured 1.9-2.5 against 31.6-34.0 polling), the ledger's logs no more per block (14.2-14.8
 # against 27.2-28.4, the rest are reads of commits and attestations).

@@ -10,7 +10,15 @@ import pytest
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
 from mechanisms.gaussian import analytic_gaussian_epsilon
-from mechanisms.record_level import DPSGDPolicy, RecordAccountant, record_level_spend, round_steps
+from mechanisms.record_level import (
+    VALUE_DISCRETIZATION,
+    DPSGDPolicy,
+    RecordAccountant,
+    _pld_epsilon,
+    _step_pld,
+    record_level_spend,
+    round_steps,
+)
 
 POLICY = DPSGDPolicy(noise_multiplier=1.0, max_grad_norm=1.0, batch_size=256, epochs=2, delta=1e-5)
 
@@ -81,3 +89,31 @@ def test_the_spend_says_what_it_protects():
     spend = record_level_spend(POLICY, [3000, 3000])
     assert spend.protects == "each training record (DP-SGD)" and spend.scope == "record"
     assert spend.delta == 1e-5 and "replace-one" in spend.statement and "2 round(s)" in spend.statement
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [
+        (((1.2, 512 / 2500), 10),),
+        (((1.2, 512 / 2500), 30),),
+        (((1.2, 512 / 10000), 200),),
+        (((1.0, 0.1), 20), ((1.0, 0.3), 7), ((1.5, 0.05), 100)),
+    ],
+)
+def test_the_figure_is_dp_accountings_pld_accountant_bit_for_bit(groups):
+    """`_pld_epsilon` keeps one step's PLD across calls instead of building it per composition:
+    its eps must be exactly the accountant's (peers and `swarm verify` compare micro-eps on chain),
+    whether the step's PLD was built just now or kept from an earlier call."""
+    reference = PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE,
+        value_discretization_interval=VALUE_DISCRETIZATION,
+    )
+    for (sigma, rate), steps in groups:
+        reference.compose(dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), steps)
+    for delta in (1e-5, 1e-7):
+        expected = float(reference.get_epsilon(delta))
+        _pld_epsilon.cache_clear()
+        _step_pld.cache_clear()
+        assert _pld_epsilon(groups, delta) == expected  # the step PLDs built in this call
+        _pld_epsilon.cache_clear()
+        assert _pld_epsilon(groups, delta) == expected  # the step PLDs kept from the call before

@@ -17,6 +17,7 @@ import trio
 
 from node.chain.records import Attestation
 from node.peer.agree import (
+    ATTESTATIONS_REREAD,
     CLAIM_PATIENCE,
     NOT_AWAITED_AFTER,
     WATCH_INTERVAL,
@@ -498,3 +499,35 @@ def test_a_committer_that_serves_us_other_bytes_is_skipped_for_the_attester_that
     (blame,) = [r.getMessage() for r in caplog.records if "asking the others first" in r.getMessage()]
     assert blame.startswith("round 1: blob ") and "participant 2" in blame
     assert f"holder {liar_id} served bytes that do not hash to the digest" in blame
+
+
+@pytest.mark.parametrize("pushed", [True, False])
+def test_attestations_are_read_on_ledger_news_where_it_is_pushed_else_every_watch_interval(pushed):
+    """A blob that never comes keeps step 1 waiting its whole fetch timeout. Where the ledger's
+    events are pushed (`ledger_news` says whether one came) the attestations are read on each
+    event only, else at ATTESTATIONS_REREAD; where it cannot tell (polling) every WATCH_INTERVAL."""
+
+    async def main():
+        swarm, blobs, digests = closed_round(3)
+        swarm.network.stall(digests[2])
+        agreement = await swarm.peer(0)._agreement(1)
+        reads = []
+        read = agreement._read_attestations
+
+        async def counted():
+            reads.append(trio.current_time())
+            return await read()
+
+        async def news(timeout):
+            await trio.sleep(timeout)
+            return False if pushed else None  # nothing on chain meanwhile
+
+        agreement._read_attestations, agreement._ledger_news = counted, news
+        await agreement.run()
+        fetching = FETCH_TIMEOUT
+        if pushed:
+            assert len(reads) <= fetching / ATTESTATIONS_REREAD + 2
+        else:
+            assert len(reads) >= fetching / WATCH_INTERVAL - 1
+
+    run_virtual(main)
