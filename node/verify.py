@@ -37,17 +37,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from mechanisms.secagg.masks import session_id
-from mechanisms.secagg.round import RoundFailed, RoundSetup
+from mechanisms.secagg.round import RoundFailed
 from mechanisms.secagg.unmask import verify_round
 from node.chain.client import LedgerClient, load_artifact
 from node.chain.codec import abi_type
 from node.chain.records import Commitment, RoundInfo, RoundState
-from node.chain.secure_steps import chain_steps, fetch_archive, round_members
+from node.chain.secure_steps import chain_steps, fetch_archive, round_members, round_setup
 from node.protocol import aggregate, policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
 from node.protocol.settings import SharedSettings
@@ -104,6 +104,22 @@ class BlobSource(Protocol):
     def get(self, digest: str) -> bytes | None: ...
 
 
+@runtime_checkable
+class RangedBlobSource(BlobSource, Protocol):
+    """A blob source that reads part of a blob: what a bounded read needs."""
+
+    def read(self, digest: str, offset: int, length: int) -> bytes | None: ...
+
+
+def read_within(source: BlobSource, digest: str, most: int) -> bytes | None:
+    """`digest`'s blob from `source` if it has at most `most` bytes, never reading more than one
+    byte past that; None if absent, bigger, or if `source` cannot read part of a blob."""
+    if not isinstance(source, RangedBlobSource):
+        return None
+    data = source.read(digest, 0, most + 1)
+    return data if data is not None and len(data) <= most else None
+
+
 class ArchiveStores:
     """Several blob sources read as one: the first copy whose sha256 is the digest asked for, else
     the first copy found (so an altered blob, with no good copy anywhere, is still reported as
@@ -121,6 +137,19 @@ class ArchiveStores:
             if sha256(data).hex() == digest.lower():
                 return data
             first = data if first is None else first
+        return first
+
+    def read(self, digest: str, offset: int, length: int) -> bytes | None:
+        """Part of the copy `get` would choose among those of at most `offset + length` bytes
+        (each source read no further than one byte past that)."""
+        first: bytes | None = None
+        for source in self.sources:
+            data = read_within(source, digest, offset + length)
+            if data is None:
+                continue
+            if sha256(data).hex() == digest.lower():
+                return data[offset:]
+            first = data[offset:] if first is None else first
         return first
 
 
@@ -598,18 +627,24 @@ class SecureRoundCheck:
 
 
 def verify_secure_round(
-    ledger: LedgerClient, round: int, archive: BlobSource, *, bits: int, dim: int, counted_members: int
+    ledger: LedgerClient, round: int, archive: RangedBlobSource, *, bits: int, dim: int, counted_members: int
 ) -> SecureRoundCheck:
     """The members and each step's set from the chain (`node.chain.secure_steps`, as the members
     read them), every frame fetched from `archive` and checked against its digest, then
     `unmask.verify_round`, the function members unmask with. A frame the archive lacks or holds
-    other bytes for names its sender (left out of that step's set)."""
-    members = round_members(ledger, round)
-    setup = RoundSetup.for_members(
-        session_id(ledger.params().genesis_digest, round), members.signing, bits, dim, counted_members=counted_members
-    )
-    steps = chain_steps(ledger, round, members)
-    frames, missing = fetch_archive(steps, lambda digest, _bound: archive.get(digest.hex()), bits=bits, dim=dim)
+    other bytes for names its sender (left out of that step's set); a blob over its step's bound
+    is never read whole. A round that cannot be checked (its members make no round, a chain read
+    fails) is a `failure`, never an exception."""
+    try:
+        members = round_members(ledger, round)
+        session = session_id(ledger.params().genesis_digest, round)
+        setup = round_setup(session, members, bits, dim, counted_members=counted_members)
+        steps = chain_steps(ledger, round, members)
+        frames, missing = fetch_archive(
+            steps, lambda digest, bound: read_within(archive, digest.hex(), bound), bits=bits, dim=dim
+        )
+    except Exception as exc:
+        return SecureRoundCheck(round, None, (), (), {}, _why(exc))
     named = dict(steps.repeated) | missing
 
     def by_address(faults: dict[int, str]) -> dict[str, str]:

@@ -4,7 +4,9 @@ the chain took in the step's window), and the archive of those frames fetched an
 the digests. The same functions for a member and for `swarm verify`, so they see the same sets.
 
 - Members: every registration whose signature verifies (`registration.resolve`) up to the last
-  block of the round's KEYS window (`round_members`), in chain order; member i is the i-th. Its
+  block of the round's KEYS window (`round_members`), in chain order, less the addresses the
+  deployer had removed from the allowlist as of that block (the contract's `closeRound` does not
+  count them either); member i is the i-th. Its
   signing key is the Ed25519 key its libp2p peer id embeds (the key that signed the
   registration): a peer id of another key type binds no signing key and is no member.
 - Steps: KEYS, DEALING and REVEAL digests from `postFrame` (FramePosted events; the contract took
@@ -23,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from web3 import Web3
 
 from mechanisms.secagg import messages as m
+from mechanisms.secagg.round import RoundSetup
 from mechanisms.secagg.unmask import RoundArchive
 from node.chain.client import LedgerClient
 from node.chain.registration import Registration, resolve
@@ -72,7 +75,11 @@ def signing_key(peer_id: bytes) -> Ed25519PublicKey | None:
         return None
 
 
-def members_from(registrations: list[Registration], chain_id: int, ledger: str) -> RoundMembers:
+def members_from(
+    registrations: list[Registration], chain_id: int, ledger: str, disallowed: frozenset[str] = frozenset()
+) -> RoundMembers:
+    """The verified registrations with an Ed25519 peer id, in chain order, less the (checksummed)
+    addresses in `disallowed`."""
     owners = sorted(resolve(registrations, chain_id, ledger).values(), key=lambda r: (r.block_number, r.log_index))
     addresses: list[str] = []
     peer_ids: list[bytes] = []
@@ -80,7 +87,7 @@ def members_from(registrations: list[Registration], chain_id: int, ledger: str) 
     for registration in owners:
         key = signing_key(registration.peer_id)
         address = Web3.to_checksum_address(registration.address)
-        if key is None or address in addresses:
+        if key is None or address in addresses or address in disallowed:
             continue
         signing[len(addresses)] = key
         addresses.append(address)
@@ -88,13 +95,40 @@ def members_from(registrations: list[Registration], chain_id: int, ledger: str) 
     return RoundMembers(tuple(addresses), tuple(peer_ids), signing)
 
 
+def disallowed_at(ledger: LedgerClient, block: int | None = None) -> frozenset[str]:
+    """The addresses removed from the allowlist as of `block` (default: the latest) and not
+    allowed again by then: each account's last AllowlistChanged event up to it says."""
+    state: dict[str, bool] = {}
+    for account, allowed in ledger.allowlist_changes(to_block=block):
+        state[Web3.to_checksum_address(account)] = allowed
+    return frozenset(account for account, allowed in state.items() if not allowed)
+
+
 def round_members(ledger: LedgerClient, round: int) -> RoundMembers:
     """The members of `round`: verified registrations, in chain order, up to the last block of its
-    KEYS window by blocks (its opening + commitWindow / 4, as the contract divides). The KEYS
-    window has not passed before that block, so the set is final when dealing may begin; and a
-    member's index never changes once it registered (registrations only append)."""
+    KEYS window by blocks (its opening + commitWindow / 4, as the contract divides), less the
+    addresses disallowed as of that block. The KEYS window has not passed before that block, so
+    the set is final when dealing may begin. Registrations only append, so a member's index moves
+    only if an earlier member is disallowed during the KEYS window (its KEYS frame, signed under
+    the old index, then names it: it sits the round out)."""
     last = ledger.round_info(round).opened_block + ledger.params().commit_window // 4
-    return members_from(ledger.registrations(to_block=last), ledger.chain_id(), ledger.address)
+    registrations = ledger.registrations(to_block=last)
+    return members_from(registrations, ledger.chain_id(), ledger.address, disallowed_at(ledger, last))
+
+
+class BadRound(ValueError):
+    """The chain's members make no round: more than a frame can address, or fewer than the
+    policy's counted members."""
+
+
+def round_setup(session: bytes, members: RoundMembers, bits: int, dim: int, *, counted_members: int) -> RoundSetup:
+    """`RoundSetup.for_members` of the round's members, BadRound where they make none."""
+    if len(members.addresses) > m.MAX_MEMBERS:
+        raise BadRound(f"{len(members.addresses)} members, more than a frame can address ({m.MAX_MEMBERS})")
+    try:
+        return RoundSetup.for_members(session, members.signing, bits, dim, counted_members=counted_members)
+    except ValueError as exc:
+        raise BadRound(f"no round of {len(members.addresses)} members: {exc}") from None
 
 
 def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers) -> ChainSteps:

@@ -19,7 +19,12 @@ and checked against its digest before anything parses it, and goes on with
   (neither secret of its sender), never counted as dropped.
 - REVEAL window passed: the sum (`unmask.unmask_round`, what `swarm verify` recomputes).
 
-A member that misses a window (late, or its frame refused) sits the rest of the round out.
+A member that misses a window (late, or its frame refused) sits the rest of the round out; so
+does one that cannot fetch a KEYS or DEALING blob the chain names (going on with a smaller set
+than the others would split U1 or U2 and get honest dealers named), one whose index moved during
+the KEYS window (an earlier member disallowed), and one whose round cannot be played (members the
+round setup refuses, a chain read or anything else failing): `play` ends with the reason in
+`SecureOutcome.sat_out`, never with an exception.
 """
 
 from __future__ import annotations
@@ -39,12 +44,15 @@ from mechanisms.secagg.unmask import RoundResult, survivors, unmask_round
 from node.chain.client import LedgerClient
 from node.chain.records import RoundInfo, RoundState, SwarmParams
 from node.chain.secure_steps import (
+    BadRound,
     RoundMembers,
     Step,
     chain_steps,
     checked_blob,
+    disallowed_at,
     members_from,
     round_members,
+    round_setup,
     step_bound,
 )
 from node.peer.fetching import REQUEST_SHARE, BlobUnavailable, Holders, fetch_from_holders
@@ -123,13 +131,20 @@ class SecureMember:
         """Round r with this member's `residues` (mod 2^bits); `commit(digest)` commits the
         MASKED frame's digest on chain."""
         out = SecureOutcome()
+        step = "R0"
         try:
             played = await self._keys(r, out)
+            step = "R1"
             await self._deal(played)
+            step = "R2"
             await self._mask(played, residues, commit)
+            step = "R3"
             await self._reveal_and_unmask(played)
         except _SitOut as exc:
             out.sat_out = str(exc)
+        except Exception as exc:  # a chain read, the host, a frame we cannot build: the round, not the process, ends
+            out.sat_out = f"{step}: {type(exc).__name__}: {exc}"
+            log.warning("round %d: sitting out: %s", r, out.sat_out)
         return out
 
     async def _keys(self, r: int, out: SecureOutcome) -> _Round:
@@ -139,17 +154,22 @@ class SecureMember:
         session = session_id(bytes(params.genesis_digest), r)
         me = (await self.call(self._members_now)).index_of(self.address)
         if me is None:
-            raise _SitOut("R0: not registered with an Ed25519 peer id")
+            raise _SitOut("R0: not registered with an Ed25519 peer id (or disallowed)")
+        if me >= m.MAX_MEMBERS:
+            raise _SitOut(f"R0: our index {me} is beyond what a frame can address ({m.MAX_MEMBERS})")
         state, keys_frame = sr.start_session(session, me, self.key)
         await self._publish(r, Step.KEYS, keys_frame)
         await self._until_passed(
             info.opened_block + params.commit_window // 4, info.opened_at + params.commit_window_seconds // 4
         )
         members = await self.call(round_members, self.ledger, r)
-        setup = sr.RoundSetup.for_members(
-            session, members.signing, self.s.bits, self.s.dim, counted_members=self.s.counted_members
-        )
-        keys, out.faults = sr.key_set(setup, await self._fetch_step(r, Step.KEYS, members))
+        if members.index_of(self.address) != me:
+            raise _SitOut(f"R1: our index is {members.index_of(self.address)} for the round, our KEYS frame says {me}")
+        try:
+            setup = round_setup(session, members, self.s.bits, self.s.dim, counted_members=self.s.counted_members)
+        except BadRound as exc:
+            raise _SitOut(f"R1: {exc}") from None
+        keys, out.faults = sr.key_set(setup, await self._fetch_step(r, Step.KEYS, members, every=True))
         if me not in keys:
             raise _SitOut("R1: our KEYS frame is not in U1")
         return _Round(r, params, info, out, state, members, setup, keys)
@@ -167,7 +187,7 @@ class SecureMember:
         )
         dealings: dict[int, bytes] = {}
         mine: dict[int, bytes] = {}
-        for dealer, raw in (await self._fetch_step(p.r, Step.DEALING, p.members)).items():
+        for dealer, raw in (await self._fetch_step(p.r, Step.DEALING, p.members, every=True)).items():
             try:
                 dealings[dealer], sealed_to = m.split_bundle(raw, dealer)
             except m.BadMessage as exc:
@@ -224,7 +244,7 @@ class SecureMember:
 
     def _members_now(self) -> RoundMembers:
         registrations = self.ledger.registrations()
-        return members_from(registrations, self.ledger.chain_id(), self.ledger.address)
+        return members_from(registrations, self.ledger.chain_id(), self.ledger.address, disallowed_at(self.ledger))
 
     async def _publish(self, r: int, step: Step, raw: bytes) -> None:
         """Store and announce `raw`, then post its digest (_SitOut if the chain refuses it)."""
@@ -252,10 +272,11 @@ class SecureMember:
                 return info.closed_block, info.closed_at
             await trio.sleep(self.s.poll)
 
-    async def _fetch_step(self, r: int, step: Step, members: RoundMembers) -> dict[int, bytes]:
+    async def _fetch_step(self, r: int, step: Step, members: RoundMembers, *, every: bool = False) -> dict[int, bytes]:
         """Sender -> its blob for `step`, of every digest the chain holds: fetched from the sender
         (or anyone holding it), within the step's bound, checked against the digest. Blobs that
-        did not come in time are missing from the answer."""
+        did not come in time are missing from the answer; with `every`, this member sits out instead
+        (the others may have them: a set of our own would split the step's set)."""
         digests: Mapping[int, bytes] = (await self.call(chain_steps, self.ledger, r, members)).digests[step]
         bound = step_bound(step, self.s.bits, self.s.dim)
         got: dict[int, bytes] = {}
@@ -288,6 +309,9 @@ class SecureMember:
         async with trio.open_nursery() as nursery:
             for sender, digest in sorted(digests.items()):
                 nursery.start_soon(one, sender, digest)
+        lacking = sorted(set(digests) - set(got))
+        if every and lacking:
+            raise _SitOut(f"{step.name}: no blob matching the digest on chain of members {lacking}")
         return got
 
 

@@ -1,16 +1,22 @@
 """A secure-aggregation round's steps on a real Anvil: postFrame's windows, each step's set read
 back from the chain (node.chain.secure_steps), the members' Ed25519 keys bound by their
-registrations, and `verify_secure_round` recomputing the sum from the chain's digests and an
-archive of frames, with a third of the members gone at any step, naming a member whose share or
-frame does not fit."""
+registrations (less the disallowed), and `verify_secure_round` recomputing the sum from the
+chain's digests and an archive of frames, with a third of the members gone at any step, naming a
+member whose share or frame does not fit, reading no blob past its step's bound, and reporting a
+round it cannot check. A member (`SecureMember.play`, in-process: the blobs move between stores,
+the chain is real) sits the round out, never raising, when it lacks a KEYS or DEALING blob the
+chain names, when its round cannot be set up, and when a chain read fails."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
 import pytest
+import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from eth_account import Account
 
 from mechanisms.secagg import messages as m
 from mechanisms.secagg import round as r
@@ -19,8 +25,11 @@ from mechanisms.secagg.member import sum_residues
 from mechanisms.secagg.shamir import PRIME
 from mechanisms.secagg.unmask import survivors
 from node.chain.errors import InvalidStep, NotRegistered, StepWindowClosed
-from node.chain.secure_steps import Step, chain_steps, round_members
+from node.chain.secure_steps import BadRound, RoundMembers, Step, chain_steps, round_members, round_setup
+from node.peer.secure import SecureMember, SecureSettings
 from node.verify import verify_secure_round
+from p2p.errors import BlobNotFound
+from p2p.store import MemoryBlobStore
 
 BITS, DIM = 32, 64
 WINDOWS = dict(min_peers=3, commit_window=60, commit_window_seconds=120, attest_window=40, attest_window_seconds=80)
@@ -39,6 +48,14 @@ class Store:
 
     def get(self, digest: str) -> bytes | None:
         return self.blobs.get(digest)
+
+    def read(self, digest: str, offset: int, length: int) -> bytes | None:
+        blob = self.blobs.get(digest)
+        if blob is None:
+            return None
+        part = blob[offset : offset + length]
+        self.longest_read = max(getattr(self, "longest_read", 0), len(part))
+        return part
 
 
 def signing_key(kit, i: int) -> Ed25519PrivateKey:
@@ -198,3 +215,156 @@ def test_post_frame_is_taken_only_in_its_steps_window(automine_chain, kit):
     swarm.pass_window(info.opened_block + p["commit_window"] // 2, info.opened_at + p["commit_window_seconds"] // 2)
     with pytest.raises(StepWindowClosed):
         member.post_frame(1, Step.DEALING, kit.digest("late"))
+
+
+def test_members_leave_out_the_addresses_disallowed_by_the_end_of_the_keys_window(automine_chain, kit):
+    allowlist = [Account.from_key(k).address for k in automine_chain.private_keys[:5]]
+    swarm = kit.Swarm(automine_chain, 5, **WINDOWS, allowlist=allowlist)
+    swarm.register(5)
+    addresses = [a.address for a in swarm.accounts]
+    swarm.deployer.disallow(addresses[1])
+    swarm.deployer.disallow(addresses[2])
+    swarm.deployer.allow([addresses[2]])  # re-allowed inside the window: a member again
+    info, p = swarm.reader.round_info(1), swarm.params
+    swarm.pass_window(info.opened_block + p["commit_window"] // 4, info.opened_at + p["commit_window_seconds"] // 4)
+    swarm.deployer.disallow(addresses[4])  # after the KEYS window: still a member of round 1
+    assert round_members(swarm.reader, 1).addresses == (addresses[0], addresses[2], addresses[3], addresses[4])
+    assert swarm.reader.registered_count() == 3  # what closeRound counts now (1 and 4 out)
+
+
+def test_verify_reads_no_archive_blob_past_its_steps_bound(automine_chain, kit):
+    game = SecureRound(kit, automine_chain, 4)  # t = 3
+    game.play()
+    digest = chain_steps(game.swarm.reader, 1, game.members).digests[Step.REVEAL][1]
+    game.store.blobs[digest.hex()] = bytes(64 << 20)  # a big blob where member 1's REVEAL frame should be
+    check = game.verify()
+    assert check.failure is None, check.failure
+    np.testing.assert_array_equal(check.total, game.plain_sum())
+    assert "REVEAL digest" in check.faults[game.members.addresses[1]]
+    assert game.store.longest_read <= m.max_bundle_bytes() + 1  # the largest step bound, plus one byte
+
+
+def test_verify_reports_a_round_its_members_cannot_make(automine_chain, kit):
+    game = SecureRound(kit, automine_chain, 3)
+    check = verify_secure_round(game.swarm.reader, 1, game.store, bits=BITS, dim=DIM, counted_members=4)
+    assert check.total is None and "no round of 3 members" in (check.failure or "")
+
+
+def test_round_setup_refuses_more_members_than_a_frame_addresses(kit):
+    key = signing_key(kit, 0).public_key()
+    n = m.MAX_MEMBERS + 1
+    members = RoundMembers(tuple(f"0x{i:040x}" for i in range(n)), (b"",) * n, {i: key for i in range(n)})
+    with pytest.raises(BadRound, match="more than a frame can address"):
+        round_setup(session_id(kit.GENESIS, 1), members, BITS, DIM, counted_members=1)
+
+
+class StoreTransport:
+    """The host of an in-process member: announces nothing, fetches from the test's store, and
+    serves nobody the digests in `withheld` (a sender that serves some members only)."""
+
+    def __init__(self, store: Store, peer_id: bytes) -> None:
+        self.store, self.peer_id_bytes, self.withheld = store, peer_id, set()
+        self.bytes_served = self.bytes_fetched = 0
+
+    async def announce_blob(self, digest: str, *, later: bool = False) -> None:
+        return None
+
+    def providers(self, digest: str) -> list[str]:
+        return []
+
+    async def fetch(self, digest, *, providers=None, max_size=None, timeout=60.0) -> bytes:
+        blob = self.store.get(digest)
+        if blob is None or digest in self.withheld:
+            raise BlobNotFound(digest)
+        return blob
+
+
+async def off(fn, *args, **kwargs):
+    return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+def play_member(game: SecureRound, me: int, *, counted_members=1, withhold=None, call=off):
+    """Member `me` plays round 1 with SecureMember while the test plays the others' KEYS (and,
+    with `withhold` DEALING, their dealings), passing each window once `me` posted its frame;
+    `withhold`: the step whose blob of member 0 nobody serves `me`. The member's outcome."""
+    swarm, reader = game.swarm, game.swarm.reader
+    host = StoreTransport(game.store, game.members.peer_ids[me])
+    mine = MemoryBlobStore()
+    settings = SecureSettings(BITS, DIM, counted_members, fetch_timeout=1.0, poll=0.05)
+    member = SecureMember(
+        swarm.peers[me], host, mine, signing_key(game.kit, me), settings, call=call, head=head_of(swarm)
+    )
+    others = [i for i in range(game.n) if i != me]
+
+    def post(i: int, step: Step, raw: bytes) -> None:
+        if i == 0 and step is withhold:
+            host.withheld.add(hashlib.sha256(raw).hexdigest())
+        game.post(i, step, raw)
+
+    async def until_posted(step: Step) -> None:
+        while me not in (await off(chain_steps, reader, 1, game.members)).digests[step]:
+            await trio.sleep(0.05)
+
+    async def others_play() -> None:
+        states = {}
+        for i in others:
+            states[i], frame = r.start(game.setup, i, signing_key(game.kit, i))
+            post(i, Step.KEYS, frame)
+        await until_posted(Step.KEYS)
+        game.store.blobs |= {d: mine.get(d) for d in mine.digests()}
+        await off(game.pass_part, 4)
+        if withhold is not Step.DEALING:
+            return
+        steps = chain_steps(reader, 1, game.members)
+        keys, _ = r.key_set(game.setup, {i: game.store.get(d.hex()) for i, d in steps.digests[Step.KEYS].items()})
+        for i in others:
+            post(i, Step.DEALING, m.dealing_bundle(*r.deal(states[i], game.setup, keys)))
+        await until_posted(Step.DEALING)
+        await off(game.pass_part, 2)
+
+    async def commit(digest: bytes) -> None:
+        raise AssertionError("no member that sits out commits")
+
+    async def main():
+        with trio.fail_after(120):  # the windows pass when the test mines, not by waiting
+            async with trio.open_nursery() as nursery:
+                if call is off:
+                    nursery.start_soon(others_play)
+                return await member.play(1, game.inputs[me], commit)
+
+    return trio.run(main)
+
+
+def head_of(swarm):
+    def head() -> tuple[int, int]:
+        block = swarm.w3.eth.get_block("latest")
+        return block["number"], block["timestamp"]
+
+    return head
+
+
+@pytest.mark.parametrize("step", [Step.KEYS, Step.DEALING])
+def test_a_member_lacking_a_blob_the_chain_names_sits_out(automine_chain, kit, step):
+    game = SecureRound(kit, automine_chain, 4)
+    out = play_member(game, 3, withhold=step)
+    assert out.result is None and out.sat_out is not None
+    assert out.sat_out.startswith(f"{step.name}: no blob") and "[0]" in out.sat_out
+    assert 3 in chain_steps(game.swarm.reader, 1, game.members).digests[step]  # it posted its own, then stopped
+
+
+def test_a_member_whose_round_cannot_be_set_up_sits_out(automine_chain, kit):
+    game = SecureRound(kit, automine_chain, 4)
+    out = play_member(game, 3, counted_members=5)
+    assert out.result is None and out.sat_out is not None and out.sat_out.startswith("R1: no round of 4 members")
+
+
+def test_a_member_whose_chain_read_fails_sits_out(automine_chain, kit):
+    game = SecureRound(kit, automine_chain, 4)
+
+    async def failing(fn, *args, **kwargs):
+        if fn == game.swarm.peers[3].round_info:
+            raise ConnectionError("the RPC endpoint went away")
+        return await off(fn, *args, **kwargs)
+
+    out = play_member(game, 3, call=failing)
+    assert out.sat_out == "R0: ConnectionError: the RPC endpoint went away"
