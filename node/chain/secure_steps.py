@@ -17,6 +17,7 @@ the digests. The same functions for a member and for `swarm verify`, so they see
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,8 +50,11 @@ class RoundMembers:
     signing: Mapping[int, Ed25519PublicKey]
 
     def index_of(self, address: str) -> int | None:
-        address = Web3.to_checksum_address(address)
-        return self.addresses.index(address) if address in self.addresses else None
+        return self._index.get(Web3.to_checksum_address(address))
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:  # asked once per chain event: a lookup, not a scan of every member
+        return {address: i for i, address in enumerate(self.addresses)}
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -85,6 +86,14 @@ class SecureOutcome:
     result: RoundResult | None = None
     sat_out: str | None = None  # the step this member stopped at, and why
     faults: dict[int, str] = field(default_factory=dict)  # members named on the way
+
+
+class _Fetched(NamedTuple):
+    """A step's blobs this member has (sender -> blob), and the senders whose blob the chain names
+    but nobody served it."""
+
+    got: dict[int, bytes]
+    lacking: set[int]
 
 
 class _SitOut(Exception):
@@ -169,7 +178,7 @@ class SecureMember:
             setup = round_setup(session, members, self.s.bits, self.s.dim, counted_members=self.s.counted_members)
         except BadRound as exc:
             raise _SitOut(f"R1: {exc}") from None
-        keys, out.faults = sr.key_set(setup, await self._fetch_step(r, Step.KEYS, members, every=True))
+        keys, out.faults = sr.key_set(setup, (await self._fetch_step(r, Step.KEYS, members, every=True)).got)
         if me not in keys:
             raise _SitOut("R1: our KEYS frame is not in U1")
         return _Round(r, params, info, out, state, members, setup, keys)
@@ -187,7 +196,7 @@ class SecureMember:
         )
         dealings: dict[int, bytes] = {}
         mine: dict[int, bytes] = {}
-        for dealer, raw in (await self._fetch_step(p.r, Step.DEALING, p.members, every=True)).items():
+        for dealer, raw in (await self._fetch_step(p.r, Step.DEALING, p.members, every=True)).got.items():
             try:
                 dealings[dealer], sealed_to = m.split_bundle(raw, dealer)
             except m.BadMessage as exc:
@@ -215,11 +224,10 @@ class SecureMember:
             raise _SitOut(f"R2: commit refused: {exc}") from None
         await self.host.announce_blob(digest.hex())
         p.closed = await self._until_closed(p.r)
-        frames = await self._fetch_step(p.r, Step.MASKED, p.members)
-        p.vectors, faults = survivors(p.setup, p.dealt, frames)
+        fetched = await self._fetch_step(p.r, Step.MASKED, p.members)
+        p.vectors, faults = survivors(p.setup, p.dealt, fetched.got)
         p.out.faults |= faults
-        posted = (await self.call(chain_steps, self.ledger, p.r, p.members)).digests[Step.MASKED]
-        p.unfetched = {v for v in posted if v not in frames}
+        p.unfetched = fetched.lacking
 
     async def _reveal_and_unmask(self, p: _Round) -> None:
         """R3: our REVEAL frame; then, once the REVEAL window passed, the sum."""
@@ -234,7 +242,7 @@ class SecureMember:
         await self._until_passed(
             p.closed[0] + params.attest_window // 2, p.closed[1] + params.attest_window_seconds // 2
         )
-        reveals = await self._fetch_step(p.r, Step.REVEAL, p.members)
+        reveals = (await self._fetch_step(p.r, Step.REVEAL, p.members)).got
         try:
             p.out.result = unmask_round(p.setup, p.keys, p.dealt, p.vectors, reveals, p.out.faults)
             p.out.faults = dict(p.out.result.faults)
@@ -272,10 +280,10 @@ class SecureMember:
                 return info.closed_block, info.closed_at
             await trio.sleep(self.s.poll)
 
-    async def _fetch_step(self, r: int, step: Step, members: RoundMembers, *, every: bool = False) -> dict[int, bytes]:
+    async def _fetch_step(self, r: int, step: Step, members: RoundMembers, *, every: bool = False) -> _Fetched:
         """Sender -> its blob for `step`, of every digest the chain holds: fetched from the sender
-        (or anyone holding it), within the step's bound, checked against the digest. Blobs that
-        did not come in time are missing from the answer; with `every`, this member sits out instead
+        (or anyone holding it), within the step's bound, checked against the digest. The senders
+        whose blob did not come in time are `lacking`; with `every`, this member sits out instead
         (the others may have them: a set of our own would split the step's set)."""
         digests: Mapping[int, bytes] = (await self.call(chain_steps, self.ledger, r, members)).digests[step]
         bound = step_bound(step, self.s.bits, self.s.dim)
@@ -312,7 +320,7 @@ class SecureMember:
         lacking = sorted(set(digests) - set(got))
         if every and lacking:
             raise _SitOut(f"{step.name}: no blob matching the digest on chain of members {lacking}")
-        return got
+        return _Fetched(got, set(lacking))
 
 
 def _short_masked(setup: sr.RoundSetup, me: int, frame: bytes, key: Ed25519PrivateKey) -> bytes:
