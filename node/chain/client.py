@@ -205,6 +205,7 @@ class LedgerClient:
         self._head = HeadGuard(lambda number: self.block_hash(number) is not None)
         # the head a subscription pushes while it runs, else None (node.chain.subscription.ChainFeed.live_head)
         self.pushed_head: Callable[[], int | None] | None = None
+        self._read_latest = False  # a view read "latest" since the last pushed head was used
         code = self._read(lambda: w3.eth.get_code(self.address), "get_code")
         if len(code) == 0:
             raise LedgerError(
@@ -232,6 +233,7 @@ class LedgerClient:
         record_delta: float = 0.0,
         allowlist: list[str] | None = None,
         max_samples: int = 0,
+        secure_aggregation: bool = False,
         tx_timeout: float = DEFAULT_TX_TIMEOUT_S,
         confirmations: int = 0,
     ) -> LedgerClient:
@@ -243,7 +245,9 @@ class LedgerClient:
         contract then requires of every commit (0: not a constant, checked off chain);
         `record_eps_cap_micro` and `record_delta`: the record-level DP-SGD cap and delta (both 0
         without DP-SGD); `allowlist`: the addresses that may register (None or empty: anyone may);
-        `max_samples`: the cap on a commit's numSamples, the FedAvg weight (0: 2^32 - 1)."""
+        `max_samples`: the cap on a commit's numSamples, the FedAvg weight (0: 2^32 - 1);
+        `secure_aggregation`: the swarm's rounds are secure-aggregation rounds (postFrame and
+        acknowledge taken, commits not deduplicated: docs/SECAGG.md)."""
         settings = _constructor_settings(
             min_peers=min_peers,
             commit_window=commit_window,
@@ -257,7 +261,7 @@ class LedgerClient:
             record_eps_cap_micro=record_eps_cap_micro,
             record_delta=record_delta,
             max_samples=max_samples,
-        )
+        ) + (bool(secure_aggregation),)
         artifact = load_artifact()
         factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
         constructor = factory.constructor(
@@ -303,6 +307,16 @@ class LedgerClient:
         """Post the digest of this account's secure-aggregation frame for `step` of `round`
         (`node.chain.secure_steps`: the step's window decides whether the chain takes it)."""
         return self._transact("postFrame", round, step, bytes(digest))
+
+    def acknowledge(self, round: int, fetched: bytes) -> TxReceipt:
+        """Acknowledge the MASKED frames this account holds for secure `round` (a bitmap over the
+        round's members, on chain itself: `node.chain.secure_steps`)."""
+        return self._transact("acknowledge", round, bytes(fetched))
+
+    def acknowledgments(self, round: int, from_block: int, to_block: int) -> list[dict[str, Any]]:
+        """The Acknowledged events of `round` in from_block..to_block, in chain order (decoded,
+        unchecked)."""
+        return self._logs("Acknowledged", from_block, to_block, {"round": round})
 
     def frame_postings(self, round: int, from_block: int, to_block: int) -> list[dict[str, Any]]:
         """The FramePosted events of `round` in from_block..to_block, in chain order (decoded,
@@ -350,6 +364,8 @@ class LedgerClient:
             # at the block the pinned reads use: a pushed head may lag "latest", and a view at
             # "latest" followed by a read pinned there saw a round the pinned block does not hold
             block = self.block_number()
+        elif block is None:
+            self._read_latest = True  # the next pushed head is first held to the endpoint's (`head`)
         raw = self._raw_rpc()
         if raw is not None:
             request = {"to": self.address, "data": self._views.calldata(fn_name, args)}
@@ -393,8 +409,18 @@ class LedgerClient:
         """The chain's head: never behind one read before, and a jump past a bound only once the
         endpoint serves that block (`rawrpc.HeadGuard`; `HeadRefused` if it does not)."""
         pushed = self.pushed_head() if self.pushed_head is not None else None
-        if pushed is not None:  # a subscription's last head, taken by the same guard (`take_head`)
-            return pushed
+        if pushed is None:
+            return self._polled_head()
+        # a subscription's last head, taken by the same guard (`take_head`), but never behind a
+        # state read before it: views at "latest" (no subscription yet, or down) may have seen
+        # blocks the subscription has not pushed yet, so the endpoint's head is read once first
+        if self._read_latest:
+            self._read_latest = False
+            self._polled_head()
+        last = self._head.last
+        return pushed if last is None or pushed >= last else last
+
+    def _polled_head(self) -> int:
         raw = self._raw_rpc()
         read = raw.block_number if raw else lambda: head_block(self.w3)
         return self._head.check(lambda: self._read(read, "block_number"))

@@ -24,7 +24,7 @@ from libp2p.crypto.keys import PrivateKey
 
 import mechanisms
 from mechanisms.randomness import secret_generator
-from node.chain.errors import LedgerError, LedgerUnavailable, RoundNotClosed
+from node.chain.errors import LedgerError, LedgerUnavailable, RoundNotClosed, WrongRound
 from node.chain.records import PROTECTS_WORDS, Commitment, RoundInfo, RoundState
 from node.learning.contribute import contribute, round_seed
 from node.learning.models import init_model
@@ -304,7 +304,12 @@ class Peer:
                 current = await self.chain(self.ledger.current_round)
                 if current > self.s.rounds:
                     break
-                outcome, global_vector = await self.play_round(current, global_vector)
+                try:
+                    outcome, global_vector = await self.play_round(current, global_vector)
+                except WrongRound as exc:  # the chain went back under us (a reorganisation): read it again
+                    log.warning("round %d: %s; reading the chain's round again", current, exc)
+                    await self.watcher.next_tick()
+                    continue
                 outcomes.append(outcome)
                 if on_round:
                     on_round(outcome)

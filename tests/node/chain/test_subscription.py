@@ -354,3 +354,25 @@ def test_the_registry_refreshes_on_pushed_registrations_not_on_a_clock(automine_
         await until(lambda: registry(newcomer))
 
     run_with_feed(feed, body)
+
+
+def test_a_lagging_pushed_head_never_takes_reads_back_behind_a_read_at_latest(automine_chain):
+    """A peer reads at "latest" until its subscription pushes a first head; that head may come
+    from a block older than what those reads saw (the notification sat in a queue). Pinned reads
+    must not go back there: a round read as current would not exist yet (WrongRound), as a peer
+    restarted in the middle of a run once found. The head a subscription pushes is a timing fault
+    a real Anvil does not commit on demand, so the pushed head here is a plain value."""
+    swarm = Swarm(automine_chain, 2)
+    reader = swarm.reader
+    pushed: list[int | None] = [None]
+    reader.pushed_head = lambda: pushed[0]
+    before = automine_chain.block_number()
+    register_signed(swarm.peers[1], identity(1))  # a state change in a later block
+    assert automine_chain.block_number() > before
+    assert reader.registered_count() == 1  # no head pushed yet: read at "latest"
+    pushed[0] = before  # the subscription's first head: behind that read
+    assert reader.block_number() == automine_chain.block_number()
+    assert reader.registered_count() == 1  # pinned, and not behind the read before
+    requests = reader.rpc_requests()
+    assert reader.registered_count() == 1
+    assert reader.rpc_requests() - requests == 1  # once caught up, a pinned read asks no head

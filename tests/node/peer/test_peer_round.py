@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import trio
 
-from node.chain.records import RoundState
+from node.chain.errors import WrongRound
+from node.chain.records import RoundInfo, RoundState
 from node.peer.peer import Peer, RoundOutcome
 from node.protocol.blob import sha256
 from tests.node.peer.harness import (
@@ -175,5 +176,31 @@ def test_a_round_whose_votes_split_is_aborted_after_the_attestation_window():
         assert swarm.chain.last_finalized() == (0, genesis_digest())
         assert swarm.chain.live.number == 2
         assert vector.equal(genesis_vector())  # the peer keeps the model it had
+
+    run_virtual(main)
+
+
+def test_a_round_the_chain_no_longer_shows_as_current_is_read_again_not_the_end_of_the_peer():
+    """A reorganisation can take back the transaction that opened the round a peer just read as
+    current: the contract then refuses that round (WrongRound) on the next read. The peer reads the
+    chain's round again on the next block instead of ending (a restarted peer once exited so)."""
+
+    async def main():
+        swarm = FakeSwarm(3)
+        peers = [swarm.peer(i) for i in range(3)]
+        ledger = swarm.members[0].ledger
+        real_round_info = ledger.round_info
+        refused: list[int] = []
+
+        def round_info_gone_back(round: int) -> RoundInfo:
+            if not refused:
+                refused.append(round)
+                raise WrongRound(given=round, current=round - 1)
+            return real_round_info(round)
+
+        ledger.round_info = round_info_gone_back  # type: ignore[method-assign]
+        outcomes = await run_all(peers)
+        assert refused == [1]
+        assert [[o.state for o in outcome] for outcome in outcomes] == [["finalized"]] * 3
 
     run_virtual(main)
