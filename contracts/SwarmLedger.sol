@@ -13,8 +13,9 @@ pragma solidity 0.8.28;
  * committers (at least `minPeers`, fixed at deployment), not the registered or allowed members:
  * with an allowlist every committer is a member the deployer admitted; with open admission anyone
  * may register, so Sybil addresses can decide rounds (`swarm deploy --open` says so). A digest
- * is committed at most once per round (a copied update is refused), and `numSamples`, the
- * FedAvg weight, is capped by `maxSamples`.
+ * is committed at most once per round (a copied update is refused; not in a swarm deployed for
+ * secure aggregation, whose members leave a copied MASKED frame out themselves), and
+ * `numSamples`, the FedAvg weight, is capped by `maxSamples`.
  *
  * Privacy accounting: each commit carries two cumulative figures. `epsMicro` is the local
  * mechanism's whole-update epsilon: where the swarm's policy spends a constant amount per release
@@ -80,6 +81,7 @@ contract SwarmLedger {
         uint32 maxSamples;
         uint32 commitWindowSeconds;
         uint32 attestWindowSeconds;
+        bool secureAggregation;
     }
 
     /// @notice The numeric parameters given at deployment.
@@ -95,6 +97,7 @@ contract SwarmLedger {
         uint32 maxSamples; // cap on a commit's numSamples (the FedAvg weight); 0 = 2^32 - 1
         uint32 commitWindowSeconds; // seconds the commit window also lasts, by block.timestamp (>= 1)
         uint32 attestWindowSeconds; // seconds the attestation window also lasts, by block.timestamp (>= 1)
+        bool secureAggregation; // rounds are secure-aggregation rounds: postFrame and acknowledge taken, commits not deduplicated
     }
 
     /// @notice What a view returns about one round.
@@ -226,6 +229,11 @@ contract SwarmLedger {
     /// @notice `round` is not in `step`'s window now (see postFrame); `endsAt` is the window's last
     /// timestamp-bound second, or 0 when the window has not begun.
     error StepWindowClosed(uint64 round, uint8 step, uint64 lastBlock, uint64 endsAt);
+    /// @notice The sender already posted (postFrame, acknowledge) for `step` of `round`: one posting
+    /// per member and step, so nobody can make every member re-read a stream of postings.
+    error AlreadyPosted(uint64 round, uint8 step, address peer);
+    /// @notice This swarm was not deployed for secure aggregation (`Settings.secureAggregation`).
+    error NotSecureAggregation();
 
     // ------------------------------------------------------------------ events
 
@@ -263,6 +271,9 @@ contract SwarmLedger {
     /// `round` within that step's window; the first posting per (round, step, peer) is the one
     /// that counts (peers and verifiers ignore later ones).
     event FramePosted(uint64 indexed round, address indexed peer, uint8 step, bytes32 digest);
+    /// @notice `peer` holds the MASKED frames of the members whose bits `fetched` sets (member i:
+    /// byte i / 8, bit i % 8, as inclusion bitmaps), posted in the ACK window of secure round `round`.
+    event Acknowledged(uint64 indexed round, address indexed peer, bytes fetched);
 
     // ------------------------------------------------------------------ storage
 
@@ -285,12 +296,17 @@ contract SwarmLedger {
     uint32 private immutable _maxSamples;
     uint32 private immutable _commitWindowSeconds;
     uint32 private immutable _attestWindowSeconds;
+    bool private immutable _secureAggregation;
 
     /// @dev Buckets looked at for a key before the overflow mapping.
     uint256 private constant PROBES = 3;
     /// @dev Round-table slots each registration creates.
     uint256 private constant SLOTS_PER_REGISTRATION = 2;
     uint256 private constant MASK74 = (1 << 74) - 1;
+    /// @dev The secure-aggregation step acknowledge posts (postFrame's are 0, 1 and 3).
+    uint8 private constant ACK = 4;
+    /// @dev An acknowledgment's bitmap: 4,096 members at most (what a frame can address).
+    uint256 private constant MAX_ACK_BYTES = 512;
 
     Live private _live;
     mapping(address => Peer) private _peers;
@@ -315,6 +331,10 @@ contract SwarmLedger {
     /// `allow` and `disallow`. Slots created by the constructor (word 0) and by every 256th
     /// registration (the next word), so that no finalization creates one.
     mapping(uint256 => uint256) private _included;
+    /// @dev Secure aggregation, one slot per member that ever posted, reused round after round
+    /// (created by its first posting, 22,100 gas once; rewritten by each later one): bits 8..255 the
+    /// round of its last posting, bits 0..7 the steps (1 << step) it posted in that round.
+    mapping(address => uint256) private _posted;
 
     // ------------------------------------------------------------------ setup
 
@@ -349,6 +369,7 @@ contract SwarmLedger {
         _maxSamples = settings.maxSamples == 0 ? type(uint32).max : settings.maxSamples;
         _commitWindowSeconds = settings.commitWindowSeconds;
         _attestWindowSeconds = settings.attestWindowSeconds;
+        _secureAggregation = settings.secureAggregation;
         _genesisDigest = genesisDigest;
         _allowlistEnabled = allowlist.length > 0;
         _deployer = msg.sender;
@@ -484,7 +505,9 @@ contract SwarmLedger {
      * @dev Accepted while the round is open and either the commit window has not passed (its
      * blocks or its seconds) or the quorum is not reached yet (the window extends). The epsilon is
      * spent from here on. A digest another participant already committed in the round is refused
-     * (DuplicateDigest).
+     * (DuplicateDigest), except in a swarm deployed for secure aggregation: there the digest is of
+     * a MASKED frame signed by and naming its sender, so a copy names its copier, and refusing the
+     * original would let a copier that commits first push its sender out of the round.
      * @param round the current round
      * @param digest sha256 of the published update blob
      * @param numSamples local training samples (aggregation weight), 1 to maxSamples
@@ -521,7 +544,12 @@ contract SwarmLedger {
         if (uint256(digest) <= 1) revert InvalidDigest(digest);
         if (numSamples == 0) revert InvalidNumSamples(numSamples);
         if (numSamples > _maxSamples) revert NumSamplesOverCap(numSamples, _maxSamples);
-        if (!_insertDigest(round, digest, live.tableSize)) revert DuplicateDigest(round, digest);
+        // Secure aggregation: a MASKED frame names and is signed by its sender, so a copied digest
+        // names its copier (members leave it out); refusing the copy would let a copier that
+        // commits first push its victim out of the round.
+        if (!_secureAggregation && !_insertDigest(round, digest, live.tableSize)) {
+            revert DuplicateDigest(round, digest);
+        }
 
         uint32 index = live.participantCount;
         // 2^24 - 1 participants fill the 24-bit count: the round takes no more (never seen: a guard)
@@ -703,57 +731,73 @@ contract SwarmLedger {
      * @notice Post the sha256 digest of the sender's frame for a step of a secure-aggregation
      * round (docs/SECAGG.md "The protocol"): the step's set is the frames whose digests the chain
      * took in its window, so every member and any auditor see the same sets. Registered, not
-     * removed, senders only. Windows, in blocks and seconds like the others (a window ends once
-     * both have passed): KEYS (step 0) from the round's opening through the first quarter of the
+     * removed, senders of a swarm deployed for secure aggregation only, once per (round, step)
+     * (AlreadyPosted). Windows, in blocks and seconds like the others (a window ends once both
+     * have passed): KEYS (step 0) from the round's opening through the first quarter of the
      * commit window, DEALING (step 1) from there through its first half, MASKED as the sender's
-     * ordinary commit (after the DEALING window, for members that follow the protocol), REVEAL
-     * (step 3) from the round's closing through the first half of the attestation window. Nothing
-     * is stored: the event is the record, so this costs no commit or attestation anything.
+     * ordinary commit (after the DEALING window, for members that follow the protocol), ACK
+     * (`acknowledge`) from the round's closing through the first quarter of the attestation
+     * window, REVEAL (step 3) from there through its first half. The event is the record; the
+     * one slot written per member (`_posted`) only refuses a repeat.
      * @param round the current round
      * @param step 0 KEYS, 1 DEALING, 3 REVEAL
      * @param digest sha256 of the frame, as the sender publishes it
      */
     function postFrame(uint64 round, uint8 step, bytes32 digest) external {
+        if (step != 0 && step != 1 && step != 3) revert InvalidStep(step);
+        if (uint256(digest) <= 1) revert InvalidDigest(digest);
+        _posting(round, step);
+        emit FramePosted(round, msg.sender, step, digest);
+    }
+
+    /**
+     * @notice Acknowledge, in the ACK window of secure round `round` (see postFrame), the MASKED
+     * frames the sender fetched and found sound: `fetched` is a bitmap over the round's members
+     * (member i: byte i / 8, bit i % 8), at most 512 bytes. The bitmap itself is on chain, not a
+     * digest of it, so no acknowledger can show it to some members only: U3 is the members at
+     * least t members acknowledged, the same for everyone who reads the chain. Once per round.
+     * @param round the current round
+     * @param fetched the bitmap of the members whose MASKED frames the sender holds
+     */
+    function acknowledge(uint64 round, bytes calldata fetched) external {
+        if (fetched.length > MAX_ACK_BYTES) revert MalformedBitmap(round, fetched.length, MAX_ACK_BYTES);
+        _posting(round, ACK);
+        emit Acknowledged(round, msg.sender, fetched);
+    }
+
+    /// @dev The checks every secure-aggregation posting shares: the swarm's policy, the sender,
+    /// the round, `step`'s window, and one posting per (round, step, sender), recorded.
+    function _posting(uint64 round, uint8 step) private {
+        if (!_secureAggregation) revert NotSecureAggregation();
         Peer memory peer = _peers[msg.sender];
         if (!peer.registered) revert NotRegistered(msg.sender);
         if (peer.banned) revert NotAllowed(msg.sender);
-        if (uint256(digest) <= 1) revert InvalidDigest(digest);
         Live memory live = _live;
         if (round != live.round) revert WrongRound(round, live.round);
         bool open = live.state == RoundState.OPEN;
-        bool passed;
-        uint64 lastBlock;
-        uint64 endsAt;
-        if (step == 0 || step == 1) {
-            if (!open) revert StepWindowClosed(round, step, 0, 0);
-            uint64 parts = step == 0 ? 4 : 2;
-            (passed, lastBlock, endsAt) = _window(
-                live.sinceBlock,
-                live.sinceTime,
-                _commitWindow / parts,
-                uint32(_commitWindowSeconds / parts)
-            );
-            if (!passed && step == 1) {
-                // DEALING begins where KEYS ends
-                (bool keysPassed, , ) = _window(
-                    live.sinceBlock,
-                    live.sinceTime,
-                    _commitWindow / 4,
-                    uint32(_commitWindowSeconds / 4)
-                );
-                if (!keysPassed) revert StepWindowClosed(round, step, 0, 0);
-            }
-        } else if (step == 3) {
-            if (open) revert StepWindowClosed(round, step, 0, 0);
-            (passed, lastBlock, endsAt) = _window(
-                live.sinceBlock,
-                live.sinceTime,
-                _attestWindow / 2,
-                uint32(_attestWindowSeconds / 2)
-            );
-        } else revert InvalidStep(step);
+        // KEYS and ACK open their phase's window; DEALING and REVEAL begin where those end
+        bool first = step == 0 || step == ACK;
+        if (open != (step == 0 || step == 1)) revert StepWindowClosed(round, step, 0, 0);
+        uint64 blocks = open ? _commitWindow : _attestWindow;
+        uint32 duration = open ? _commitWindowSeconds : _attestWindowSeconds;
+        (bool passed, uint64 lastBlock, uint64 endsAt) = _window(
+            live.sinceBlock,
+            live.sinceTime,
+            blocks / (first ? 4 : 2),
+            uint32(duration / (first ? 4 : 2))
+        );
         if (passed) revert StepWindowClosed(round, step, lastBlock, endsAt);
-        emit FramePosted(round, msg.sender, step, digest);
+        if (!first) {
+            (bool begun, , ) = _window(live.sinceBlock, live.sinceTime, blocks / 4, uint32(duration / 4));
+            if (!begun) revert StepWindowClosed(round, step, 0, 0);
+        }
+        uint256 posted = _posted[msg.sender];
+        uint256 bit = uint256(1) << step;
+        if (posted >> 8 == round) {
+            if (posted & bit != 0) revert AlreadyPosted(round, step, msg.sender);
+            posted |= bit;
+        } else posted = (uint256(round) << 8) | bit;
+        _posted[msg.sender] = posted;
     }
 
     /// @dev The live slot in one SSTORE (a struct assigned to storage is written field by field:
@@ -1004,7 +1048,8 @@ contract SwarmLedger {
                 _deployBlock,
                 _maxSamples,
                 _commitWindowSeconds,
-                _attestWindowSeconds
+                _attestWindowSeconds,
+                _secureAggregation
             );
     }
 

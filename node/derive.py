@@ -14,7 +14,7 @@ import mechanisms
 from mechanisms.accounting import cumulative_spend
 from mechanisms.record_level import DPSGDPolicy, record_level_spend
 from mechanisms.secagg import accounting as secagg_accounting
-from mechanisms.secagg.policy import SecAggPolicy
+from mechanisms.secagg.policy import SecAggPolicy, secagg_spend
 from node.config import SECURE_AGGREGATION, Config
 from node.learning.data import DatasetError, dataset_meta, load_dataset
 from node.learning.device import resolve_device
@@ -22,6 +22,7 @@ from node.learning.models import build_model, init_model, model_inputs
 from node.learning.partition import partition as split
 from node.protocol import policy, wire
 from node.protocol.blob import flatten
+from node.protocol.secure_step import GlobalStep
 from node.protocol.settings import PeerSettings, PrivacyPolicy, SharedSettings
 
 
@@ -126,7 +127,18 @@ def shared_settings(config: Config, *, baseline: bool = False) -> SharedSettings
         seed=config.swarm.seed,
         privacy=privacy_policy(config, baseline=baseline),
         max_samples=max_samples(config),
+        global_step=global_step(config),
     )
+
+
+def global_step(config: Config) -> GlobalStep | None:
+    """Under secure aggregation, the step every member applies to a round's sum (train.lr,
+    lr_decay, momentum), anchored in the genesis so that peers and `swarm verify` agree; None
+    otherwise (each peer's local training is its own)."""
+    if config.privacy.mechanism != SECURE_AGGREGATION:
+        return None
+    t = config.train
+    return GlobalStep(lr=t.lr, lr_decay=t.lr_decay, momentum=t.momentum)
 
 
 def genesis(config: Config) -> bytes:
@@ -185,20 +197,24 @@ def _train_labels(dataset: str, data_dir: str | None, limit: int | None) -> npt.
 
 def eps_cap_micro(config: Config) -> int:
     """The swarm's per-peer cap. 0 in the config means: exactly what `rounds` rounds of the
-    configured mechanism spend, so the demo never silently stops a peer."""
+    configured mechanism spend, so the demo never silently stops a peer (under secure aggregation:
+    the record-level eps of `rounds` rounds, which both of a commit's figures record)."""
 
-    if config.privacy.mechanism == SECURE_AGGREGATION:
-        raise ValueError(
-            "privacy.mechanism = secagg runs in `swarm simulate` only: its swarm protocol (masked "
-            "vectors and shares over libp2p and the chain) is not built yet (docs/SECAGG.md)"
-        )
     if config.chain.eps_cap > 0:
         return wire.eps_to_micro(config.chain.eps_cap)
+    if config.privacy.mechanism == SECURE_AGGREGATION:
+        return secagg_cap_micro(config)
     step = eps_step_micro(config)
     if step:  # the commits record exact multiples of the step: the cap is one of them
         return step * config.swarm.rounds
     spend = cumulative_spend(mechanism_params(config), num_params(config), config.swarm.rounds)
     return wire.eps_to_micro(spend.epsilon)
+
+
+def secagg_cap_micro(config: Config) -> int:
+    """What `rounds` secure-aggregation rounds spend, in micro-eps, as the commits record it
+    (`policy.privacy_spend`)."""
+    return wire.eps_to_micro(secagg_spend(secagg_policy(config), config.swarm.rounds).epsilon)
 
 
 def eps_step_micro(config: Config) -> int:
@@ -208,10 +224,15 @@ def eps_step_micro(config: Config) -> int:
 
 
 def record_eps_cap_micro(config: Config, shard_sizes: list[int] | None = None) -> int:
-    """The swarm's record-level (DP-SGD) cap; 0 without DP-SGD. 0 in the config means: what
+    """The swarm's record-level cap (DP-SGD's, or secure aggregation's: `secagg_cap_micro`); 0
+    without either. 0 in the config means: what
     `rounds` rounds spend on the smallest shard of this config's partition (the largest eps), so
     the demo never silently stops a peer. A cross-host swarm whose peers hold other data sets
     should set chain.record_eps_cap."""
+    if config.privacy.mechanism == SECURE_AGGREGATION:
+        if config.chain.record_eps_cap > 0:
+            return wire.eps_to_micro(config.chain.record_eps_cap)
+        return secagg_cap_micro(config)
     policy = dp_policy(config)
     if policy is None:
         return 0
@@ -219,6 +240,18 @@ def record_eps_cap_micro(config: Config, shard_sizes: list[int] | None = None) -
         return wire.eps_to_micro(config.chain.record_eps_cap)
     n = min(shard_sizes or partition_sizes(config))
     return wire.eps_to_micro(record_level_spend(policy, [n] * config.swarm.rounds).epsilon)
+
+
+def secure_aggregation(config: Config) -> bool:
+    """Whether the swarm's rounds are secure-aggregation rounds: its ledger is deployed for them."""
+    return config.privacy.mechanism == SECURE_AGGREGATION
+
+
+def record_delta(config: Config) -> float:
+    """The delta of the ledger's record-level figures: DP-SGD's, secure aggregation's, 0 without either."""
+    if config.privacy.mechanism == SECURE_AGGREGATION:
+        return config.privacy.delta
+    return config.train.dp_delta if config.train.dp_sgd else 0.0
 
 
 def peer_settings(config: Config, *, fault: str | None = None) -> PeerSettings:

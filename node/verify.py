@@ -28,8 +28,13 @@ The archive may be several folders (`ArchiveStores`): every peer's blob store, f
 
 A secure-aggregation round (docs/SECAGG.md) is checked by `verify_secure_round`: its members and
 each step's set from the chain, every frame from the archive against its digest, then the sum
-recomputed by `unmask.verify_round`, naming every member whose frame or share does not fit. The
-run-folder verification (`verify`) does not call it yet: no peer runs secure rounds.
+recomputed by `unmask.verify_round`, naming every member whose frame or share does not fit. In a
+secure swarm (its genesis policy is secagg) `verify` calls it for every finalized round (check
+"secure"), then holds the finalizing bitmap to the survivors (U3 over the participants) and
+recomputes the model from the sum (`node.protocol.secure_step.next_global`: the genesis' step,
+with the velocity of the round before, recomputed from its sum or read from its finalized blob,
+which holds the model and the velocity) bit for bit against the finalized digest (check
+"aggregate"). Commits are held to rules 1 to 3; there is no update blob to decode.
 """
 
 from __future__ import annotations
@@ -37,19 +42,29 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 
-from mechanisms.secagg.masks import session_id
+from mechanisms.secagg.member import within_norm_bound
+from mechanisms.secagg.policy import NAME as SECAGG
+from mechanisms.secagg.policy import SecAggPolicy
 from mechanisms.secagg.round import RoundFailed
 from mechanisms.secagg.unmask import verify_round
 from node.chain.client import LedgerClient, load_artifact
 from node.chain.codec import abi_type
 from node.chain.records import Commitment, RoundInfo, RoundState
-from node.chain.secure_steps import chain_steps, fetch_archive, round_members, round_setup
+from node.chain.secure_steps import (
+    agreed_survivors,
+    chain_steps,
+    fetch_archive,
+    round_members,
+    round_session,
+    round_setup,
+)
 from node.protocol import aggregate, policy, wire
 from node.protocol.blob import BlobError, decode_blob, sha256
+from node.protocol.secure_step import next_global
 from node.protocol.settings import SharedSettings
 from node.protocol.wire import decode_bitmap, eps_from_micro
 from node.rules import PeerIdOwners, Rulebook, Verdict
@@ -172,6 +187,12 @@ class Swarm:
     rules: Rulebook
 
     @property
+    def secure(self) -> SecAggPolicy | None:
+        """The secure-aggregation policy, None when the swarm's privacy policy is another."""
+        params = dict(self.shared.privacy.mechanism)
+        return SecAggPolicy.from_dict(params) if params.get("name") == SECAGG else None
+
+    @property
     def num_params(self) -> int:
         return self.genesis_vector.numel()
 
@@ -199,6 +220,9 @@ class Verifier:
         self.last_eps: dict[str, tuple[int, int]] = {}  # committer -> its last commit's eps records
         self.peer_ids: dict[str, bytes] = {}  # committer -> its registered peer id
         self._owners: PeerIdOwners | None = None
+        # a secure swarm's velocity after the last finalized round (None at the genesis): the one
+        # recomputed from its sum, else the one in its finalized blob (`check_model_blob`)
+        self.velocity: torch.Tensor | None = None
 
     def run(self) -> VerifyReport:
         try:
@@ -278,6 +302,8 @@ class Verifier:
             if finalized and previous is None:
                 check.aggregate_ok = False
                 self.fail(r, "-", "aggregate", "not recomputed: the previous finalized model is not known")
+            elif finalized and previous is not None and swarm.secure is not None:
+                recomputed = self.check_secure_aggregate(swarm, swarm.secure, info, check, commits, previous)
             elif finalized and previous is not None:
                 recomputed = self.check_aggregate(swarm, info, check, commits, previous)
         except Exception as exc:  # whatever a hostile chain or archive makes a check raise
@@ -318,9 +344,10 @@ class Verifier:
         if ruled is None:
             check.eps_ok += 1
         commit.broken = [v for v in (registration, ruled) if v is not None]
-        commit.vector, blob_verdict = self.check_blob(swarm, r, c, check)
-        if blob_verdict is not None:
-            commit.broken.append(blob_verdict)
+        if swarm.secure is None:  # a secure round's commit is a MASKED frame: `check_secure_aggregate`
+            commit.vector, blob_verdict = self.check_blob(swarm, r, c, check)
+            if blob_verdict is not None:
+                commit.broken.append(blob_verdict)
         for verdict in commit.broken:
             self.fail(r, c.peer, verdict.check, self._detail(r, c, verdict))
         self.note_spend(swarm, c.peer, counts, r)
@@ -430,6 +457,66 @@ class Verifier:
         check.aggregate_ok = not dishonest  # the chain's model: the next round starts from it either way
         return recomputed
 
+    def check_secure_aggregate(
+        self,
+        swarm: Swarm,
+        secure: SecAggPolicy,
+        info: RoundInfo,
+        check: RoundCheck,
+        commits: list[Commit],
+        previous: torch.Tensor,
+    ) -> torch.Tensor | None:
+        """A finalized secure round: its sum recomputed from the archive's frames
+        (`verify_secure_round`, every member it names a failure "secure"), the finalizing bitmap
+        equal to the survivors over the participants, and the model stepped from the sum equal to
+        the finalized digest. The recomputed model if it is (its velocity kept for the next
+        round), else None (the next round then steps from the archived blob's model and velocity)."""
+        r, finalized = info.round, info.finalized_digest
+        check.aggregate_ok = False
+        if finalized is None:
+            self.fail(r, "-", "aggregate", "finalized round without a finalized digest")
+            return None
+        archive = cast(RangedBlobSource, self.archive)  # read_within reads nothing from a source without `read`
+        sum_check = verify_secure_round(
+            self.ledger, r, archive, bits=secure.bits, dim=secure.dim, counted_members=secure.counted_members
+        )
+        for member, why in sum_check.faults.items():
+            self.fail(r, member, "secure", why)
+        if sum_check.failure is not None:
+            self.fail(r, "-", "secure", f"the round's sum could not be recomputed: {sum_check.failure}")
+            return None
+        bitmap = _finalizing_bitmap(self.ledger, r, finalized, len(commits))
+        if bitmap is None:
+            self.fail(r, "-", "attestation", "no majority attestation found for the finalized digest")
+            return None
+        survivors = set(sum_check.survivors)
+        expected = [commit.commitment.peer in survivors for commit in commits]
+        chosen = decode_bitmap(bitmap, len(commits))
+        check.included = sum(chosen)
+        if chosen != expected or sum(expected) != len(survivors):
+            self.fail(r, "-", "aggregate", f"the finalizing bitmap is not the round's survivors {sorted(survivors)}")
+            return None
+        records = sum(int(commit.commitment.num_samples) for commit, inc in zip(commits, chosen) if inc)
+        if not within_norm_bound(secure, sum_check.total, records, len(survivors)):
+            self.fail(r, "-", "aggregate", "the round's sum is outside what honest members can produce")
+            return None
+        if swarm.shared.global_step is None:
+            self.fail(r, "-", "aggregate", "not recomputed: the genesis names no global step")
+            return None
+        recomputed, velocity = next_global(
+            swarm.shared.global_step, secure, previous, self.velocity, sum_check.total, records, r
+        )
+        digest = sha256(wire.model_blob(recomputed, r, velocity))
+        if digest != finalized:
+            detail = f"the model stepped from the round's sum, {digest.hex()[:16]}..., differs from the finalized "
+            detail += f"digest {finalized.hex()[:16]}..."
+            self.fail(r, "-", "aggregate", detail)
+            return None
+        self.velocity = velocity
+        check.aggregate_ok = not any(commit.broken for commit, inc in zip(commits, chosen) if inc)
+        check.blobs_ok = check.releases_ok = len(survivors)
+        return recomputed
+
     def check_model_blob(
         self, swarm: Swarm, r: int, finalized: bytes | None, recomputed: torch.Tensor | None
     ) -> torch.Tensor | None:
@@ -450,7 +537,12 @@ class Verifier:
             self.fail(r, "-", "aggregate-blob", detail)
             return recomputed
         try:
-            vector, meta = wire.read_vector(data, swarm.num_params, kind="model")
+            if swarm.secure is None:
+                vector, meta = wire.read_vector(data, swarm.num_params, kind="model")
+            else:  # the model and the global step's velocity: the next round steps with this velocity
+                vector, velocity, meta = wire.read_model_state(data, swarm.num_params)
+                if recomputed is None:
+                    self.velocity = velocity
         except BlobError as exc:
             self.fail(r, "-", "aggregate-blob", f"finalized model blob unreadable: {exc}")
             return recomputed
@@ -637,11 +729,12 @@ def verify_secure_round(
     fails) is a `failure`, never an exception."""
     try:
         members = round_members(ledger, round)
-        session = session_id(ledger.params().genesis_digest, round)
+        session = round_session(ledger, round)
         setup = round_setup(session, members, bits, dim, counted_members=counted_members)
         steps = chain_steps(ledger, round, members)
+        agreed = agreed_survivors(steps, setup.threshold)
         frames, missing = fetch_archive(
-            steps, lambda digest, bound: read_within(archive, digest.hex(), bound), bits=bits, dim=dim
+            steps, lambda digest, bound: read_within(archive, digest.hex(), bound), bits=bits, dim=dim, agreed=agreed
         )
     except Exception as exc:
         return SecureRoundCheck(round, None, (), (), {}, _why(exc))
@@ -651,7 +744,7 @@ def verify_secure_round(
         return {members.addresses[i]: reason for i, reason in sorted(faults.items())}
 
     try:
-        result = verify_round(setup, frames)
+        result = verify_round(setup, frames, agreed)
     except RoundFailed as exc:
         return SecureRoundCheck(round, None, (), (), by_address(named | dict(exc.faults)), str(exc))
     return SecureRoundCheck(

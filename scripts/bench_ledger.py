@@ -108,8 +108,10 @@ def run_swarm(anvil, n: int) -> dict:
 
 def run_secure(anvil, n: int = 4) -> dict:
     """A secure-aggregation round (docs/SECAGG.md): every member posts its KEYS, DEALING and
-    REVEAL digests with postFrame, each in its window, and commits its MASKED frame's digest;
-    round 2, as above. The windows' seconds are 1 and the blocks are mined past each step."""
+    REVEAL digests with postFrame and its acknowledgment (a bitmap of every member) with
+    acknowledge, each in its window, and commits its MASKED frame's digest; round 2, as above
+    (round 1 creates each member's posting slot). The windows' seconds are 1 and the blocks are
+    mined past each step."""
     from eth_account import Account
 
     from node.chain.client import LedgerClient, connect
@@ -132,16 +134,19 @@ def run_secure(anvil, n: int = 4) -> dict:
         record_eps_cap_micro=100_000_000,
         record_delta=1e-5,
         max_samples=100_000,
+        secure_aggregation=True,
     )
     peers = [deployer] + [LedgerClient(w3, deployer.address, a) for a in accounts[1:]]
     for i, p in enumerate(peers):
         register_signed(p, i)
     posts: dict[str, list[int]] = {}
+    first_post = 0
     for r in (1, 2):
         opened = peers[0].round_info(r).opened_block
-        posts = {"keys": [], "dealing": [], "reveal": []}
+        posts = {"keys": [], "dealing": [], "ack": [], "reveal": []}
         anvil.mine(max(0, opened + 1 - anvil.block_number()))
         posts["keys"] = [p.post_frame(r, 0, digest(f"k{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
+        first_post = first_post or max(posts["keys"])
         anvil.mine(max(0, opened + window // 4 + 1 - anvil.block_number()))
         posts["dealing"] = [p.post_frame(r, 1, digest(f"d{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
         anvil.mine(max(0, opened + window // 2 + 1 - anvil.block_number()))
@@ -150,11 +155,17 @@ def run_secure(anvil, n: int = 4) -> dict:
             for i, p in enumerate(peers)
         ]
         peers[0].close_round(r)  # every member committed: the early close
+        closed = peers[0].round_info(r).closed_block
+        posts["ack"] = [p.acknowledge(r, encode_bitmap([True] * n))["gasUsed"] for p in peers]
+        anvil.mine(max(0, closed + window // 4 + 1 - anvil.block_number()))
         posts["reveal"] = [p.post_frame(r, 3, digest(f"v{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
         attests = [p.attest(r, digest(f"agg-{r}"), encode_bitmap([True] * n))["gasUsed"] for p in peers[: n // 2 + 1]]
     return {
         "n": n,
-        "post_frame": max(max(g) for g in posts.values()),
+        "post_frame": max(max(posts[step]) for step in ("keys", "dealing", "reveal")),
+        "acknowledge": max(posts["ack"]),
+        "first_post": first_post,
+        "commit": max(commits),
         "secure_per_peer_round": (sum(sum(g) for g in posts.values()) + sum(commits) + sum(attests)) / n,
         "close_after_all": peers[0].gas_used["closeRound"],
     }
@@ -240,9 +251,13 @@ def main(argv: list[str] | None = None) -> int:
                 rows,
             ),
             "",
-            f'Secure aggregation (`privacy.mechanism = "secagg"`, docs/SECAGG.md): each member also posts '
-            f"three frame digests with `postFrame` (KEYS, DEALING, REVEAL), at most {secure['post_frame']:,} gas "
-            f"each (nothing stored: a check of the sender and the step's window, and the event); a round of "
+            f'Secure aggregation (`privacy.mechanism = "secagg"`, a ledger deployed with `secure_aggregation`, '
+            "docs/SECAGG.md): each member also posts three frame digests with `postFrame` (KEYS, DEALING, "
+            f"REVEAL), at most {secure['post_frame']:,} gas each, and its acknowledgment of the MASKED frames it "
+            f"holds with `acknowledge` ({secure['acknowledge']:,} gas for {secure['n']} members): a check of the "
+            "sender and the step's window, the event, and the rewrite of the member's one posting slot that "
+            f"refuses a repeat (its first posting ever creates the slot: {secure['first_post']:,} gas); its "
+            f"commit skips the duplicate-digest table ({secure['commit']:,} gas at most). A round of "
             f"{secure['n']} members costs {secure_total:,.0f} gas per member, closeRound included (the MASKED "
             "frame's digest is the ordinary commit).",
             "",

@@ -78,7 +78,7 @@ def play(n: int, dim: int, dropped: set[int], clock: StepClock) -> dict[str, int
     """One round of n members in-process; member 0's calls are timed. Returns member 0's frame sizes."""
     signing = [Ed25519PrivateKey.generate() for _ in range(n)]
     setup = r.RoundSetup.for_members(
-        session_id(b"bench", 1),
+        session_id(b"bench", 1, chain_id=1, ledger=bytes(20)),
         {i: k.public_key() for i, k in enumerate(signing)},
         32,
         dim,

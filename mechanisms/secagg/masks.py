@@ -44,9 +44,19 @@ SEED_BYTES = 32
 SESSION_BYTES = 32
 
 
-def session_id(swarm: bytes, round_number: int) -> bytes:
-    """What binds every seed and message to one swarm (its genesis digest) and one round."""
-    return hashlib.sha256(b"secagg session" + swarm + round_number.to_bytes(8, "big")).digest()
+def session_id(swarm: bytes, round_number: int, *, chain_id: int, ledger: bytes) -> bytes:
+    """What binds every seed and message to one swarm (its genesis digest), one deployment of its
+    ledger (the chain's id and the contract's 20-byte address: two deployments of one genesis
+    share no session) and one round."""
+    if len(ledger) != 20 or not 0 <= chain_id < 2**256:
+        raise ValueError("a session needs a 20-byte ledger address and a chain id in 0..2^256 - 1")
+    return hashlib.sha256(
+        b"secagg session"
+        + hashlib.sha256(swarm).digest()
+        + chain_id.to_bytes(32, "big")
+        + ledger
+        + round_number.to_bytes(8, "big")
+    ).digest()
 
 
 @dataclass(frozen=True)

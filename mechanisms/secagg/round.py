@@ -264,11 +264,11 @@ def masked_vector(
 def reveal(state: MemberState, setup: RoundSetup, dealt: Collection[int], survivors: Collection[int]) -> bytes:
     """The REVEAL frame: for each member of `dealt` (U2) whose shares this member holds, the share
     of its self-mask seed if it survived R2 (is in `survivors`, U3), else of its mask key. Refused
-    if U3 is not within U2, or if this member already revealed the other secret of any member. A
-    member that could not fetch a MASKED frame whose digest the chain holds leaves its sender out
-    of `dealt` (reveals neither secret): counting it as dropped would hand out its mask key while
-    others hand out its seed. Refused too when U3 has fewer than `setup.min_survivors` members:
-    the seeds would unmask a sum of too few inputs."""
+    if U3 is not within U2, or if this member already revealed the other secret of any member.
+    Every member must pass the same U3 (over the chain: the MASKED frames t members acknowledged,
+    docs/SECAGG.md): one member's U3 against another's would hand out a sender's mask key and its
+    seed. Refused too when U3 has fewer than `setup.min_survivors`
+    members: the seeds would unmask a sum of too few inputs."""
     survivors = set(survivors)
     if not survivors <= set(dealt):
         raise RevealRefused("survivors of R2 must be members of U2")

@@ -26,7 +26,7 @@ dealers cannot force a fresh O(t^2) set per dealer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from . import masks
@@ -133,9 +133,12 @@ def _name(faults: dict[int, str], member: int, reason: str) -> None:
     faults[member] = text if len(text) <= MAX_FAULT_CHARS else text[: MAX_FAULT_CHARS - 3] + "..."
 
 
-def verify_round(setup: RoundSetup, archive: RoundArchive) -> RoundResult:
+def verify_round(setup: RoundSetup, archive: RoundArchive, agreed: Collection[int] | None = None) -> RoundResult:
     """The round's aggregate recomputed from its archive, with the members whose frames or shares
-    did not fit named in `faults` (see the module docstring); RoundFailed if it cannot be."""
+    did not fit named in `faults` (see the module docstring); RoundFailed if it cannot be.
+    `agreed`: U3 as the transport fixed it (over the chain: the MASKED frames t members
+    acknowledged), else the members whose MASKED frame here opens; a member of `agreed` whose
+    frame does not open here stops the round (the members revealed its seed)."""
     keys, faults = key_set(setup, archive.keys)
     dealt, dealing_faults = dealt_set(setup, keys, archive.dealings)
     faults |= dealing_faults
@@ -149,7 +152,13 @@ def verify_round(setup: RoundSetup, archive: RoundArchive) -> RoundResult:
             )
         raise RoundFailed(suspect, reason, faults)
     vectors, masked_faults = survivors(setup, dealt, archive.masked)
-    return unmask_round(setup, keys, dealt, vectors, archive.reveals, faults | masked_faults)
+    faults |= masked_faults
+    if agreed is not None:  # within U2, as the members take it
+        absent = sorted(set(agreed) & set(dealt) - set(vectors))
+        if absent:
+            raise RoundFailed(None, f"members {absent} are in U3, but no MASKED frame of theirs here opens", faults)
+        vectors = {i: vector for i, vector in vectors.items() if i in agreed}
+    return unmask_round(setup, keys, dealt, vectors, archive.reveals, faults)
 
 
 def _dealt_to_without_keys(

@@ -98,5 +98,7 @@ StepWindowClosed = _refusal(
     "round {round}: not in step {step}'s window (it lasts through block {lastBlock} and until block time {endsAt}; "
     "0, 0: not begun)",
 )
+AlreadyPosted = _refusal("AlreadyPosted", "{peer} already posted for step {step} of round {round}")
+NotSecureAggregation = _refusal("NotSecureAggregation", "this swarm was not deployed for secure aggregation")
 
 REFUSALS: dict[str, type[ContractRefusal]] = {cls.__name__: cls for cls in ContractRefusal.__subclasses__()}

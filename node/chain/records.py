@@ -41,6 +41,7 @@ class SwarmParams:
     max_samples: int  # cap on a commit's numSamples (the FedAvg weight)
     commit_window_seconds: int
     attest_window_seconds: int
+    secure_aggregation: bool = False  # deployed for secure aggregation (docs/SECAGG.md)
 
     @property
     def delta(self) -> float:

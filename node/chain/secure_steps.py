@@ -10,8 +10,14 @@ the digests. The same functions for a member and for `swarm verify`, so they see
   signing key is the Ed25519 key its libp2p peer id embeds (the key that signed the
   registration): a peer id of another key type binds no signing key and is no member.
 - Steps: KEYS, DEALING and REVEAL digests from `postFrame` (FramePosted events; the contract took
-  each only inside its step's window), MASKED digests from the round's commits. A member's first
-  posting of a step counts; a later one is named in `repeated` and ignored.
+  each only inside its step's window, once per member), MASKED digests from the round's commits,
+  and each member's acknowledgment (`acknowledge`: the bitmap of the MASKED frames it holds, on
+  chain itself). U3 is the committers at least t members acknowledged (`agreed_survivors`): a
+  function of the chain alone, so no sender that serves its MASKED frame to some members only,
+  and no acknowledger, can give two members two U3s.
+- Every set is read at one pinned block (`chain_steps(at=...)`), `chain.confirmations` below the
+  head (`settled_block`), at which the step's window has passed: every member acts on the same sets,
+  and a reorganisation shallower than that changes none of them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from web3 import Web3
 
 from mechanisms.secagg import messages as m
+from mechanisms.secagg.masks import session_id
 from mechanisms.secagg.round import RoundSetup
 from mechanisms.secagg.unmask import RoundArchive
 from node.chain.client import LedgerClient
@@ -39,6 +46,7 @@ class Step(enum.IntEnum):
     DEALING = 1
     MASKED = 2
     REVEAL = 3
+    ACK = 4  # `acknowledge`: the bitmap is on chain, no blob (between MASKED and REVEAL in time)
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,39 @@ class ChainSteps:
     """Per step, member index -> the digest the chain holds for its frame."""
 
     digests: Mapping[Step, Mapping[int, bytes]]
-    repeated: Mapping[int, str] = field(default_factory=dict)  # member -> the steps it posted twice
+    repeated: Mapping[int, str] = field(default_factory=dict)  # member -> what of its postings was ignored
+    acks: Mapping[int, frozenset[int]] = field(default_factory=dict)  # acknowledger -> the senders it holds
+
+
+def ack_bitmap(senders: frozenset[int] | set[int], n: int) -> bytes:
+    """The acknowledgment of the MASKED frames of `senders` among n members: member i is byte
+    i // 8, bit i % 8 (the inclusion bitmaps' layout), ceil(n / 8) bytes."""
+    bitmap = bytearray((n + 7) // 8)
+    for i in senders:
+        if not 0 <= i < n:
+            raise ValueError(f"member {i} is not one of {n}")
+        bitmap[i // 8] |= 1 << (i % 8)
+    return bytes(bitmap)
+
+
+def read_ack(raw: bytes, n: int) -> frozenset[int] | None:
+    """The senders an acknowledgment names, or None if it is not ceil(n / 8) bytes with no bit
+    past member n - 1."""
+    if len(raw) != (n + 7) // 8 or (n % 8 and raw[-1] >> (n % 8)):
+        return None
+    return frozenset(i for i in range(n) if raw[i // 8] >> (i % 8) & 1)
+
+
+def agreed_survivors(steps: ChainSteps, threshold: int) -> frozenset[int]:
+    """U3 as the chain fixes it: the members with a MASKED digest on chain whose frame at least
+    `threshold` (t) members acknowledged. At most t - 1 colluders cannot put in a frame no
+    honest member holds, and what every member reads is the same bitmaps, so the same U3."""
+    counts: dict[int, int] = {}
+    for senders in steps.acks.values():
+        for sender in senders:
+            counts[sender] = counts.get(sender, 0) + 1
+    committed = steps.digests[Step.MASKED]
+    return frozenset(i for i, count in counts.items() if count >= threshold and i in committed)
 
 
 def signing_key(peer_id: bytes) -> Ed25519PublicKey | None:
@@ -120,6 +160,12 @@ def round_members(ledger: LedgerClient, round: int) -> RoundMembers:
     return members_from(registrations, ledger.chain_id(), ledger.address, disallowed_at(ledger, last))
 
 
+def round_session(ledger: LedgerClient, round: int) -> bytes:
+    """The session of secure `round` on this ledger: its genesis, chain and address bound in."""
+    genesis = bytes(ledger.params().genesis_digest)
+    return session_id(genesis, round, chain_id=ledger.chain_id(), ledger=bytes.fromhex(ledger.address[2:]))
+
+
 class BadRound(ValueError):
     """The chain's members make no round: more than a frame can address, or fewer than the
     policy's counted members."""
@@ -135,11 +181,29 @@ def round_setup(session: bytes, members: RoundMembers, bits: int, dim: int, *, c
         raise BadRound(f"no round of {len(members.addresses)} members: {exc}") from None
 
 
-def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers) -> ChainSteps:
-    """Each step's digests as the chain holds them now (a step whose window is still open may
-    gain more). Postings by addresses that are not members of the round are ignored."""
-    info = ledger.round_info(round)
-    to_block = info.ended_block or ledger.block_number()
+def settled_block(ledger: LedgerClient, head: tuple[int, int], last_block: int, ends_at: int) -> int | None:
+    """The block sets are read at once a window (through `last_block` and until `ends_at`) has
+    passed: the block the client reads at, `confirmations` below the chain's head, if the window
+    has passed there (that block is past its last block and not before its last second: every
+    later block is outside it, as the contract counts), else None. `head`: a block's number and
+    timestamp, the latest or one already that deep (the lower of it and the client's is taken)."""
+    number, timestamp = head
+    pinned = min(number, ledger.block_number()) if ledger.confirmations else number
+    if pinned < last_block:
+        return None
+    if pinned != number:
+        timestamp = int(ledger.w3.eth.get_block(pinned)["timestamp"])
+    return pinned if timestamp >= ends_at else None
+
+
+def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers, *, at: int | None = None) -> ChainSteps:
+    """Each step's digests and the acknowledgments as the chain holds them at block `at` (default:
+    the block the client reads at; a step whose window is still open there may gain more).
+    Postings by addresses that are not members of the round are ignored; so is an acknowledgment
+    that is not a bitmap over the round's members (its sender is named)."""
+    at = ledger.block_number() if at is None else at
+    info = ledger.round_info(round, block=at)
+    to_block = min(info.ended_block or at, at)
     digests: dict[Step, dict[int, bytes]] = {step: {} for step in Step}
     repeated: dict[int, list[str]] = {}
     for event in ledger.frame_postings(round, info.opened_block, to_block):
@@ -152,15 +216,25 @@ def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers) -> Chai
             repeated.setdefault(index, []).append(Step(step).name)
         else:
             posted[index] = bytes(event["args"]["digest"])
+    named = {
+        i: f"posted its {', '.join(steps)} digest more than once (the first counts)" for i, steps in repeated.items()
+    }
+    acks: dict[int, frozenset[int]] = {}
     if info.closed_block:
         for commitment in ledger.commitments(round):
             index = members.index_of(commitment.peer)
             if index is not None:
                 digests[Step.MASKED][index] = commitment.digest
-    named = {
-        i: f"posted its {', '.join(steps)} digest more than once (the first counts)" for i, steps in repeated.items()
-    }
-    return ChainSteps(digests, named)
+        for event in ledger.acknowledgments(round, info.closed_block, to_block):
+            index = members.index_of(event["args"]["peer"])
+            if index is None or index in acks:  # the contract takes one per member: a guard
+                continue
+            senders = read_ack(bytes(event["args"]["fetched"]), len(members.addresses))
+            if senders is None:
+                named[index] = "its acknowledgment is not a bitmap over the round's members (ignored)"
+            else:
+                acks[index] = senders
+    return ChainSteps(digests, named, acks)
 
 
 Fetch = Callable[[bytes, int], bytes | None]  # (digest, most bytes to take) -> the blob, or None
@@ -182,11 +256,14 @@ def checked_blob(raw: bytes | None, digest: bytes, bound: int) -> bytes | None:
     return raw
 
 
-def fetch_archive(steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int) -> tuple[RoundArchive, dict[int, str]]:
+def fetch_archive(
+    steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int, agreed: frozenset[int]
+) -> tuple[RoundArchive, dict[int, str]]:
     """The round's archive: every blob whose digest the chain holds, fetched and checked against
     it, the DEALING frame taken from each dealing bundle (`messages.split_bundle`). The second
     value names, per member, the steps whose blob could not be had or split (such a member is
-    left out of that step's set)."""
+    left out of that step's set); a MASKED blob only of a member of U3 (`agreed`): that of
+    another committer was held by fewer than t members, so its absence proves nothing."""
     frames: dict[Step, dict[int, bytes]] = {step: {} for step in Step}
     missing: dict[int, list[str]] = {}
     for step, digests in steps.digests.items():
@@ -198,9 +275,9 @@ def fetch_archive(steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int) -> tu
                     raw = m.split_bundle(raw, member)[0]
                 except m.BadMessage:
                     raw = None
-            if raw is None:
-                missing.setdefault(member, []).append(step.name)
-            else:
+            if raw is not None:
                 frames[step][member] = raw
+            elif step is not Step.MASKED or member in agreed:
+                missing.setdefault(member, []).append(step.name)
     archive = RoundArchive(frames[Step.KEYS], frames[Step.DEALING], frames[Step.MASKED], frames[Step.REVEAL])
     return archive, {i: f"no blob matching its {', '.join(s)} digest on chain" for i, s in missing.items()}

@@ -179,7 +179,14 @@ def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> di
     """The ledger's constructor terms: the flags, else what the config derives."""
     from node.cli import CLIError
     from node.config import quorum, window_seconds
-    from node.derive import eps_cap_micro, eps_step_micro, max_samples, record_eps_cap_micro
+    from node.derive import (
+        eps_cap_micro,
+        eps_step_micro,
+        max_samples,
+        record_delta,
+        record_eps_cap_micro,
+        secure_aggregation,
+    )
     from node.derive import genesis as genesis_blob
     from node.protocol.blob import sha256
     from node.protocol.wire import eps_from_micro, eps_to_micro
@@ -196,7 +203,8 @@ def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> di
             "eps_step_micro": eps_step_micro(config),
             "max_samples": max_samples(config),
             "record_eps_cap_micro": record_eps_cap_micro(config),
-            "record_delta": config.train.dp_delta if config.train.dp_sgd else 0.0,
+            "record_delta": record_delta(config),
+            "secure_aggregation": secure_aggregation(config),
         }
     except ValueError as exc:
         raise CLIError(str(exc)) from exc

@@ -50,7 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--data-dir",
         help="folder holding the dataset's files (default for fashion-mnist: /usr/share/datasets/fashion-mnist)",
     )
-    p.add_argument("--mechanism", help="pnpm (default), duchi, pm, hm, ldp-fl, laplace, gaussian, sampled")
+    p.add_argument(
+        "--mechanism",
+        help="pnpm (default), duchi, pm, hm, ldp-fl, laplace, gaussian, sampled, secagg (secure aggregation: "
+        "docs/SECAGG.md, examples/secure-demo.toml)",
+    )
     p.add_argument("--epsilon", type=float, help="the mechanism's epsilon (per coordinate for local mechanisms)")
     p.add_argument("--seed", type=int, help="the one seed of the run")
     p.add_argument(

@@ -22,7 +22,9 @@ CHECK_FAILED, STOPPED = 1, 3  # exit statuses besides 0 (all holds) and 2 (a bad
 DESCRIPTION = """\
 Re-check every round of a swarm from the ledger and the blobs alone, trusting no peer: each blob
 against its commitment, each aggregate recomputed bit for bit, each peer's eps recomputed from the
-committed mechanism parameters, each registration against its peer id. Give a `swarm up` run
+committed mechanism parameters, each registration against its peer id; under secure aggregation,
+each round's sum from its archived frames (naming every member whose frame or share does not fit)
+and the model stepped from it against the finalized one. Give a `swarm up` run
 folder (--run: its saved chain is restarted on a local Anvil), or a chain, a ledger and the peers'
 folders (--rpc-url, --ledger, --archive)."""
 EXIT_STATUS = """\

@@ -105,7 +105,10 @@ class CatchUp:
             )
         except BlobUnavailable as exc:
             raise ModelUnavailable(str(exc)) from exc
-        vector, _ = wire.read_vector(data, self.num_params, kind="model")
+        if self.shared.global_step is None:
+            vector, _ = wire.read_vector(data, self.num_params, kind="model")
+        else:  # secure aggregation: the model and the global step's velocity (node.peer.secure_round)
+            vector, _, _ = wire.read_model_state(data, self.num_params)
         await self.host.announce_blob(digest, later=True)  # batched: its fetchers know the participants anyway
         return vector
 

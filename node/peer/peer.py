@@ -10,11 +10,9 @@ bits.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -34,7 +32,9 @@ from node.peer.catchup import CatchUp, ModelUnavailable
 from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.endpoints import Witness
 from node.peer.fetching import obtain
-from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
+from node.peer.ports import HostPort, LedgerPort, PoisonableStore, RunSync, StorePort
+from node.peer.round_outcome import Phase, RoundOutcome, gas_used
+from node.peer.secure_round import Membership, SecureRounds, secure_policy
 from node.peer.spending import BudgetExhausted, Spending
 from node.peer.training import Training
 from node.peer.vetting import Ownership, Vetted, Vetter
@@ -56,51 +56,6 @@ CONFIRM_PAUSE = 0.2
 
 class CommitUnconfirmed(LedgerError):
     """A commit's receipt came, but the chain holds no Committed event of it."""
-
-
-class Phase(enum.StrEnum):
-    STARTING = "starting"
-    TRAINING = "training"
-    COMMITTING = "committing"
-    WAITING_CLOSE = "waiting-close"
-    FETCHING = "fetching"
-    AGGREGATING = "aggregating"
-    ATTESTING = "attesting"
-    WAITING_FINAL = "waiting-final"
-    FOLLOWING = "following"  # not a participant this round: waits for the result
-    EVALUATING = "evaluating"
-    BUDGET_SPENT = "budget-spent"
-    SERVING = "serving"  # the last round is over; still serving blobs to peers that lag behind
-    DONE = "done"
-
-
-@dataclass
-class RoundOutcome:
-    round: int
-    state: str
-    committed: bool = False
-    included: list[bool] = field(default_factory=list)
-    accuracy: float | None = None
-    loss: float | None = None
-    eps_cumulative: float | None = None  # the local mechanism's, whole shared update
-    delta_cumulative: float | None = None  # the delta that eps_cumulative holds at
-    eps_protects: str | None = None  # what eps_cumulative protects ("sign" for PNPM), from the guarantee
-    record_eps_cumulative: float | None = None  # DP-SGD's, each training record (None without DP-SGD)
-    record_delta: float | None = None
-    record_protects: str | None = None
-    train_seconds: float = 0.0
-    train_started: float | None = None  # wall clock (Unix time) of this round's local training:
-    train_ended: float | None = None  # a speculative training (node/peer/training.py) starts before the round opens
-    round_seconds: float = 0.0
-    bytes_received: int = 0  # blob bytes this peer fetched from others during the round
-    bytes_sent: int = 0  # blob bytes this peer served to others during the round
-    gas_used: int = 0
-    phase_seconds: dict[str, float] = field(default_factory=dict)  # wall time per Phase value
-    # CPU seconds of the process over the round (node/peer/cpu.py): training and evaluation, and the rest
-    compute_cpu_s: float = 0.0
-    protocol_cpu_s: float = 0.0
-    global_digest: str | None = None  # the model this peer holds after the round
-    left_out: list[str] = field(default_factory=list)  # each blob this peer's vote left out, and why
 
 
 class Peer:
@@ -125,6 +80,7 @@ class Peer:
         identity: PrivateKey | None = None,
         ownership: Ownership | None = None,
         witness: Witness | None = None,
+        secure_member: Membership | None = None,
     ) -> None:
         self.s = settings
         self.ledger = ledger
@@ -188,6 +144,11 @@ class Peer:
         self.release_mechanism = release.swarm_mechanism(sh)
         # who served its blobs to nobody lately: such a committer's blob is not waited for (agree.py)
         self.withholding = Withholding()
+        # under secure aggregation every round is the secure one (node/peer/secure_round.py)
+        secure = secure_policy(settings)
+        if secure is not None and secure_member is None:
+            raise ValueError("a secure-aggregation swarm's peer needs its protocol member (secure_round.open_member)")
+        self.secure = SecureRounds(self, secure, secure_member) if secure is not None and secure_member else None
 
     # ---------------------------------------------------------------- helpers
     async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -290,7 +251,8 @@ class Peer:
         )
 
     async def _obtain(self, digest_hex: str, providers: list[str], timeout: float) -> bytes:
-        max_size = wire.max_blob_size(self.num_params)
+        # a secure swarm's model blob holds the velocity too (float64: three times the vector)
+        max_size = wire.max_blob_size(self.num_params * (1 if self.s.shared.global_step is None else 3))
         return await obtain(self.store, self.host, digest_hex, providers, max_size=max_size, timeout=timeout)
 
     # ---------------------------------------------------------------- rounds
@@ -329,6 +291,8 @@ class Peer:
         self.round = r
         out = RoundOutcome(round=r, state="open")
         with self._measured(out):
+            if self.secure is not None:
+                return out, await self.secure.play(r, global_vector, out)
             info = await self._commit_and_wait_close(r, global_vector, out)
             if info.state == RoundState.CLOSED and out.committed and global_vector is not None:
                 await self._aggregate_and_attest(r, global_vector, out)
@@ -495,7 +459,7 @@ class Peer:
         # Batched with the round's other HAVEs: fetchers know the committer from the chain (one gossip
         # message per peer and round instead of three or four: docs/NODE.md, "Announcements").
         await self.host.announce_blob(digest.hex(), later=True)
-        out.gas_used += _gas(receipt)
+        out.gas_used += gas_used(receipt)
         return spent
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -546,7 +510,7 @@ class Peer:
         except LedgerError as exc:  # e.g. sent but unconfirmed while the RPC was away: the round goes on
             log.warning("round %d: attestation failed: %s", r, exc)
             return
-        out.gas_used += _gas(receipt)
+        out.gas_used += gas_used(receipt)
 
     async def _agreement(self, r: int) -> Agreement:
         """The agreement step of round r over its on-chain set, wired to this peer's ledger, host and
@@ -612,10 +576,3 @@ class Peer:
     def _evaluate(self, vector: torch.Tensor) -> tuple[float, float]:
         self.eval_model.load_state_dict(unflatten(vector, self.spec))
         return evaluate(self.eval_model, self.test_x, self.test_y, device=self.s.device)
-
-
-def _gas(receipt: object) -> int:
-    try:
-        return int(cast(Receipt, receipt)["gasUsed"])
-    except (TypeError, KeyError):
-        return int(getattr(receipt, "gas_used", 0) or 0)

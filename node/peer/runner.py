@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import trio
 from eth_account.signers.local import LocalAccount
+from libp2p.crypto.keys import PrivateKey
 
 from node.chain.client import LedgerClient, connect
 from node.chain.keys import load_account
@@ -28,7 +29,9 @@ from node.peer.endpoints import Witness
 from node.peer.faults import STORE_FAULTS, FaultyStore
 from node.peer.peer import Peer, RoundOutcome
 from node.peer.registry import RegistryCache
+from node.peer.secure_round import Membership, open_member, secure_policy
 from node.protocol import wire
+from node.protocol.settings import PeerSettings
 from node.runfiles import MetricsWriter, write_json_atomic
 from p2p.host import HostConfig, SwarmHost, open_host
 from p2p.identity import load_or_create_identity
@@ -113,6 +116,18 @@ def open_witness(ledger: LedgerClient, options: NodeOptions) -> Witness | None:
     return witness
 
 
+def secure_member(
+    ledger: LedgerClient,
+    host: SwarmHost,
+    store: DiskBlobStore | FaultyStore,
+    identity: PrivateKey,
+    settings: PeerSettings,
+) -> Membership | None:
+    """The peer's secure-aggregation member when the swarm's policy is secagg, else None."""
+    policy = secure_policy(settings)
+    return open_member(ledger, host, store, identity, policy, settings) if policy is not None else None
+
+
 def round_recorder(ledger: LedgerClient, address: str, metrics: MetricsWriter) -> Callable[[RoundOutcome], None]:
     """What the peer calls at each round's end: the round's line in metrics.jsonl, with the RPC
     requests it made to its endpoint over the round (start-up's count towards round 1)."""
@@ -179,6 +194,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 identity=key_pair.private_key,
                 ownership=registry.ownership,
                 witness=witness,
+                secure_member=secure_member(ledger, host, store, key_pair.private_key, settings),
             )
             # new heads and the ledger's logs pushed where the endpoint offers it; polled otherwise
             ws_url = ws_url_for(options.rpc_url, config.chain.ws_url)

@@ -14,10 +14,15 @@ and checked against its digest before anything parses it, and goes on with
   `messages.dealing_bundle`).
 - DEALING window passed: U2 from the bundles; open the shares sealed for this member; the MASKED
   frame, committed (`commit`, the caller's: it records the privacy spend) then announced.
-- Round closed: U3 from the committed MASKED frames; the REVEAL frame. A MASKED frame whose
-  digest the chain holds but that nobody served is left out of what this member reveals for
-  (neither secret of its sender), never counted as dropped.
+- Round closed: the committed MASKED frames fetched, and the ones that open acknowledged on
+  chain (`acknowledge`: a bitmap of their senders).
+- ACK window passed: U3 is the committers at least t members acknowledged (`agreed_survivors`),
+  the same for every member whatever it fetched itself; a frame of U3 this member lacks is fetched
+  from the members that acknowledged it; the REVEAL frame for exactly that U3.
 - REVEAL window passed: the sum (`unmask.unmask_round`, what `swarm verify` recomputes).
+
+Every set is read at one block `chain.confirmations` below the head at which the step's window
+has passed (`secure_steps.settled_block`), so every member acts on the same sets.
 
 A member that misses a window (late, or its frame refused) sits the rest of the round out; so
 does one that cannot fetch a KEYS or DEALING blob the chain names (going on with a smaller set
@@ -39,7 +44,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mechanisms.secagg import messages as m
 from mechanisms.secagg import round as sr
-from mechanisms.secagg.masks import Ints, session_id
+from mechanisms.secagg.masks import Ints
 from mechanisms.secagg.shamir import PRIME
 from mechanisms.secagg.unmask import RoundResult, survivors, unmask_round
 from node.chain.client import LedgerClient
@@ -48,12 +53,16 @@ from node.chain.secure_steps import (
     BadRound,
     RoundMembers,
     Step,
+    ack_bitmap,
+    agreed_survivors,
     chain_steps,
     checked_blob,
     disallowed_at,
     members_from,
     round_members,
+    round_session,
     round_setup,
+    settled_block,
     step_bound,
 )
 from node.peer.fetching import REQUEST_SHARE, BlobUnavailable, Holders, fetch_from_holders
@@ -63,10 +72,13 @@ from p2p import peer_id_from_bytes
 log = logging.getLogger("swarm.peer")
 
 # testing faults (like node/peer/faults.py's): a share of member 0's secret moved by one in this
-# member's REVEAL, or a MASKED frame one coordinate short, each signed by the member itself
-FAULTS = ("secagg-wrong-share", "secagg-bad-masked")
+# member's REVEAL, a MASKED frame one coordinate short, each signed by the member itself, or a
+# MASKED frame committed and then never served (nor anything after it)
+FAULTS = ("secagg-wrong-share", "secagg-bad-masked", "secagg-withhold-masked")
 
-Head = Callable[[], tuple[int, int]]  # the chain's latest block: (number, timestamp)
+# a block's (number, timestamp): the chain's latest, or the one `chain.confirmations` below it
+# that the ledger client reads at (`secure_steps.settled_block` takes the lower of the two)
+Head = Callable[[], tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -114,8 +126,7 @@ class _Round:
     keys: dict[int, sr.PublicKeys]
     dealt: dict[int, m.Dealing] = field(default_factory=dict)
     closed: tuple[int, int] = (0, 0)  # the round's closing block and timestamp
-    vectors: dict[int, Ints] = field(default_factory=dict)
-    unfetched: set[int] = field(default_factory=set)  # MASKED frames on chain that nobody served us
+    vectors: dict[int, Ints] = field(default_factory=dict)  # the MASKED frames we hold that open
 
 
 class SecureMember:
@@ -160,7 +171,7 @@ class SecureMember:
         """R0: our KEYS frame; then, once the KEYS window passed, the members and U1."""
         params = await self.call(self.ledger.params)
         info = await self.call(self.ledger.round_info, r)
-        session = session_id(bytes(params.genesis_digest), r)
+        session = await self.call(round_session, self.ledger, r)
         me = (await self.call(self._members_now)).index_of(self.address)
         if me is None:
             raise _SitOut("R0: not registered with an Ed25519 peer id (or disallowed)")
@@ -168,7 +179,7 @@ class SecureMember:
             raise _SitOut(f"R0: our index {me} is beyond what a frame can address ({m.MAX_MEMBERS})")
         state, keys_frame = sr.start_session(session, me, self.key)
         await self._publish(r, Step.KEYS, keys_frame)
-        await self._until_passed(
+        at = await self._until_settled(
             info.opened_block + params.commit_window // 4, info.opened_at + params.commit_window_seconds // 4
         )
         members = await self.call(round_members, self.ledger, r)
@@ -178,7 +189,7 @@ class SecureMember:
             setup = round_setup(session, members, self.s.bits, self.s.dim, counted_members=self.s.counted_members)
         except BadRound as exc:
             raise _SitOut(f"R1: {exc}") from None
-        keys, out.faults = sr.key_set(setup, (await self._fetch_step(r, Step.KEYS, members, every=True)).got)
+        keys, out.faults = sr.key_set(setup, (await self._fetch_step(r, Step.KEYS, members, at, every=True)).got)
         if me not in keys:
             raise _SitOut("R1: our KEYS frame is not in U1")
         return _Round(r, params, info, out, state, members, setup, keys)
@@ -191,12 +202,12 @@ class SecureMember:
             raise _SitOut(f"R1: {exc}") from None
         await self._publish(p.r, Step.DEALING, m.dealing_bundle(dealing, sealed))
         params, info, me = p.params, p.info, p.state.index
-        await self._until_passed(
+        at = await self._until_settled(
             info.opened_block + params.commit_window // 2, info.opened_at + params.commit_window_seconds // 2
         )
         dealings: dict[int, bytes] = {}
         mine: dict[int, bytes] = {}
-        for dealer, raw in (await self._fetch_step(p.r, Step.DEALING, p.members, every=True)).got.items():
+        for dealer, raw in (await self._fetch_step(p.r, Step.DEALING, p.members, at, every=True)).got.items():
             try:
                 dealings[dealer], sealed_to = m.split_bundle(raw, dealer)
             except m.BadMessage as exc:
@@ -210,41 +221,70 @@ class SecureMember:
             raise _SitOut("R2: our dealing is not in U2")
 
     async def _mask(self, p: _Round, residues: Ints, commit: Callable[[bytes], Awaitable[None]]) -> None:
-        """R2: our MASKED frame, committed then announced; then, once the round closed, U3."""
+        """R2: our MASKED frame, committed then announced; then, once the round closed, the
+        MASKED frames we can fetch, acknowledged on chain."""
         try:
             masked = sr.masked_vector(p.state, p.setup, p.keys, p.dealt, residues)
         except sr.RoundFailed as exc:
             raise _SitOut(f"R2: {exc}") from None
         if self.s.fault == "secagg-bad-masked":
             masked = _short_masked(p.setup, p.state.index, masked, self.key)
+        if self.s.fault == "secagg-withhold-masked":
+            await commit(m.frame_digest(masked))  # committed, never stored: nobody can fetch it from us
+            raise _SitOut("R2: withholding our MASKED frame (testing fault)")
         digest = bytes.fromhex(self.store.put(masked))
         try:
             await commit(digest)
         except Exception as exc:
             raise _SitOut(f"R2: commit refused: {exc}") from None
         await self.host.announce_blob(digest.hex())
-        p.closed = await self._until_closed(p.r)
-        fetched = await self._fetch_step(p.r, Step.MASKED, p.members)
+        p.closed, at = await self._until_closed(p.r)
+        # the frames must come before the ACK window ends: what is not here by then is not acknowledged
+        ack_ends = p.closed[1] + p.params.attest_window_seconds // 4
+        fetched = await self._fetch_step(p.r, Step.MASKED, p.members, at, ends_at=ack_ends)
         p.vectors, faults = survivors(p.setup, p.dealt, fetched.got)
         p.out.faults |= faults
-        p.unfetched = fetched.lacking
+        try:
+            await self.call(self.ledger.acknowledge, p.r, ack_bitmap(set(p.vectors), len(p.members.addresses)))
+        except Exception as exc:
+            raise _SitOut(f"ACK: acknowledgment refused: {exc}") from None
 
     async def _reveal_and_unmask(self, p: _Round) -> None:
-        """R3: our REVEAL frame; then, once the REVEAL window passed, the sum."""
+        """Once the ACK window passed, U3 from the chain and our REVEAL frame for it; then, once
+        the REVEAL window passed, the sum."""
+        params = p.params
+        at = await self._until_settled(
+            p.closed[0] + params.attest_window // 4, p.closed[1] + params.attest_window_seconds // 4
+        )
+        steps = await self.call(chain_steps, self.ledger, p.r, p.members, at=at)
+        agreed = agreed_survivors(steps, p.setup.threshold) & set(p.dealt)
+        lacking = agreed - set(p.vectors)
+        if lacking:  # frames t members hold and we do not: from them
+            holders = {i: [j for j, senders in steps.acks.items() if i in senders] for i in lacking}
+            digests = {i: steps.digests[Step.MASKED][i] for i in lacking}
+            got = (await self._fetch(p.r, Step.MASKED, p.members, digests, holders)).got
+            vectors, faults = survivors(p.setup, p.dealt, got)
+            p.vectors |= vectors
+            p.out.faults |= faults
         try:
-            reveal = sr.reveal(p.state, p.setup, set(p.dealt) - p.unfetched, p.vectors)
+            reveal = sr.reveal(p.state, p.setup, p.dealt, agreed)
         except sr.RevealRefused as exc:
             raise _SitOut(f"R3: {exc}") from None
         if self.s.fault == "secagg-wrong-share":
             reveal = _forged_reveal(p.setup, p.state.index, reveal, self.key)
         await self._publish(p.r, Step.REVEAL, reveal)
-        params = p.params
-        await self._until_passed(
+        at = await self._until_settled(
             p.closed[0] + params.attest_window // 2, p.closed[1] + params.attest_window_seconds // 2
         )
-        reveals = (await self._fetch_step(p.r, Step.REVEAL, p.members)).got
+        reveals = (await self._fetch_step(p.r, Step.REVEAL, p.members, at)).got
+        absent = sorted(agreed - set(p.vectors))
+        if absent:
+            raise _SitOut(
+                f"unmask: no MASKED frame that opens of members {absent} of U3 (revealed for them all the same)"
+            )
+        vectors = {i: vector for i, vector in p.vectors.items() if i in agreed}
         try:
-            p.out.result = unmask_round(p.setup, p.keys, p.dealt, p.vectors, reveals, p.out.faults)
+            p.out.result = unmask_round(p.setup, p.keys, p.dealt, vectors, reveals, p.out.faults)
             p.out.faults = dict(p.out.result.faults)
         except sr.RoundFailed as exc:
             p.out.faults |= exc.faults
@@ -263,37 +303,63 @@ class SecureMember:
         except Exception as exc:
             raise _SitOut(f"{step.name}: digest refused: {exc}") from None
 
-    async def _until_passed(self, last_block: int, ends_at: int) -> None:
-        """Until the chain's head is past a window (its last block and its last second): the next
-        block, the first a transaction can land in, is then outside it, as the contract counts."""
+    async def _until_settled(self, last_block: int, ends_at: int) -> int:
+        """Until a window (its last block and its last second) has passed at the block the sets
+        are read at, `chain.confirmations` below the head (`settled_block`): that block."""
         while True:
-            number, timestamp = await self.call(self.head)
-            if number >= last_block and timestamp >= ends_at:
-                return
+            head = await self.call(self.head)
+            at = await self.call(settled_block, self.ledger, head, last_block, ends_at)
+            if at is not None:
+                return at
             await trio.sleep(self.s.poll)
 
-    async def _until_closed(self, r: int) -> tuple[int, int]:
-        """Until round r is closed (its MASKED set final): its closing block and timestamp."""
+    async def _until_closed(self, r: int) -> tuple[tuple[int, int], int]:
+        """Until round r is closed (its MASKED set final) at the block the client reads at: its
+        closing block and timestamp, and that block."""
         while True:
-            info = await self.call(self.ledger.round_info, r)
+            at = await self.call(self.ledger.block_number)
+            info = await self.call(self.ledger.round_info, r, block=at)
             if info.state is not RoundState.OPEN:
-                return info.closed_block, info.closed_at
+                return (info.closed_block, info.closed_at), at
             await trio.sleep(self.s.poll)
 
-    async def _fetch_step(self, r: int, step: Step, members: RoundMembers, *, every: bool = False) -> _Fetched:
-        """Sender -> its blob for `step`, of every digest the chain holds: fetched from the sender
-        (or anyone holding it), within the step's bound, checked against the digest. The senders
-        whose blob did not come in time are `lacking`; with `every`, this member sits out instead
-        (the others may have them: a set of our own would split the step's set)."""
-        digests: Mapping[int, bytes] = (await self.call(chain_steps, self.ledger, r, members)).digests[step]
+    async def _fetch_step(
+        self, r: int, step: Step, members: RoundMembers, at: int, *, every: bool = False, ends_at: int | None = None
+    ) -> _Fetched:
+        """Sender -> its blob for `step`, of every digest the chain holds at block `at`. With
+        `every`, this member sits out if any did not come (the others may have them: a set of our
+        own would split the step's set); `ends_at`: a chain time the fetches must end before."""
+        digests: Mapping[int, bytes] = (await self.call(chain_steps, self.ledger, r, members, at=at)).digests[step]
+        timeout = self.s.fetch_timeout
+        if ends_at is not None:  # half the time left, so that what follows still fits the window
+            timeout = max(1.0, min(timeout, (ends_at - (await self.call(self.head))[1]) / 2))
+        fetched = await self._fetch(r, step, members, digests, {}, timeout=timeout)
+        if every and fetched.lacking:
+            raise _SitOut(f"{step.name}: no blob matching the digest on chain of members {sorted(fetched.lacking)}")
+        return fetched
+
+    async def _fetch(
+        self,
+        r: int,
+        step: Step,
+        members: RoundMembers,
+        digests: Mapping[int, bytes],
+        holders: Mapping[int, list[int]],
+        *,
+        timeout: float | None = None,
+    ) -> _Fetched:
+        """Sender -> its blob of `digests`: from our store, or fetched from the sender, the members
+        in `holders[sender]` and anyone announcing it, within the step's bound, checked against
+        the digest. The senders whose blob did not come in time are `lacking`."""
         bound = step_bound(step, self.s.bits, self.s.dim)
+        timeout = self.s.fetch_timeout if timeout is None else timeout
         got: dict[int, bytes] = {}
 
         async def one(sender: int, digest: bytes) -> None:
             digest_hex = digest.hex()
             raw = self.store.get(digest_hex)
             if raw is None:
-                sender_id = peer_id_from_bytes(members.peer_ids[sender])
+                known = [peer_id_from_bytes(members.peer_ids[i]) for i in [sender, *holders.get(sender, [])]]
 
                 async def obtain(wanted: str, providers: list[str], timeout: float) -> bytes:
                     return await self.host.fetch(wanted, providers=providers, max_size=bound, timeout=timeout)
@@ -303,9 +369,9 @@ class SecureMember:
                         obtain,
                         digest_hex,
                         Holders(f"round {r}: {step.name} blob of member {sender}"),
-                        lambda: [sender_id, *self.host.providers(digest_hex)],
-                        deadline=trio.current_time() + self.s.fetch_timeout,
-                        request_timeout=self.s.fetch_timeout * REQUEST_SHARE,
+                        lambda: [*known, *self.host.providers(digest_hex)],
+                        deadline=trio.current_time() + timeout,
+                        request_timeout=timeout * REQUEST_SHARE,
                     )
                 except BlobUnavailable as exc:
                     log.warning("%s", exc)
@@ -317,10 +383,7 @@ class SecureMember:
         async with trio.open_nursery() as nursery:
             for sender, digest in sorted(digests.items()):
                 nursery.start_soon(one, sender, digest)
-        lacking = sorted(set(digests) - set(got))
-        if every and lacking:
-            raise _SitOut(f"{step.name}: no blob matching the digest on chain of members {lacking}")
-        return _Fetched(got, set(lacking))
+        return _Fetched(got, set(digests) - set(got))
 
 
 def _short_masked(setup: sr.RoundSetup, me: int, frame: bytes, key: Ed25519PrivateKey) -> bytes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 import mechanisms
+from mechanisms.secagg.policy import NAME as SECAGG
 from node.protocol import blob, wire
 from node.protocol.settings import SharedSettings
 
@@ -20,6 +21,8 @@ def swarm_mechanism(shared: SharedSettings) -> mechanisms.Mechanism | None:
     must fall in; None for an empty policy (a `swarm simulate` baseline: nothing to check). Raises
     ValueError when the policy builds no mechanism."""
     params = dict(shared.privacy.mechanism)
+    if params.get("name") == SECAGG:  # secure aggregation shares no update blob: nothing to hold to a set
+        return None
     return mechanisms.from_params(params) if params else None
 
 

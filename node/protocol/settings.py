@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mechanisms.record_level import DPSGDPolicy
+from node.protocol.secure_step import GlobalStep
 
 MAX_SAMPLES = 2**32 - 1  # what the ledger's uint32 numSamples can hold
 
@@ -54,6 +55,9 @@ class SharedSettings:
     # of this and the ledger's maxSamples. A swarm derives it from its data (node.derive.max_samples);
     # a record built in code without one is bounded by the ledger's alone.
     max_samples: int = MAX_SAMPLES
+    # Under secure aggregation, the global step every member applies to the round's sum
+    # (node.protocol.secure_step); None otherwise, and then absent from the genesis.
+    global_step: GlobalStep | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_samples, bool) or not isinstance(self.max_samples, int):
@@ -74,7 +78,7 @@ class SharedSettings:
             "seed": self.seed,
             "privacy": self.privacy.to_dict(),
             "max_samples": self.max_samples,
-        }
+        } | ({"global_step": self.global_step.to_dict()} if self.global_step is not None else {})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SharedSettings:
@@ -90,6 +94,7 @@ class SharedSettings:
             seed=int(d["seed"]),
             privacy=PrivacyPolicy.from_dict(d["privacy"]),
             max_samples=int(d["max_samples"]),
+            global_step=GlobalStep.from_dict(d["global_step"]) if "global_step" in d else None,
         )
 
 

@@ -13,6 +13,7 @@ from node.protocol import blob
 from node.protocol.aggregate import MAX_PARTICIPANTS, VALUE_BOUND, VALUE_BOUND_BITS
 
 VECTOR = "vector"  # the one tensor every blob holds: the flat float32 parameter vector
+VELOCITY = "velocity"  # a secure swarm's model blob also holds the global step's momentum (float64)
 EPS_SCALE = 1_000_000  # the ledger stores eps in micro-epsilon: the only place this scale is written
 
 
@@ -69,9 +70,27 @@ def update_blob(vector: torch.Tensor, round_number: int, mechanism_json: str, co
     return blob.encode_blob({VECTOR: vector}, meta)
 
 
-def model_blob(vector: torch.Tensor, round_number: int) -> bytes:
-    """The global model after a round; its sha256 is what participants attest."""
-    return blob.encode_blob({VECTOR: vector}, {"kind": "model", "round": str(round_number)})
+def model_blob(vector: torch.Tensor, round_number: int, velocity: torch.Tensor | None = None) -> bytes:
+    """The global model after a round; its sha256 is what participants attest. Under secure
+    aggregation the swarm's state after a round is the model and the global step's velocity
+    (node.protocol.secure_step): both are in the blob, so the finalized digest anchors both and a
+    peer that missed a round's sum takes the velocity from the finalized blob."""
+    tensors = {VECTOR: vector} if velocity is None else {VECTOR: vector, VELOCITY: velocity.to(torch.float64)}
+    return blob.encode_blob(tensors, {"kind": "model", "round": str(round_number)})
+
+
+def read_model_state(data: bytes, num_params: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, str]]:
+    """A secure swarm's model blob: (model, velocity, metadata), each checked as `read_vector`
+    checks a vector (size cap, canonical encoding, shapes, dtypes, finite values); a `BlobError`
+    otherwise."""
+    tensors, meta = blob.decode_blob(
+        data,
+        max_size=max_blob_size(3 * num_params),
+        expected={VECTOR: ((num_params,), torch.float32), VELOCITY: ((num_params,), torch.float64)},
+    )
+    if meta.get("kind") != "model":
+        raise blob.BlobError(f"expected a 'model' blob, got kind {meta.get('kind')!r}")
+    return tensors[VECTOR], tensors[VELOCITY], meta
 
 
 def read_vector(data: bytes, num_params: int, *, kind: str | None = None) -> tuple[torch.Tensor, dict[str, str]]:

@@ -40,6 +40,7 @@ class LedgerTerms:
     eps_step_micro: int = 0  # what one release spends under the policy (0: not a constant)
     record_eps_cap_micro: int = 0  # record-level (DP-SGD) cap; 0 = no DP-SGD
     record_delta: float = 0.0
+    secure_aggregation: bool = False  # postFrame and acknowledge taken (docs/SECAGG.md)
 
 
 class RunChain:
@@ -79,6 +80,7 @@ class RunChain:
                 record_eps_cap_micro=terms.record_eps_cap_micro,
                 record_delta=terms.record_delta,
                 max_samples=terms.max_samples,
+                secure_aggregation=terms.secure_aggregation,
             )
         except BaseException:
             self.anvil.stop()

@@ -33,12 +33,23 @@ from rich.live import Live
 from rich.table import Table
 
 import mechanisms
+from mechanisms.secagg.policy import NAME as SECAGG
+from mechanisms.secagg.policy import PROTECTS as SECAGG_PROTECTS
 from node.chain.anvil import find_anvil, free_port
 from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
 from node.chain.registration import sign_registration
 from node.config import Config, quorum, window_seconds
-from node.derive import eps_cap_micro, eps_step_micro, genesis, max_samples, mechanism_params, record_eps_cap_micro
+from node.derive import (
+    eps_cap_micro,
+    eps_step_micro,
+    genesis,
+    max_samples,
+    mechanism_params,
+    record_delta,
+    record_eps_cap_micro,
+    secure_aggregation,
+)
 from node.peer.runner import P2P_PASSWORD_ENV
 from node.runfiles import read_metrics
 from node.runs.chainrun import LedgerTerms, RunChain
@@ -53,7 +64,10 @@ def _protects(config: Config) -> str:
     """What the run's eps protects, in words, from the mechanism's own guarantee ("sign" for
     PNPM, "value" for the others), never from its name."""
 
-    kind = mechanisms.from_params(mechanism_params(config)).guarantee.protects
+    params = mechanism_params(config)
+    if params.get("name") == SECAGG:
+        return SECAGG_PROTECTS
+    kind = mechanisms.from_params(params).guarantee.protects
     return PROTECTS_WORDS.get(kind, kind)
 
 
@@ -107,7 +121,8 @@ def _ledger_terms(config: Config) -> LedgerTerms:
         max_samples=max_samples(config),
         eps_step_micro=eps_step_micro(config),
         record_eps_cap_micro=record_eps_cap_micro(config),
-        record_delta=config.train.dp_delta if config.train.dp_sgd else 0.0,
+        record_delta=record_delta(config),
+        secure_aggregation=secure_aggregation(config),
     )
 
 

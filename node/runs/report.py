@@ -190,6 +190,8 @@ def render_markdown(out: Path, report: dict, config: dict) -> list[str]:
         f"{config['chain']['max_samples']:,}): a peer that declares more records than it holds records less than its "
         "records get"
         if dp_sgd
+        else "- record-level eps: the figure above (secure aggregation records it as both of a commit's figures)"
+        if report["mechanism"] == "secagg"
         else "- record-level eps: none (no DP-SGD: the training records have no guarantee of their own)",
         f"- peers: {len(report['peer_exit_codes'])}, exit codes {report['peer_exit_codes']}"
         + (" (interrupted)" if report["interrupted"] else ""),
@@ -223,7 +225,7 @@ def _figures(report: dict, config: dict) -> list[str]:
             f"- privacy spent (largest per peer): eps {max(last['eps'].values()):.6g} at delta {last['delta']:g} "
             f"for the whole shared update, protecting {report['protects']}"
         )
-        if last.get("record_eps"):
+        if last.get("record_eps") and report["mechanism"] != "secagg":  # secagg: one figure, said above
             privacy += (
                 f"; eps {max(last['record_eps'].values()):.4g} at delta {config['train']['dp_delta']:g} "
                 "for each training record (DP-SGD)"

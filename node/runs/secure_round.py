@@ -24,11 +24,12 @@ import torch
 from torch import nn
 
 from mechanisms.randomness import PrivacyGenerator
-from mechanisms.secagg.member import decode, encode, sum_residues
+from mechanisms.secagg.member import encode, sum_residues
 from mechanisms.secagg.policy import SecAggPolicy
 from node.learning.clipped_sum import MemberRecords
-from node.learning.train import round_lr
 from node.protocol.blob import TensorSpec, unflatten
+from node.protocol.secure_step import GlobalStep
+from node.protocol.secure_step import next_global as global_step
 from node.protocol.settings import PeerSettings
 
 
@@ -44,6 +45,8 @@ class SecureRounds:
     def __init__(self, policy: SecAggPolicy, settings: PeerSettings) -> None:
         self.policy = policy
         self.settings = settings
+        # the genesis' step (node.derive.global_step), the same every peer and `swarm verify` apply
+        self.global_step = settings.shared.global_step or GlobalStep(settings.lr, settings.lr_decay, settings.momentum)
         self.velocity: torch.Tensor | None = None
         self.records: dict[str, MemberRecords] = {}  # each member's records, prepared in its first round
 
@@ -70,11 +73,8 @@ class SecureRounds:
             residues.append(encode(self.policy, gradient_sum.numpy(), generator.mechanism, generator.dpsgd_noise))
             losses.append(loss)
             records += len(member.y)
-        mean_gradient = torch.from_numpy(decode(self.policy, sum_residues(residues, self.policy.bits), records))
-        velocity = mean_gradient if self.velocity is None else self.settings.momentum * self.velocity + mean_gradient
-        self.velocity = velocity
-        lr = round_lr(self.settings.lr, self.settings.lr_decay, round_number - 1)
-        next_global = (global_vector.to(torch.float64) - lr * velocity).to(torch.float32)
-        if not bool(torch.isfinite(next_global).all()):
-            raise FloatingPointError("the global model is not finite")
+        total = sum_residues(residues, self.policy.bits)
+        next_global, self.velocity = global_step(
+            self.global_step, self.policy, global_vector, self.velocity, total, records, round_number
+        )
         return next_global, [float(v) for v in np.asarray(losses)]

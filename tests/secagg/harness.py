@@ -34,7 +34,11 @@ class Swarm:
         self.signing = [Ed25519PrivateKey.generate() for _ in range(self.n)]
         publics = {i: k.public_key() for i, k in enumerate(self.signing)}
         self.setup = r.RoundSetup.for_members(
-            session_id(b"genesis", 5), publics, self.bits, DIM, counted_members=self.counted_members
+            session_id(b"genesis", 5, chain_id=1, ledger=bytes(20)),
+            publics,
+            self.bits,
+            DIM,
+            counted_members=self.counted_members,
         )
 
 

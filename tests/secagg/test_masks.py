@@ -25,7 +25,7 @@ from mechanisms.secagg.shamir import combine, split
 
 BITS = 32
 DIM = 1000
-SESSION = session_id(b"genesis digest", 7)
+SESSION = session_id(b"genesis digest", 7, chain_id=1, ledger=bytes(20))
 
 
 def members(n: int) -> tuple[list[MaskKey], dict[int, bytes], list[bytes]]:

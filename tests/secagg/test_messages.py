@@ -15,7 +15,7 @@ from mechanisms.secagg import messages as m
 from mechanisms.secagg.masks import MaskKey, session_id
 from mechanisms.secagg.shamir import PRIME
 
-SESSION = session_id(b"genesis", 3)
+SESSION = session_id(b"genesis", 3, chain_id=1, ledger=bytes(20))
 N = 4
 
 
@@ -39,7 +39,8 @@ def test_keys_round_trip_and_a_wrong_signer_is_named(signers):
         m.open_frame(forged, m.Kind.KEYS, SESSION, publics)
     assert err.value.member == 2
     with pytest.raises(m.BadMessage):
-        m.open_frame(raw, m.Kind.KEYS, session_id(b"genesis", 4), publics)  # replayed in another round
+        another_round = session_id(b"genesis", 4, chain_id=1, ledger=bytes(20))
+        m.open_frame(raw, m.Kind.KEYS, another_round, publics)  # replayed in another round
 
 
 def test_sealed_shares_open_for_their_holder_only_and_match_the_public_commitments(signers):

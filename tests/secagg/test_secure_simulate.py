@@ -9,6 +9,7 @@ from mechanisms.secagg.policy import SecAggPolicy
 from node.config import load_config
 from node.derive import eps_cap_micro, secagg_policy, shared_settings
 from node.protocol.policy import privacy_spend
+from node.protocol.wire import eps_to_micro
 from node.runs.simulate import Simulation, SimulationError
 
 # 3 peers on 8x8 digits (1,347 training images), logistic regression, 4 full-batch rounds
@@ -40,8 +41,7 @@ def test_policy_is_in_the_genesis_and_calibrated_to_the_target():
     assert spent.record is not None and spent.record.epsilon == policy.epsilon(4)
     with pytest.raises(ValueError, match="dp_sgd"):
         secagg_policy(load_config(None, [*SECURE, "train.dp_sgd=true"]))
-    with pytest.raises(ValueError, match="simulate` only"):  # no swarm protocol yet: `swarm up` refuses
-        eps_cap_micro(config)
+    assert eps_cap_micro(config) == eps_to_micro(policy.epsilon(4))  # a swarm's cap: what its rounds spend
 
 
 def test_simulate_learns_under_secure_aggregation(tmp_path):

@@ -35,7 +35,7 @@ def test_constructor_rejects_bad_params(automine_chain, kit):
     artifact = client.load_artifact()
     factory = swarm.w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
     tx = sender.TransactionSender(swarm.w3, swarm.accounts[0], decoder.RevertDecoder(artifact["abi"]), 30)
-    seconds = (60, 60)  # commitWindowSeconds, attestWindowSeconds
+    seconds = (60, 60, False)  # commitWindowSeconds, attestWindowSeconds, secureAggregation
     with pytest.raises(errors.InvalidParams, match="minPeers"):
         tx.send(factory.constructor((0, 5, 5, 10, 0, 0, 0, 0, 0, *seconds), GENESIS, []), "deploy")
     with pytest.raises(errors.InvalidParams, match="genesisDigest"):
@@ -48,7 +48,7 @@ def test_constructor_rejects_bad_params(automine_chain, kit):
             tx.send(factory.constructor(settings, GENESIS, []), "deploy")
     for name, wrong_seconds in (("commitWindowSeconds", (0, 60)), ("attestWindowSeconds", (60, 0))):
         with pytest.raises(errors.InvalidParams, match=name):  # blocks alone: a window anyone can stuff
-            tx.send(factory.constructor((1, 5, 5, 10, 0, 0, 0, 0, 0, *wrong_seconds), GENESIS, []), "deploy")
+            tx.send(factory.constructor((1, 5, 5, 10, 0, 0, 0, 0, 0, *wrong_seconds, False), GENESIS, []), "deploy")
     base = dict(
         min_peers=1,
         commit_window=1,

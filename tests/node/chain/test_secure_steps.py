@@ -24,15 +24,43 @@ from mechanisms.secagg.masks import session_id
 from mechanisms.secagg.member import sum_residues
 from mechanisms.secagg.shamir import PRIME
 from mechanisms.secagg.unmask import survivors
-from node.chain.errors import InvalidStep, NotRegistered, StepWindowClosed
-from node.chain.secure_steps import BadRound, RoundMembers, Step, chain_steps, round_members, round_setup
+from node.chain.client import LedgerClient
+from node.chain.errors import (
+    AlreadyPosted,
+    DuplicateDigest,
+    InvalidStep,
+    MalformedBitmap,
+    NotRegistered,
+    NotSecureAggregation,
+    StepWindowClosed,
+)
+from node.chain.secure_steps import (
+    BadRound,
+    RoundMembers,
+    Step,
+    ack_bitmap,
+    agreed_survivors,
+    chain_steps,
+    read_ack,
+    round_members,
+    round_session,
+    round_setup,
+    settled_block,
+)
 from node.peer.secure import SecureMember, SecureSettings
 from node.verify import verify_secure_round
 from p2p.errors import BlobNotFound
 from p2p.store import MemoryBlobStore
 
 BITS, DIM = 32, 64
-WINDOWS = dict(min_peers=3, commit_window=60, commit_window_seconds=120, attest_window=40, attest_window_seconds=80)
+WINDOWS = dict(
+    min_peers=3,
+    commit_window=60,
+    commit_window_seconds=120,
+    attest_window=40,
+    attest_window_seconds=80,
+    secure_aggregation=True,
+)
 
 
 class Store:
@@ -73,7 +101,7 @@ class SecureRound:
         self.store = Store()
         self.members = round_members(self.swarm.reader, 1)
         self.setup = r.RoundSetup.for_members(
-            session_id(kit.GENESIS, 1), self.members.signing, BITS, DIM, counted_members=1
+            round_session(self.swarm.reader, 1), self.members.signing, BITS, DIM, counted_members=1
         )
         rng = np.random.default_rng(7)
         self.inputs = {i: rng.integers(0, 2**BITS, DIM, dtype=np.int64) for i in range(n)}
@@ -89,9 +117,25 @@ class SecureRound:
             self.info.opened_at + p["commit_window_seconds"] // parts,
         )
 
-    def play(self, *, drop_before: dict[str, set[int]] | None = None, reveal_hook=None) -> None:
-        """drop_before["keys" | "deal" | "mask" | "reveal"]: the members that send nothing from that step on."""
-        drops = {"keys": set(), "deal": set(), "mask": set(), "reveal": set(), **(drop_before or {})}
+    def pass_attest_part(self, parts: int) -> None:
+        info, p = self.swarm.reader.round_info(1), self.swarm.params
+        self.swarm.pass_window(
+            info.closed_block + p["attest_window"] // parts, info.closed_at + p["attest_window_seconds"] // parts
+        )
+
+    def play(
+        self,
+        *,
+        drop_before: dict[str, set[int]] | None = None,
+        reveal_hook=None,
+        served: dict[int, set[int]] | None = None,
+        commit_order=None,
+    ) -> None:
+        """drop_before["keys" | "deal" | "mask" | "ack" | "reveal"]: the members that send nothing
+        from that step on; served[s]: the only members that got member s's MASKED frame (it
+        served nobody else); commit_order(i, digest): commits member i's MASKED digest (default:
+        i commits it)."""
+        drops = {"keys": set(), "deal": set(), "mask": set(), "ack": set(), "reveal": set(), **(drop_before or {})}
         setup, reader, gone = self.setup, self.swarm.reader, set(drops["keys"])
         states = {}
         for i in set(range(self.n)) - gone:
@@ -115,16 +159,25 @@ class SecureRound:
         gone |= drops["mask"]
         for i in sorted(set(dealt) - gone):
             masked = r.masked_vector(states[i], setup, keys, dealt, self.inputs[i])
-            self.swarm.peers[i].commit(1, self.store.put(masked), 10, 1_000_000, self.kit.MECHANISM)
+            if commit_order is None:
+                self.swarm.peers[i].commit(1, self.store.put(masked), 10, 1_000_000, self.kit.MECHANISM)
+            else:
+                commit_order(i, self.store.put(masked))
         self.swarm.pass_commit_window(1)
         self.swarm.peers[0].close_round(1)
         steps = chain_steps(reader, 1, self.members)
         masked_frames = {i: self.store.get(d.hex()) for i, d in steps.digests[Step.MASKED].items()}
-        vectors, _ = survivors(setup, dealt, masked_frames)
-        self.alive = set(vectors)
+        vectors, self.masked_faults = survivors(setup, dealt, masked_frames)
+        gone |= drops["ack"]
+        for i in sorted(set(keys) - gone):  # each acknowledges the sound frames it was served
+            held = {s for s in vectors if served is None or s not in served or i in served[s]}
+            self.swarm.peers[i].acknowledge(1, ack_bitmap(held, self.n))
+        self.pass_attest_part(4)
+        self.steps = chain_steps(reader, 1, self.members)
+        self.alive = set(agreed_survivors(self.steps, setup.threshold) & set(dealt))
         gone |= drops["reveal"]
         for i in sorted(set(keys) - gone):
-            frame = r.reveal(states[i], setup, dealt, vectors)
+            frame = r.reveal(states[i], setup, dealt, self.alive)
             self.post(i, Step.REVEAL, reveal_hook(i, frame) if reveal_hook else frame)
 
     def plain_sum(self) -> np.ndarray:
@@ -152,15 +205,93 @@ def test_a_secure_round_on_chain_verifies_with_a_member_dropped_after_dealing(au
     assert check.dropped == (game.members.addresses[4],) and check.faults == {}
 
 
-@pytest.mark.parametrize("step", ["keys", "deal", "mask", "reveal"])
+@pytest.mark.parametrize("step", ["keys", "deal", "mask", "ack", "reveal"])
 def test_a_third_of_the_members_gone_at_any_step_and_the_round_verifies(automine_chain, kit, step):
     game = SecureRound(kit, automine_chain, 6)  # t = 4: two of six may go, whichever step they leave at
     game.play(drop_before={step: {1, 4}})
     check = game.verify()
     assert check.failure is None, check.failure
-    assert game.alive == ({0, 2, 3, 5} if step != "reveal" else set(range(6)))
+    assert game.alive == ({0, 2, 3, 5} if step not in ("ack", "reveal") else set(range(6)))
     np.testing.assert_array_equal(check.total, game.plain_sum())
     assert check.faults == {}
+
+
+@pytest.mark.parametrize("served", [{0, 1, 2}, {0, 1, 2, 3}])
+def test_a_masked_frame_committed_then_served_to_some_members_only_splits_no_set(automine_chain, kit, served):
+    """Member 5 commits its MASKED digest and serves the frame to `served` only (itself gone):
+    with fewer than t = 4 holders it is out of U3 for everyone (its mask key revealed, never its
+    seed), with t it is in U3 for everyone (members lacking it reveal its seed all the same, and
+    fetch it from its acknowledgers). Either way the round unmasks and verifies."""
+    game = SecureRound(kit, automine_chain, 6)
+    withholder = 5
+    game.play(served={withholder: served}, drop_before={"ack": {withholder}})
+    in_u3 = len(served) >= game.setup.threshold
+    assert game.alive == (set(range(6)) if in_u3 else set(range(5)))
+    assert {i for i, senders in game.steps.acks.items() if withholder in senders} == served
+    if not in_u3:  # the archive holds no copy of a frame fewer than t members acknowledged
+        del game.store.blobs[game.steps.digests[Step.MASKED][withholder].hex()]
+    check = game.verify()
+    assert check.failure is None, check.failure
+    np.testing.assert_array_equal(check.total, game.plain_sum())
+    assert check.faults == {}
+    assert check.dropped == (() if in_u3 else (game.members.addresses[withholder],))
+
+
+def test_a_copied_masked_digest_committed_first_does_not_push_its_sender_out(automine_chain, kit):
+    """Member 1 front-runs member 0: it commits 0's MASKED digest before 0 does. The ledger of a
+    secure swarm takes both commits; the frame names and is signed by 0, so every member finds
+    that 1's commit holds no frame of its own, nobody acknowledges it, and 0 is in the sum."""
+    game = SecureRound(kit, automine_chain, 5)  # t = 4
+    copier, victim = 1, 0
+    digests: dict[int, bytes] = {}
+
+    def commit(i: int, digest: bytes) -> None:
+        digests[i] = digest
+        if i == copier:
+            return
+        if i == victim:  # the copy lands first, as a front-runner's with a higher fee would
+            game.swarm.peers[copier].commit(1, digest, 10, 1_000_000, kit.MECHANISM)
+        game.swarm.peers[i].commit(1, digest, 10, 1_000_000, kit.MECHANISM)
+
+    game.play(commit_order=commit)
+    assert game.steps.digests[Step.MASKED][copier] == game.steps.digests[Step.MASKED][victim] == digests[victim]
+    assert "another member" in game.masked_faults[copier]
+    assert victim in game.alive and copier not in game.alive
+    check = game.verify()
+    assert check.failure is None, check.failure
+    np.testing.assert_array_equal(check.total, game.plain_sum())
+    copier_address = game.members.addresses[copier]
+    assert "another member" in check.faults[copier_address] and copier_address in check.dropped
+
+
+def test_sets_are_read_confirmations_deep(automine_chain, kit):
+    """A posting in the last blocks, which a reorganisation takes back, is in no set a member
+    reading `confirmations` deep acts on: the set it saw is the one the chain keeps."""
+    game = SecureRound(kit, automine_chain, 4)
+    deep = LedgerClient(game.swarm.w3, game.swarm.address, confirmations=2)
+    kept = kit.digest("kept")
+    game.swarm.peers[0].post_frame(1, Step.KEYS, kept)
+    game.swarm.anvil.mine(2)
+    snapshot = game.swarm.anvil.rpc("evm_snapshot", [])
+    game.swarm.peers[1].post_frame(1, Step.KEYS, kit.digest("reorged"))  # in the head block only
+    at_head = chain_steps(game.swarm.reader, 1, game.members).digests[Step.KEYS]
+    seen = chain_steps(deep, 1, game.members).digests[Step.KEYS]
+    assert at_head == {0: kept, 1: kit.digest("reorged")} and seen == {0: kept}
+    game.swarm.anvil.rpc("evm_revert", [snapshot])  # the reorganisation
+    game.swarm.anvil.mine(3)
+    assert chain_steps(game.swarm.reader, 1, game.members).digests[Step.KEYS] == seen
+
+    # a window is over for a member once it has passed at the block 2 deep, whichever head it is given
+    def block(number):
+        b = game.swarm.w3.eth.get_block(number)
+        return b["number"], b["timestamp"]
+
+    latest = block("latest")
+    deep_block = block(latest[0] - 2)
+    for head in (latest, deep_block):
+        assert settled_block(deep, head, deep_block[0], deep_block[1]) == deep_block[0]
+        assert settled_block(deep, head, deep_block[0] + 1, deep_block[1]) is None  # its last block is later
+        assert settled_block(deep, head, deep_block[0], deep_block[1] + 1) is None  # and so is its last second
 
 
 def test_verify_names_a_wrong_share_and_a_frame_the_archive_changed(automine_chain, kit):
@@ -184,7 +315,8 @@ def test_verify_names_a_wrong_share_and_a_frame_the_archive_changed(automine_cha
 
     # an archive whose REVEAL frame of member 1 is not the one whose digest the chain holds
     digest = chain_steps(game.swarm.reader, 1, game.members).digests[Step.REVEAL][1]
-    game.store.blobs[digest.hex()] = game.store.blobs[digest.hex()][:-1] + b"\0"
+    changed = game.store.blobs[digest.hex()]
+    game.store.blobs[digest.hex()] = changed[:-1] + bytes([changed[-1] ^ 1])  # another last byte, whatever it was
     check = game.verify()
     assert "REVEAL digest" in check.faults[game.members.addresses[1]]
 
@@ -195,14 +327,18 @@ def test_post_frame_is_taken_only_in_its_steps_window(automine_chain, kit):
     member, outsider = swarm.peers[0], swarm.peers[2]
     with pytest.raises(NotRegistered):
         outsider.post_frame(1, Step.KEYS, kit.digest("k"))
+    kit.register_signed(outsider, kit.identity(2))  # a member from here on: three commit (the quorum)
     with pytest.raises(InvalidStep):
         member.post_frame(1, Step.MASKED, kit.digest("m"))  # the masked vector's digest is the commit
     with pytest.raises(StepWindowClosed):
         member.post_frame(1, Step.DEALING, kit.digest("d"))  # KEYS window still running
     with pytest.raises(StepWindowClosed):
         member.post_frame(1, Step.REVEAL, kit.digest("r"))  # the round is open
+    with pytest.raises(StepWindowClosed):
+        member.acknowledge(1, b"\x01")  # the round is open
     member.post_frame(1, Step.KEYS, kit.digest("k0"))
-    member.post_frame(1, Step.KEYS, kit.digest("k1"))  # taken, but only the first counts
+    with pytest.raises(AlreadyPosted):  # one posting per member and step: no stream of them to re-read
+        member.post_frame(1, Step.KEYS, kit.digest("k1"))
     info, p = swarm.reader.round_info(1), swarm.params
     swarm.pass_window(info.opened_block + p["commit_window"] // 4, info.opened_at + p["commit_window_seconds"] // 4)
     with pytest.raises(StepWindowClosed):
@@ -211,10 +347,61 @@ def test_post_frame_is_taken_only_in_its_steps_window(automine_chain, kit):
     members = round_members(swarm.reader, 1)
     steps = chain_steps(swarm.reader, 1, members)
     assert steps.digests[Step.KEYS] == {0: kit.digest("k0")} and steps.digests[Step.DEALING] == {0: kit.digest("d0")}
-    assert "KEYS" in steps.repeated[0]
     swarm.pass_window(info.opened_block + p["commit_window"] // 2, info.opened_at + p["commit_window_seconds"] // 2)
     with pytest.raises(StepWindowClosed):
         member.post_frame(1, Step.DEALING, kit.digest("late"))
+    for i in range(3):
+        swarm.peers[i].commit(1, kit.digest(f"masked{i}"), 10, 1_000_000, kit.MECHANISM)
+    swarm.pass_commit_window(1)
+    member.close_round(1)
+    with pytest.raises(StepWindowClosed):
+        member.post_frame(1, Step.REVEAL, kit.digest("r"))  # the ACK window runs first
+    with pytest.raises(MalformedBitmap):
+        member.acknowledge(1, bytes(513))  # more members than a frame can address
+    member.acknowledge(1, ack_bitmap({0, 1}, 3))
+    with pytest.raises(AlreadyPosted):
+        member.acknowledge(1, ack_bitmap({0}, 3))
+    swarm.peers[1].acknowledge(1, b"\x0f")  # a bit past the last member: not a bitmap over the members
+    info = swarm.reader.round_info(1)
+    swarm.pass_window(info.closed_block + p["attest_window"] // 4, info.closed_at + p["attest_window_seconds"] // 4)
+    with pytest.raises(StepWindowClosed):
+        member.acknowledge(1, b"\x03")
+    member.post_frame(1, Step.REVEAL, kit.digest("r0"))
+    with pytest.raises(AlreadyPosted):
+        member.post_frame(1, Step.REVEAL, kit.digest("r1"))
+    steps = chain_steps(swarm.reader, 1, members)
+    assert steps.acks == {0: frozenset({0, 1})} and "not a bitmap" in steps.repeated[1]
+    assert steps.digests[Step.REVEAL] == {0: kit.digest("r0")}
+    assert agreed_survivors(steps, 1) == {0, 1} and agreed_survivors(steps, 2) == set()
+
+
+def test_only_a_swarm_deployed_for_secure_aggregation_takes_postings(automine_chain, kit):
+    swarm = kit.Swarm(automine_chain, 2, **(WINDOWS | {"secure_aggregation": False}))
+    swarm.register(2)
+    with pytest.raises(NotSecureAggregation):
+        swarm.peers[0].post_frame(1, Step.KEYS, kit.digest("k"))
+    swarm.peers[0].commit(1, kit.digest("u"), 10, 1_000_000, kit.MECHANISM)
+    with pytest.raises(DuplicateDigest):  # outside secure aggregation a copied update is still refused
+        swarm.peers[1].commit(1, kit.digest("u"), 10, 1_000_000, kit.MECHANISM)
+    assert not swarm.reader.params().secure_aggregation
+
+
+def test_an_acknowledgment_is_a_bitmap_over_the_members():
+    assert read_ack(ack_bitmap({0, 8, 9}, 10), 10) == {0, 8, 9}
+    assert read_ack(b"\x01", 10) is None  # too short
+    assert read_ack(b"\x01\x04", 10) is None  # member 10 of 10
+    assert read_ack(b"\xff", 8) == frozenset(range(8))
+
+
+def test_the_session_binds_the_chain_and_the_ledger(automine_chain, kit):
+    one = kit.Swarm(automine_chain, 1, **WINDOWS)
+    two = kit.Swarm(automine_chain, 1, **WINDOWS)  # the same genesis, another deployment
+    assert round_session(one.reader, 1) != round_session(two.reader, 1)
+    ledger = bytes.fromhex(one.address[2:])
+    assert round_session(one.reader, 1) == session_id(kit.GENESIS, 1, chain_id=one.w3.eth.chain_id, ledger=ledger)
+    assert session_id(kit.GENESIS, 1, chain_id=1, ledger=ledger) != session_id(
+        kit.GENESIS, 1, chain_id=2, ledger=ledger
+    )
 
 
 def test_members_leave_out_the_addresses_disallowed_by_the_end_of_the_keys_window(automine_chain, kit):
@@ -255,7 +442,7 @@ def test_round_setup_refuses_more_members_than_a_frame_addresses(kit):
     n = m.MAX_MEMBERS + 1
     members = RoundMembers(tuple(f"0x{i:040x}" for i in range(n)), (b"",) * n, {i: key for i in range(n)})
     with pytest.raises(BadRound, match="more than a frame can address"):
-        round_setup(session_id(kit.GENESIS, 1), members, BITS, DIM, counted_members=1)
+        round_setup(session_id(kit.GENESIS, 1, chain_id=1, ledger=bytes(20)), members, BITS, DIM, counted_members=1)
 
 
 class StoreTransport:

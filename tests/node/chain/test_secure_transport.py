@@ -1,9 +1,10 @@
 """A secure-aggregation round played by members with real libp2p hosts on 127.0.0.1 over a real
 Anvil that builds a block every second (node.peer.secure): every frame published and fetched as
-blobs, every digest posted in its step's window; one member gone after dealing, one revealing a
-wrong share, one sending a malformed masked vector. Every other member gets the sum of the
-survivors' inputs and names the two faulty members; `swarm verify`'s check agrees from the
-members' stores alone."""
+blobs, every digest posted in its step's window; one member committing its MASKED digest and
+then serving nobody the frame (nor doing anything after), one revealing a wrong share, one
+sending a malformed masked vector. The acknowledgments on chain leave the withheld frame out of
+U3 for everyone; every other member gets the sum of the survivors' inputs and names the two
+faulty members; `swarm verify`'s check agrees from the members' stores alone."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from p2p.store import MemoryBlobStore
 
 pytestmark = pytest.mark.anyio
 N, BITS, DIM = 6, 32, 300  # t = 4
-GONE, WRONG_SHARE, BAD_MASKED = 5, 1, 2
+WITHHOLDER, WRONG_SHARE, BAD_MASKED = 5, 1, 2
 
 
 @pytest.fixture
@@ -72,31 +73,22 @@ async def test_a_secure_round_over_libp2p_and_the_chain(testnet_chain, kit):
             task_status.started(host.addrs[0])
             await ready.wait()
             swarm = deployed[0]
-            fault = {WRONG_SHARE: "secagg-wrong-share", BAD_MASKED: "secagg-bad-masked"}.get(i)
+            fault = {
+                WRONG_SHARE: "secagg-wrong-share",
+                BAD_MASKED: "secagg-bad-masked",
+                WITHHOLDER: "secagg-withhold-masked",
+            }.get(i)
             settings = SecureSettings(BITS, DIM, counted_members=1, fetch_timeout=20.0, fault=fault)
             key = Ed25519PrivateKey.from_private_bytes(kit.identity(i).to_bytes())
             secure = SecureMember(swarm.peers[i], host, stores[i], key, settings, call=off, head=head)
 
             async def commit(digest: bytes) -> None:
-                if i == GONE:  # it never commits: stopped here, or before, by kill_after_dealing
-                    await trio.sleep_forever()
                 await off(swarm.peers[i].commit, 1, digest, 10, 1_000_000, kit.MECHANISM)
 
             outcomes[i] = await secure.play(1, inputs[i], commit)
-            if len(outcomes) == N - 1:
+            if len(outcomes) == N:
                 everyone_done.set()
             await everyone_done.wait()  # keep serving this member's blobs until every other member has them
-
-    async def kill_after_dealing(scope: trio.CancelScope) -> None:
-        """Member GONE stops (its host with it) once every other member holds its dealing: a
-        dealing nobody can fetch would make every member sit out (none may go on without it)."""
-        while True:
-            members = await off(round_members, deployed[0].reader, 1)
-            dealing = (await off(chain_steps, deployed[0].reader, 1, members)).digests[Step.DEALING].get(GONE)
-            if dealing is not None and all(stores[i].has(dealing.hex()) for i in range(N - 1)):
-                scope.cancel()
-                return
-            await trio.sleep(0.25)
 
     async def close_when_due() -> None:
         while (await off(deployed[0].reader.round_info, 1)).state is RoundState.OPEN:
@@ -109,20 +101,13 @@ async def test_a_secure_round_over_libp2p_and_the_chain(testnet_chain, kit):
         async with trio.open_nursery() as nursery:
             ready = trio.Event()
             addrs = [await nursery.start(member, 0, ready, [])]
-            for i in range(1, N - 1):
+            for i in range(1, N):
                 addrs.append(await nursery.start(member, i, ready, list(addrs)))
-            gone_scope = trio.CancelScope()
-
-            async def gone_member(task_status=trio.TASK_STATUS_IGNORED) -> None:
-                with gone_scope:
-                    await member(GONE, ready, list(addrs), task_status=task_status)
-
-            await nursery.start(gone_member)
-            # quorum: the five members that commit, so no commit is late however slow the machine;
-            # the round closes when the commit window has passed (GONE is awaited until then)
+            # every member commits, so the round closes early, once the last commit is in; the
+            # attestation window's first quarter is the ACK window, its second the REVEAL window
             swarm = await off(
                 kit.Swarm, testnet_chain, N, min_peers=N - 1, commit_window=80, commit_window_seconds=80,
-                attest_window=80, attest_window_seconds=80,
+                attest_window=120, attest_window_seconds=120, secure_aggregation=True,
             )  # fmt: skip
             deployed.append(swarm)
             # inside round 1's KEYS window (20 blocks: a loaded machine still serves every KEYS blob in it)
@@ -130,14 +115,15 @@ async def test_a_secure_round_over_libp2p_and_the_chain(testnet_chain, kit):
                 for i in range(N):
                     registering.start_soon(off, kit.register_signed, swarm.peers[i], kit.identity(i))
             ready.set()
-            nursery.start_soon(kill_after_dealing, gone_scope)
             nursery.start_soon(close_when_due)
 
     members = round_members(swarm.reader, 1)
     index = {i: members.index_of(swarm.accounts[i].address) for i in range(N)}  # registrations raced
-    survivors = [i for i in range(N) if i not in (GONE, BAD_MASKED)]
+    survivors = [i for i in range(N) if i not in (WITHHOLDER, BAD_MASKED)]
     expected = sum_residues([inputs[i] for i in survivors], BITS)
-    assert GONE not in outcomes
+    assert "withholding" in (outcomes[WITHHOLDER].sat_out or "")
+    masked = chain_steps(swarm.reader, 1, members).digests[Step.MASKED]
+    assert index[WITHHOLDER] in masked and not any(s.has(masked[index[WITHHOLDER]].hex()) for s in stores)
     for i in range(N - 1):
         out = outcomes[i]
         assert out.result is not None, (i, out.sat_out)
@@ -146,10 +132,10 @@ async def test_a_secure_round_over_libp2p_and_the_chain(testnet_chain, kit):
         assert "does not match its commitment" in out.faults[index[WRONG_SHARE]]
         assert "wrong size" in out.faults[index[BAD_MASKED]]
 
-    check = verify_secure_round(swarm.reader, 1, ArchiveStores(stores[: N - 1]), bits=BITS, dim=DIM, counted_members=1)
+    check = verify_secure_round(swarm.reader, 1, ArchiveStores(stores), bits=BITS, dim=DIM, counted_members=1)
     assert check.failure is None, check.failure
     np.testing.assert_array_equal(check.total, expected)
     bad = (swarm.accounts[WRONG_SHARE].address, swarm.accounts[BAD_MASKED].address)
-    gone = swarm.accounts[GONE].address  # dealt, then never committed
+    withholder = swarm.accounts[WITHHOLDER].address  # committed, served nobody its frame: in no U3
     assert set(check.faults) == set(bad)
-    assert set(check.dropped) == {bad[1], gone}  # their mask keys rebuilt, their vectors left out
+    assert set(check.dropped) == {bad[1], withholder}  # their mask keys rebuilt, their vectors left out
