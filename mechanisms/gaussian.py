@@ -13,9 +13,11 @@ convention sigma = z * S; the (eps, delta) stated are for D = 2S, i.e. a unit no
 
 Sampling (docs/MECHANISMS.md, "Floating point"): Box-Muller pairs in float64 from a ChaCha20
 stream, radius sqrt(2 l) with l = -ln R exact to a relative 2^-51 for every R (R = Y or 1 - Y by a
-fair coin, Y = U*/2 a uniform real on (0, 1/2) rounded down to a float64, and -ln(1 - Y) by
-log1p: fine near R = 1 as well as near 0), angle 2 pi V with V on the 2^-53 grid; the noise reaches
-37.6 sigma. The released value is the SNAPPING of the exact Gaussian mechanism: the clipped update
+fair coin, Y = U*/2 a uniform real on (0, 1/2) rounded down to a float64, and -ln(1 - Y) from
+f = -Y exactly, or 1 - Y rounded once Y >= 0.29: fine near R = 1 as well as near 0), angle 2 pi V
+with V on the 2^-53 grid,
+log, cos and sin the kernels' own (`kernels.normal_pair`); the noise reaches 37.6 sigma. The
+released value is the SNAPPING of the exact Gaussian mechanism: the clipped update
 plus the noise, rounded to a grid L (the largest power of 2 <= sigma/4) and clamped to +-K L
 where every grid value is reachable from every clipped input: the output set is the grid,
 whatever the input. The float computation differs from the exact snapped mechanism only when
@@ -154,53 +156,42 @@ def float_residual_delta(sigma: float, sensitivity: float) -> float:
 # Relative error of the sampler's noise per unit of radius, in units of 2^-53: the radius (U*:
 # 2 ulps, log or log1p: 2 LOG_ULPS, sqrt: 1), the angle (grid 2 pi, 2 pi rounded, its product:
 # 3 x 2 pi), cos or sin (2 LOG_ULPS, absolute), the products by sigma/L and by the radius (2).
+# The kernels' functions meet each term (`kernels.normal_pair`; proof in docs/MECHANISMS.md).
 NOISE_ULPS = 2.0 + 2.0 * LOG_ULPS + 1.0 + 6.0 * math.pi + 2.0 * LOG_ULPS + 2.0
 _RADIUS_CUT = 12.0  # radii beyond it (probability e^-72) count as a boundary event outright
 
 
 def standard_normal_pairs_(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
     """out (float64, even length 2m) <- 2m standard normals: out[i] and out[m + i] are the pair
-    (r cos 2 pi V, r sin 2 pi V) of one radius r = sqrt(-2 ln R) (see the module's docstring)."""
+    (r cos 2 pi V, r sin 2 pi V) of one radius r = sqrt(-2 ln R) (see the module's docstring;
+    `kernels.normal_pairs`). Randomness: only `stream`."""
     from . import kernels  # numba: paid on the first draw only
 
-    kernels.box_muller_products(out.numpy(), _polar_(out, stream).numpy())
+    m = out.numel() // 2
+    first, aux = _pair_words(stream, m)
+    if kernels.normal_pairs(first, aux, _NO_UNIFORMS, out.numpy()):
+        kernels.normal_pairs(first, aux, _redrawn_uniforms(first, aux, stream), out.numpy())
     return out
 
 
-def _polar_(out: torch.Tensor, stream: RandomStream) -> torch.Tensor:
-    """out (float64, even length 2m) <- (cos 2 pi V, then sin 2 pi V) of m pairs; returns their
-    radii r = sqrt(-2 ln R), in a scratch buffer.
+def _pair_words(stream: RandomStream, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two 64-bit words per pair: the first's sign bit is the coin (R = Y or 1 - Y) and its other
+    63 bits U*'s significand and binade; the second's low 53 bits the angle V and its top 10 more
+    of U*'s binade."""
+    return words64(stream, m, 0).numpy(), words64(stream, m, 1).numpy()
 
-    Two 64-bit words per pair: the first's sign bit is the coin (R = Y or 1 - Y) and its other 63
-    bits U*'s significand and binade; the second's low 53 bits the angle V and its top 10 more of
-    U*'s binade. The logs, the square root, cos and sin are torch's (Sleef's vectorized) and
-    numpy's log1p (its SIMD one): the functions LOG_ULPS bounds (tests/mechanisms/test_float_noise.py
-    measures them); the rest is `kernels.box_muller_*`. Randomness: only `stream`."""
+
+_NO_UNIFORMS = np.empty(0, dtype=np.float64)
+
+
+def _redrawn_uniforms(first: np.ndarray, aux: np.ndarray, stream: RandomStream) -> np.ndarray:
+    """The pairs' U*, those below 2^-1022 (their binade draw was 0: probability 2^-21 per pair)
+    drawn again one level down from the next words (`draws.redraw_below_grid_`)."""
     from . import kernels
 
-    m = out.numel() // 2
-    first, aux = words64(stream, m, 0), words64(stream, m, 1)
-    y, neg_y = scratch(m, torch.float64, 0), scratch(m, torch.float64, 1).numpy()
-    theta = scratch(m, torch.float64, 2)
-    first_np = first.numpy()
-    if kernels.box_muller_uniforms(first_np, aux.numpy(), y.numpy(), neg_y, theta.numpy()):
-        _redraw_halves_(y, neg_y, stream)  # h = 0: probability 2^-21 per pair
-    low = torch.log(y, out=scratch(m, torch.float64, 5))  # -l when R = Y
-    # -l when R = 1 - Y: numpy's log1p, 1.6x faster than torch's float64 log1p
-    high = np.log1p(neg_y, out=neg_y)
-    kernels.box_muller_radius_squared(first_np, low.numpy(), high)
-    torch.cos(theta, out=out[:m])
-    torch.sin(theta, out=out[m:])
-    return low.sqrt_()
-
-
-def _redraw_halves_(y: torch.Tensor, neg_y: np.ndarray, stream: RandomStream) -> None:
-    """y[i] <- U*/2 and neg_y[i] <- -y[i] where U* was below 2^-1022 (its binade draw was 0): U*
-    redrawn one level down (`draws.redraw_below_grid_`), then halved."""
-    idx = torch.nonzero(y < 2.0**-1022).view(-1)
-    redraw_below_grid_(y, 21, stream)
-    y[idx] = y[idx].mul_(0.5)
-    neg_y[idx.numpy()] = -y[idx].numpy()
+    u = scratch(first.size, torch.float64, 0)
+    kernels.pair_uniforms(first, aux, u.numpy())
+    return redraw_below_grid_(u, 21, stream).numpy()
 
 
 def add_gaussian_noise(
@@ -352,13 +343,12 @@ class Gaussian(Mechanism):
 
         grid, steps, out = self.grid, float(self.steps), torch.empty_like(flat)
         flat_np, out_np = flat.numpy(), out.numpy()
+        args = (self.sigma / grid, scale / grid, steps, grid)
         for lo, hi in blocks(flat.numel()):
-            n = hi - lo
-            angles = scratch(n + n % 2, torch.float64, 3)
-            radius = _polar_(angles, stream).numpy()
-            kernels.gaussian_snap(
-                angles.numpy(), radius, flat_np[lo:hi], out_np[lo:hi], self.sigma / grid, scale / grid, steps, grid
-            )
+            first, aux = _pair_words(stream, (hi - lo + 1) // 2)
+            if kernels.gaussian_snap(first, aux, _NO_UNIFORMS, flat_np[lo:hi], out_np[lo:hi], *args):
+                u = _redrawn_uniforms(first, aux, stream)
+                kernels.gaussian_snap(first, aux, u, flat_np[lo:hi], out_np[lo:hi], *args)
         return out
 
     def perturb(self, x: torch.Tensor, *, generator: PrivacyGenerator | None = None) -> torch.Tensor:

@@ -3,9 +3,10 @@
 """Fused per-coordinate kernels of the local mechanisms, compiled with numba.
 
 Each kernel reads one block's keystream words and input and writes the block's output in one
-pass (Laplace, the exponential mechanism and the Gaussian: between torch's and numpy's
-transcendental passes, which stay theirs, as the float bounds are for those functions), with
-exactly the roundings of the arithmetic the mechanism's docstring states (and its proof in
+pass (Laplace: on either side of torch's log), the exponential mechanism and the Gaussian with
+their own log, exp, cos and sin (`log64`, `exp_pair64`, `normal_pair`: series whose error bounds
+docs/MECHANISMS.md proves and the mechanisms' float bounds use), with exactly the roundings of
+the arithmetic the mechanism's docstring states (and its proof in
 docs/MECHANISMS.md rests on): float32 where the mechanism computes in float32, a fused
 multiply-add (`fma`, one rounding) where it says so, a separate multiply and add (two roundings)
 elsewhere. No fastmath (LLVM may then neither reassociate nor contract a multiply and an add
@@ -14,11 +15,14 @@ tests/mechanisms/test_kernel_bits.py checks against a whole-tensor reference.
 
 Imported by the perturb paths on their first call, not by `import mechanisms`: importing numba
 costs about 0.3 s, which a process that never perturbs should not pay. `cache=True`: the machine
-code is compiled once per signature (about 5 s of CPU for all of them) and kept next to this file
+code is compiled once per signature (about 8 s of CPU for all of them) and kept next to this file
 (__pycache__, or numba's user cache directory); a later process loads it.
 """
 
 from __future__ import annotations
+
+import contextlib
+import math
 
 import numpy as np
 from llvmlite import ir
@@ -63,6 +67,25 @@ def fma(typingctx, a, b, c):
 
     def codegen(context, builder, sig, args):
         return builder.fma(*args)
+
+    return signature, codegen
+
+
+@intrinsic
+def wide_vectors(typingctx):
+    """Let LLVM vectorize the calling kernel's loops with 512-bit registers where the CPU has them
+    (its function attribute "prefer-vector-width"; without it LLVM stops at 256 bits on AVX-512
+    CPUs). For the kernels dominated by arithmetic (the exponential mechanism and the Gaussian):
+    about 1.4 times as fast here; a CPU without 512-bit registers ignores it. Bits unchanged:
+    each lane does the arithmetic the scalar code states."""
+    signature = types.none()
+
+    def codegen(context, builder, sig, args):
+        # llvmlite's attribute set accepts only a fixed list of names; LLVM takes string attributes.
+        # A speed hint only: an llvmlite whose attributes are no set compiles the kernel without it.
+        with contextlib.suppress(TypeError, AttributeError):
+            set.add(builder.function.attributes, '"prefer-vector-width"="512"')
+        return context.get_dummy_value()
 
     return signature, codegen
 
@@ -219,6 +242,7 @@ _LOW63 = np.int64((1 << 63) - 1)
 _LOW52 = np.int64((1 << 52) - 1)
 _EXPONENT64 = np.int64(0x7FF0000000000000)
 _TWO_M53 = 2.0**-53
+_ANGLE_BITS = np.int64((1 << 53) - 1)
 _NORMAL_MIN = 2.0**-1022
 
 
@@ -260,106 +284,323 @@ def laplace(aux, log_u, t, out, inv_snap, snap, c, steps):
     return inside
 
 
+# ---------------------------------------------------------------------------------------------
+# log and exp with proven error bounds (docs/MECHANISMS.md, "Floating point": "The kernels' own
+# log, exp, cos and sin"): Taylor and atanh series with stated remainders, evaluated with fma;
+# branch-free, so that a loop calling them vectorizes. Each is within 3 x 2^-53 of its result
+# (relative), inside the LOG_ULPS = 4 the mechanisms' bounds assume.
+
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # ln 2's top 32 bits: k LN2_HI exact for |k| < 2^21
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")  # ln 2 - _LN2_HI, within 2^-86 of it
+_INV_LN2 = 1.0 / math.log(2.0)
+_SQRT2 = math.sqrt(2.0)
+_ONE_BITS = np.int64(1023 << 52)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def log1p_reduced(f, e):
+    """e ln 2 + ln(1 + f) for f exact in [sqrt(1/2) - 1, sqrt 2 - 1] and e an integer (a float64
+    below 2^11 in magnitude): ln(1 + f) = 2 atanh(t), t = f/(2 + f), |t| <= 0.1716, as
+    f - (f t - t P(t^2)) (2t = f - f t exactly in reals), P(s) = sum_{k=1..10} 2 s^k/(2k + 1)
+    (the series' remainder below 2^-60 of the result); e ln 2 as e LN2_HI (exact) + e LN2_LO."""
+    t = f / (2.0 + f)
+    s = t * t
+    p = 2.0 / 21.0
+    p = fma(p, s, 2.0 / 19.0)
+    p = fma(p, s, 2.0 / 17.0)
+    p = fma(p, s, 2.0 / 15.0)
+    p = fma(p, s, 2.0 / 13.0)
+    p = fma(p, s, 2.0 / 11.0)
+    p = fma(p, s, 2.0 / 9.0)
+    p = fma(p, s, 2.0 / 7.0)
+    p = fma(p, s, 2.0 / 5.0)
+    p = fma(p, s, 2.0 / 3.0)
+    inner = fma(f, t, -(t * (p * s))) - e * _LN2_LO
+    return fma(e, _LN2_HI, f - inner)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def log_parts(x):
+    """(f, e) with x = 2^e (1 + f), 1 + f in [sqrt(1/2), sqrt 2) (f exact), for a normal x > 0."""
+    bits = float64_bits(x)
+    m = bits_float64((bits & _LOW52) | _ONE_BITS)  # x's significand, in [1, 2)
+    big = m > _SQRT2
+    e = np.float64((bits >> 52) - 1022 if big else (bits >> 52) - 1023)
+    return (m * 0.5 if big else m) - 1.0, e  # m/2 exact; m - 1 exact (Sterbenz)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def log64(x):
+    """ln x for x = 0 (-inf) or a normal float64 > 0, within 3 x 2^-53 relative."""
+    f, e = log_parts(x)
+    return -np.inf if x == 0.0 else log1p_reduced(f, e)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def exp_pair_reduced(r):
+    """(e^r, e^-r) for |r| <= 0.3466 + 2^-40, each within 2.1 x 2^-53 relative (r exact): the
+    Taylor series of e^r to r^13 (remainder below 2^-57 of the result) split into its even part
+    1 + a and odd part r + o, a = r^2 E(r^2), o = r^3 O(r^2): e^r = 1 + (r + (a + o)),
+    e^-r = 1 + ((a - o) - r)."""
+    r2 = r * r
+    even = 1.0 / 479001600.0  # 1/12!
+    even = fma(even, r2, 1.0 / 3628800.0)
+    even = fma(even, r2, 1.0 / 40320.0)
+    even = fma(even, r2, 1.0 / 720.0)
+    even = fma(even, r2, 1.0 / 24.0)
+    even = fma(even, r2, 0.5)
+    odd = 1.0 / 6227020800.0  # 1/13!
+    odd = fma(odd, r2, 1.0 / 39916800.0)
+    odd = fma(odd, r2, 1.0 / 362880.0)
+    odd = fma(odd, r2, 1.0 / 5040.0)
+    odd = fma(odd, r2, 1.0 / 120.0)
+    odd = fma(odd, r2, 1.0 / 6.0)
+    a = r2 * even
+    o = (r * r2) * odd
+    return 1.0 + (r + (a + o)), 1.0 + ((a - o) - r)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def exp_pair64(x):
+    """(e^x, e^-x) for |x| <= 700, each within 3 x 2^-53 relative, without a division:
+    k = rint(x / ln 2), r = (x - k LN2_HI) (exact) - k LN2_LO, |r| <= 0.3466 + 2^-40,
+    `exp_pair_reduced(r)` times 2^k and 2^-k (exact)."""
+    k = np.rint(x * _INV_LN2)
+    up, down = exp_pair_reduced(fma(-k, _LN2_HI, x) - k * _LN2_LO)
+    scale = np.int64(k)
+    return up * bits_float64((scale + 1023) << 52), down * bits_float64((1023 - scale) << 52)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def log1p_narrow(f):
+    """ln(1 + f) for f exact in [-1/2, 0], within 2.1 x 2^-53 relative, without a reduction:
+    t = f/(2 + f), |t| <= 1/3, f - (f t - t P(t^2)) with the atanh series P to t^33 (remainder
+    below 2^-59 of the result)."""
+    t = f / (2.0 + f)
+    s = t * t
+    p = 2.0 / 33.0
+    p = fma(p, s, 2.0 / 31.0)
+    p = fma(p, s, 2.0 / 29.0)
+    p = fma(p, s, 2.0 / 27.0)
+    p = fma(p, s, 2.0 / 25.0)
+    p = fma(p, s, 2.0 / 23.0)
+    p = fma(p, s, 2.0 / 21.0)
+    p = fma(p, s, 2.0 / 19.0)
+    p = fma(p, s, 2.0 / 17.0)
+    p = fma(p, s, 2.0 / 15.0)
+    p = fma(p, s, 2.0 / 13.0)
+    p = fma(p, s, 2.0 / 11.0)
+    p = fma(p, s, 2.0 / 9.0)
+    p = fma(p, s, 2.0 / 7.0)
+    p = fma(p, s, 2.0 / 5.0)
+    p = fma(p, s, 2.0 / 3.0)
+    return f - fma(f, t, -(t * (p * s)))
+
+
+# Below this span 2/b of -t/b (eps_run <= 1.38) |t/b| <= 0.345 needs no exp reduction and both
+# masses stay below 1 - e^-0.69 = 0.4984, so 1 - |s| >= 1/2 needs no log reduction
+NARROW_SPAN = 0.69
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
-def scaled_unit(t, out, factor):
-    """out (float64) <- float64(t) * factor, rounded once. Returns whether every t lies in
-    [-1, 1] (False for NaN): the input check, in the same pass."""
+def exponential(words, t, out, b, c, grid):
+    """`Exponential.perturb` on one block, in float64 as the mechanism states: u = the words' 53
+    bits 10..62, (h, 1/h) = (EXP(x), EXP(-x)) for x = fl(-t/b), neg_left = fma(c, h, -1),
+    total = fma(-c 2^-53, 1/h, 2^-53) - 2^-53 neg_left (the last product exact),
+    s = fma(u, total, neg_left) (one rounding), d = max(1 - |s|, 0) (one rounding),
+    distance = sign(s) |LOG(d)|, y = fma(-b, distance, t) clamped to [-1, 1], snapped to the grid
+    (exact: rint(y / grid) grid, grid a power of 2), rounded once into out. EXP and LOG:
+    `exp_pair64`, `log64`. Returns whether every t lies in [-1, 1], as `duchi`."""
+    wide_vectors()
     inside = True
+    cells, neg_inv_b = 1.0 / grid, -1.0 / b
     for i in range(out.size):
         x = np.float64(t[i])
         inside &= (x >= -1.0) & (x <= 1.0)
-        out[i] = x * factor
+        h, h_inverse = exp_pair64(x * neg_inv_b)
+        mass = _exponential_mass(words[i], h, h_inverse, c)
+        out[i] = _exponential_value(mass, log64(max(1.0 - abs(mass), 0.0)), x, b, cells, grid)
     return inside
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def exponential_mass(words, h, left, c):
-    """`Exponential.perturb` between its exp and its log, on one block: from the raw words (their
-    53 bits 10..62: u) and h = exp(-t/b), the signed mass s from t over b; left (uint8) <- s < 0
-    and h <- 1 - |s| clamped at 0 (the log's argument). In float64, as the mechanism states: neg_left = fma(c, h,
-    -1), total = fma(-c 2^-53, 1/h, 2^-53) - 2^-53 neg_left (the last product exact),
-    s = fma(u, total, neg_left) (one rounding), 1 - |s| (one rounding)."""
-    for i in range(h.size):
-        u = np.float64((words[i] & _LOW63) >> 10)  # 53 bits: exact
-        neg_left = fma(c, h[i], -1.0)
-        total = fma(-c * _TWO_M53, 1.0 / h[i], _TWO_M53) - _TWO_M53 * neg_left
-        mass = fma(u, total, neg_left)
-        left[i] = mass < 0.0
-        h[i] = max(1.0 - abs(mass), 0.0)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def exponential(left, log_d, t, out, b, grid):
-    """`Exponential.perturb` after the log, on one block: y = fma(-b, sign(s) |log d|, t) (one
-    rounding; |log d| = -log d, d <= 1), clamped to [-1, 1], snapped to the grid (exact:
-    rint(y / grid) grid, grid a power of 2), rounded once into out."""
-    cells = 1.0 / grid
+def exponential_narrow(words, t, out, b, c, grid):
+    """`exponential` where 2/b <= NARROW_SPAN: EXP(x) = `exp_pair_reduced(x)` (|x| <= 0.345) and
+    LOG(d) = `log1p_narrow(-|s|)` (|s| <= 0.4984: 1 - |s| is not rounded), the rest the same."""
+    wide_vectors()
+    inside = True
+    cells, neg_inv_b = 1.0 / grid, -1.0 / b
     for i in range(out.size):
-        distance = -log_d[i] if left[i] else log_d[i]
-        y = min(max(fma(-b, distance, np.float64(t[i])), -1.0), 1.0)
-        out[i] = np.rint(y * cells) * grid
+        x = np.float64(t[i])
+        inside &= (x >= -1.0) & (x <= 1.0)
+        h, h_inverse = exp_pair_reduced(x * neg_inv_b)
+        mass = _exponential_mass(words[i], h, h_inverse, c)
+        out[i] = _exponential_value(mass, log1p_narrow(-abs(mass)), x, b, cells, grid)
+    return inside
 
 
-_ANGLE_BITS = np.int64((1 << 53) - 1)
-_ANGLE_STEP = 2.0 * np.pi * 2.0**-53
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _exponential_mass(word, h, h_inverse, c):
+    """s = fma(u, total, neg_left) from the word's 53-bit u and (h, 1/h), as `exponential` states."""
+    u = np.float64((word & _LOW63) >> 10)  # 53 bits: exact
+    neg_left = fma(c, h, -1.0)
+    total = fma(-c * _TWO_M53, h_inverse, _TWO_M53) - _TWO_M53 * neg_left
+    return fma(u, total, neg_left)
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _exponential_value(mass, log_d, x, b, cells, grid):
+    """The snapped output from s and LOG(d) <= 0, as `exponential` states."""
+    y = min(max(fma(-b, -log_d if mass < 0.0 else log_d, x), -1.0), 1.0)
+    return np.rint(y * cells) * grid
+
+
+# ---------------------------------------------------------------------------------------------
+# The Gaussian's pairs: Box-Muller from U* and a 53-bit angle, with the log above and cos, sin
+# from Taylor series on an eighth of the circle.
+
 _TWO_M21 = 2.0**-21
+_ANGLE_STEP = 2.0 * np.pi * 2.0**-53
+_OCTANT = np.int64(1 << 50)
+_ONE_MINUS_SQRT_HALF = 1.0 - math.sqrt(0.5)  # Y below it: |f/(2 + f)| <= 0.1716 for f = -Y
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _pair_uniform(first, aux):
+    """U* from a pair's two raw words (as `draws.round_down_uniform_` makes it with 10 extra
+    bits): significand the low 52 bits of `first`, binade that of h 2^-21, h = (first's bits
+    52..62) 2^10 + aux's bits 53..62; below 2^-1022 exactly when h = 0."""
+    b = first & _LOW63
+    h = ((b >> 52) << 10) | ((aux & _LOW63) >> 53)
+    binade = float64_bits(np.float64(h) * _TWO_M21) & _EXPONENT64  # h 2^-21: exact
+    return bits_float64(binade | (b & _LOW52))
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def normal_pair(first, aux, u):
+    """(r cos 2 pi V, r sin 2 pi V), each rounded once, for one pair: the coin is `first`'s sign
+    bit, Y = u/2 (u = U*, at least 2^-1022), R = Y (coin set: ln R = ln u - ln 2 from u's bits)
+    or 1 - Y (ln R = ln(1 + f) with f = -Y for Y below 1 - sqrt(1/2), else ln(1 + f) - ln 2 with
+    f = 1 - 2Y: both exact), r = sqrt(-2 ln R) (correctly rounded); V = j
+    2^-53, j = aux's low 53 bits: its top 3 bits the octant, the angle within it phi = j' 2pi
+    2^-53 (one rounding) in [0, pi/4], j' = the low 50 bits, or 2^50 minus them in odd octants
+    (exact); cos and sin of phi by Taylor series (below), then swapped and signed by the octant
+    (exact)."""
+    y = 0.5 * u
+    f, e = log_parts(u)
+    near_one = y < _ONE_MINUS_SQRT_HALF  # R = 1 - Y in [sqrt(1/2), 1): f = -Y
+    f = f if first < 0 else (-y if near_one else 1.0 - 2.0 * y)  # 2(1 - Y) - 1 (Sterbenz)
+    log_r = log1p_reduced(f, e - 1.0 if first < 0 else (0.0 if near_one else -1.0))
+    radius = np.sqrt(-2.0 * log_r)
+    j = aux & _ANGLE_BITS
+    octant = j >> 50
+    low = j & (_OCTANT - 1)
+    phi = np.float64(_OCTANT - low if octant & 1 else low) * _ANGLE_STEP
+    s = phi * phi
+    # sin phi = phi - phi^3 S(phi^2) to phi^15 (remainder below 2^-54), cos phi = 1 - (s/2 -
+    # s^2 C(s)) to phi^16 (remainder below 2^-58): |phi| <= pi/4
+    sp = 1.0 / 1307674368000.0  # 1/15!
+    sp = fma(sp, s, -1.0 / 6227020800.0)
+    sp = fma(sp, s, 1.0 / 39916800.0)
+    sp = fma(sp, s, -1.0 / 362880.0)
+    sp = fma(sp, s, 1.0 / 5040.0)
+    sp = fma(sp, s, -1.0 / 120.0)
+    sp = fma(sp, s, 1.0 / 6.0)
+    sin_phi = fma(-(phi * s), sp, phi)
+    cp = 1.0 / 20922789888000.0  # 1/16!
+    cp = fma(cp, s, -1.0 / 87178291200.0)
+    cp = fma(cp, s, 1.0 / 479001600.0)
+    cp = fma(cp, s, -1.0 / 3628800.0)
+    cp = fma(cp, s, 1.0 / 40320.0)
+    cp = fma(cp, s, -1.0 / 720.0)
+    cp = fma(cp, s, 1.0 / 24.0)
+    cos_phi = 1.0 - fma(-(s * s), cp, 0.5 * s)
+    swap = ((octant + 1) >> 1) & 1  # octants 1, 2, 5, 6: the angle is pi/2 +- phi (mod pi)
+    cos_abs, sin_abs = (sin_phi, cos_phi) if swap else (cos_phi, sin_phi)
+    cos_v = -cos_abs if ((octant + 2) >> 2) & 1 else cos_abs  # octants 2..5
+    sin_v = -sin_abs if octant >= 4 else sin_abs
+    return cos_v * radius, sin_v * radius
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def box_muller_uniforms(first, aux, y, neg_y, theta):
-    """`gaussian.standard_normal_pairs_` before its logs, on one block of m pairs, from the raw
-    words: y <- U*/2 (U* as `draws.round_down_uniform_` makes it with 10 extra bits: significand
-    the low 52 bits of `first`, binade that of h 2^-21, h = (first's bits 52..62) 2^10 + aux's
-    bits 53..62), neg_y <- -y, theta <- (aux's low 53 bits) 2 pi 2^-53 (one rounding).
-    Returns True when some h is 0 (that U* is redrawn: `draws.redraw_below_grid_`)."""
+def pair_uniforms(first, aux, u):
+    """u[i] <- U* of pair i (`_pair_uniform`). Returns True when some is below 2^-1022 (h = 0:
+    `draws.redraw_below_grid_` redraws it)."""
     below = False
-    for i in range(y.size):
-        b = first[i] & _LOW63
-        a = aux[i] & _LOW63
-        h = ((b >> 52) << 10) | (a >> 53)
-        binade = float64_bits(np.float64(h) * _TWO_M21) & _EXPONENT64  # h 2^-21: exact
-        u = bits_float64(binade | (b & _LOW52))
-        below |= u < _NORMAL_MIN
-        half = u * 0.5
-        y[i] = half
-        neg_y[i] = -half
-        theta[i] = np.float64(a & _ANGLE_BITS) * _ANGLE_STEP
+    for i in range(u.size):
+        u[i] = _pair_uniform(first[i], aux[i])
+        below |= u[i] < _NORMAL_MIN
     return below
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def box_muller_radius_squared(first, low, high):
-    """low <- -2 l: l = low (LOG(Y), R = Y) where `first`'s sign bit (the coin) is set, else high
-    (LOG1P(-Y), R = 1 - Y); the product exact."""
-    for i in range(low.size):
-        by_log, by_log1p = low[i], high[i]  # both loaded: a select, not a branch (vectorized)
-        low[i] = -2.0 * (by_log if first[i] < 0 else by_log1p)
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def box_muller_products(out, radius):
-    """out[i] <- out[i] radius[i], out[m + i] <- out[m + i] radius[i] (out: cos, then sin)."""
-    m = radius.size
+def normal_pairs(first, aux, u, out):
+    """`gaussian.standard_normal_pairs_` on one block of m pairs from the raw words: out[i] <-
+    r cos 2 pi V, out[m + i] <- r sin 2 pi V (`normal_pair`). u: the pairs' U* (`pair_uniforms`, after
+    a redraw), or empty: then each is built from the words here. Returns True when some U* built
+    here is below 2^-1022 (h = 0): the caller redraws it and calls again with u."""
+    wide_vectors()
+    m = first.size
     cos, sin = out[:m], out[m:]  # slices: see `pnpm32`
+    if u.size > 0:
+        for i in range(m):
+            cos[i], sin[i] = normal_pair(first[i], aux[i], max(u[i], _NORMAL_MIN))
+        return False
+    below = False
     for i in range(m):
-        cos[i] *= radius[i]
-        sin[i] *= radius[i]
+        v = _pair_uniform(first[i], aux[i])
+        below |= v < _NORMAL_MIN
+        cos[i], sin[i] = normal_pair(first[i], aux[i], max(v, _NORMAL_MIN))
+    return below
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
-def gaussian_snap(angles, radius, x, out, noise_scale, input_scale, steps, grid):
-    """`Gaussian._snap` on one block of n coordinates: angles (2m >= n: cos, then sin of the
-    pairs), radius (m), x the input block, out the output block. Coordinate i < m takes pair i's
-    cos, m + i its sin: z = angle radius (rounded), v = fma(input_scale, x, z noise_scale)
-    (sigma/L and scale/L; two roundings), k = clamp(rint(v), -steps, steps), out = k L (exact),
-    rounded once into out."""
-    m = radius.size
-    _snap_half(angles[:m], radius, x[:m], out[:m], noise_scale, input_scale, steps, grid)  # cos
-    _snap_half(angles[m:], radius, x[m:], out[m:], noise_scale, input_scale, steps, grid)  # sin
+def gaussian_snap(first, aux, u, x, out, noise_scale, input_scale, steps, grid):
+    """`Gaussian._snap` on one block of n coordinates from the m = ceil(n/2) pairs' raw words:
+    coordinate i < m takes pair i's r cos, m + i its r sin (`normal_pair`); z rounded, v =
+    fma(input_scale, x, z noise_scale) (sigma/L and scale/L; two roundings), k = clamp(rint(v),
+    -steps, steps), out = k L (exact), rounded once into out. u as in `normal_pairs`, and the
+    same return value (True: the block is written again after the redraw)."""
+    wide_vectors()
+    m = first.size
+    n_sin = x.size - m  # m or m - 1
+    x_cos, x_sin, out_cos, out_sin = x[:m], x[m:], out[:m], out[m:]  # slices: see `pnpm32`
+    if u.size > 0:
+        for i in range(n_sin):
+            out_cos[i], out_sin[i] = _snapped_pair(
+                first[i], aux[i], u[i], x_cos[i], x_sin[i], noise_scale, input_scale, steps, grid
+            )
+        for i in range(n_sin, m):  # an odd n: the last pair's sin is not used
+            out_cos[i] = _snapped_pair(
+                first[i], aux[i], u[i], x_cos[i], x_cos[i], noise_scale, input_scale, steps, grid
+            )[0]
+        return False
+    below = False
+    for i in range(n_sin):
+        v = _pair_uniform(first[i], aux[i])
+        below |= v < _NORMAL_MIN
+        out_cos[i], out_sin[i] = _snapped_pair(
+            first[i], aux[i], v, x_cos[i], x_sin[i], noise_scale, input_scale, steps, grid
+        )
+    for i in range(n_sin, m):
+        v = _pair_uniform(first[i], aux[i])
+        below |= v < _NORMAL_MIN
+        out_cos[i] = _snapped_pair(first[i], aux[i], v, x_cos[i], x_cos[i], noise_scale, input_scale, steps, grid)[0]
+    return below
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def _snap_half(angles, radius, x, out, noise_scale, input_scale, steps, grid):
-    for i in range(out.size):  # slices, not radius[i - m]: see `pnpm32`
-        k = min(max(np.rint(fma(input_scale, np.float64(x[i]), angles[i] * radius[i] * noise_scale)), -steps), steps)
-        out[i] = k * grid
+def _snapped_pair(first, aux, u, x_cos, x_sin, noise_scale, input_scale, steps, grid):
+    """Pair (first, aux, U* = u)'s two snapped values for the inputs x_cos and x_sin."""
+    z_cos, z_sin = normal_pair(first, aux, max(u, _NORMAL_MIN))
+    return (
+        _snap_value(z_cos, x_cos, noise_scale, input_scale, steps, grid),
+        _snap_value(z_sin, x_sin, noise_scale, input_scale, steps, grid),
+    )
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _snap_value(z, x, noise_scale, input_scale, steps, grid):
+    """clamp(rint(fma(input_scale, x, z noise_scale)), -steps, steps) grid."""
+    k = np.rint(fma(input_scale, np.float64(x), z * noise_scale))
+    return min(max(k, -steps), steps) * grid

@@ -19,12 +19,14 @@ import math
 import torch
 
 from .base import Guarantee, OutputSet, flat_input, scratch
-from .draws import BLOCK, TAIL_EXPONENT, blocks, redraw_below_grid_, words64
+from .draws import TAIL_EXPONENT, blocks, redraw_below_grid_, words64
 from .local import _output, _PureLocal
 from .randomness import PrivacyGenerator, mechanism_stream
 
-# Assumed bound on the error of torch's float64 log and exp, in ulps of the result (Sleef's u10 and
-# glibc's are documented within 1 ulp; tests/mechanisms/test_float_noise.py measures it).
+# Bound on the error of the float64 log and exp the snapping bounds use, in ulps of the result:
+# assumed for torch's log (Laplace; Sleef's u10 and glibc's are documented within 1 ulp), proven
+# within 3 for the kernels' own (the exponential mechanism: docs/MECHANISMS.md); both measured by
+# tests/mechanisms/test_float_noise.py and test_kernel_functions.py.
 LOG_ULPS = 4.0
 
 
@@ -206,14 +208,15 @@ def exponential_error(scale: float) -> float:
 
     In units of 2^-53: the grid term |y(u) - y(R)| <= 2^-53 / min density <= 2^-53 2b e^(2/b);
     before the log, h = exp(-t/b), c h, c/h, the masses (at most 2), s = u total - left and 1 - |s|
-    are each within 16 units of their exact values (LOG_ULPS for exp, 2 for its rounded argument,
-    one per rounding after), and the log amplifies an absolute error by 1/(1 - |s|) <= e^(2/b);
-    its own error is LOG_ULPS units of |log| <= 2/b; times b; plus 4 units for the product, the sum
-    with t and the clamp. So rho <= 2^-53 ((2b + 16 b) e^(2/b) + 2 LOG_ULPS + 4), doubled."""
+    are each within 16 + 2/b units of their exact values (LOG_ULPS for exp, 2 |t/b| <= 2/b for its
+    rounded argument, one per rounding after), and the log amplifies an absolute error by
+    1/(1 - |s|) <= e^(2/b); its own error is LOG_ULPS units of |log| <= 2/b; times b; plus 4 units
+    for the product, the sum with t and the clamp. So rho <= 2^-53 ((2b + 16 b + 2) e^(2/b) +
+    2 LOG_ULPS + 4), doubled."""
     b = scale
     if 2.0 / b > 700.0:
         return math.inf
-    return 2.0 * 2.0**-53 * (18.0 * b * math.exp(2.0 / b) + 2.0 * LOG_ULPS + 4.0)
+    return 2.0 * 2.0**-53 * ((18.0 * b + 2.0) * math.exp(2.0 / b) + 2.0 * LOG_ULPS + 4.0)
 
 
 def exponential_excess(epsilon: float, scale: float) -> float:
@@ -272,26 +275,16 @@ class Exponential(_PureLocal):
         from . import kernels  # numba: paid on the first perturb only
 
         t_np, out_np = t.numpy(), out.numpy()
-        # the block's buffers and their numpy views, made once (per-block calls are a few us each)
-        h_all, left_all = scratch(BLOCK, torch.float64, 0), scratch(BLOCK, torch.uint8, 0).numpy()
-        words_all = scratch(BLOCK, torch.int64, 2)
-        h_np_all, words_np_all = h_all.numpy(), words_all.numpy()
+        # eps_run <= 1.38: the same arithmetic without the reductions its range does not need
+        kernel = kernels.exponential_narrow if 2.0 / b <= kernels.NARROW_SPAN else kernels.exponential
         for lo, hi in blocks(t.numel()):
-            n = hi - lo
-            whole = n == BLOCK
-            stream.fill_(words_all if whole else words_all[:n])  # u: 53 of each word's bits
-            # masses over b: left of t 1 - c h, right of t 1 - c / h, with c = exp(-1/b) and
-            # h = exp(-t/b): ONE exp per coordinate (torch's, Sleef's vectorized: the function
-            # LOG_ULPS bounds), float64 so that the masses resolve the uniform
-            h, h_np, block = (h_all if whole else h_all[:n]), h_np_all[:n], t_np[lo:hi]
-            if not kernels.scaled_unit(block, h_np, -1.0 / b):  # outside [-1, 1]: refuse or clip
-                block = self._block(t[lo:hi]).numpy()
-                kernels.scaled_unit(block, h_np, -1.0 / b)
-            left = left_all[:n]  # s < 0: the output lies left of t
-            h.exp_()
-            kernels.exponential_mass(words_np_all[:n], h_np, left, c)  # h <- 1 - |s|, the log's argument
-            h.log_()
-            kernels.exponential(left, h_np, block, out_np[lo:hi], b, EXPONENTIAL_GRID)
+            # u: 53 of each word's bits. The masses over b: left of t 1 - c h, right of t
+            # 1 - c / h, with c = exp(-1/b) and h = exp(-t/b): ONE exp per coordinate, float64 so
+            # that the masses resolve the uniform; exp and log: the kernels' own (`kernels.exp_pair64`,
+            # `kernels.log64`), within the LOG_ULPS the bound assumes
+            words, args = words64(stream, hi - lo).numpy(), (out_np[lo:hi], b, c, EXPONENTIAL_GRID)
+            if not kernel(words, t_np[lo:hi], *args):  # outside [-1, 1]: see `Duchi.perturb`
+                kernel(words, self._block(t[lo:hi]).numpy(), *args)
         return out.view(x.shape)
 
     def variance(self, x: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,7 @@ from node.peer.endpoints import Witness
 from node.peer.fetching import obtain
 from node.peer.ports import HostPort, LedgerPort, PoisonableStore, RunSync, StorePort
 from node.peer.round_outcome import Phase, RoundOutcome, gas_used
-from node.peer.secure_round import Membership, SecureRounds, secure_policy
+from node.peer.secure_round import Membership, secure_rounds
 from node.peer.spending import BudgetExhausted, Spending
 from node.peer.training import Training
 from node.peer.vetting import Ownership, Vetted, Vetter
@@ -144,11 +144,7 @@ class Peer:
         self.release_mechanism = release.swarm_mechanism(sh)
         # who served its blobs to nobody lately: such a committer's blob is not waited for (agree.py)
         self.withholding = Withholding()
-        # under secure aggregation every round is the secure one (node/peer/secure_round.py)
-        secure = secure_policy(settings)
-        if secure is not None and secure_member is None:
-            raise ValueError("a secure-aggregation swarm's peer needs its protocol member (secure_round.open_member)")
-        self.secure = SecureRounds(self, secure, secure_member) if secure is not None and secure_member else None
+        self.secure = secure_rounds(self, secure_member)  # every round under a secure-aggregation policy
 
     # ---------------------------------------------------------------- helpers
     async def chain(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -198,6 +194,12 @@ class Peer:
                 "this peer's swarm settings (model, dataset, aggregation, seed, privacy policy: mechanism and its "
                 "parameters, DP-SGD noise, clip, batch size and epochs) do not match the ledger's genesis digest "
                 f"{bytes(params.genesis_digest).hex()}: got {sha256(genesis).hex()}"
+            )
+        if params.secure_aggregation != (self.secure is not None):  # the genesis digest does not cover it
+            raise RuntimeError(
+                f"the ledger {'was' if params.secure_aggregation else 'was not'} deployed for secure aggregation "
+                f"but the genesis' privacy policy {'is not' if self.secure is None else 'is'} secagg: deploy the "
+                "swarm again with the matching setting"
             )
         self.store.put(genesis)
         await self.host.announce_blob(sha256(genesis).hex())

@@ -68,6 +68,16 @@ def secure_policy(settings: PeerSettings) -> SecAggPolicy | None:
     return SecAggPolicy.from_dict(params) if params.get("name") == SECAGG else None
 
 
+def secure_rounds(peer: Peer, membership: Membership | None) -> SecureRounds | None:
+    """The peer's rounds under the swarm's secure-aggregation policy; None under another policy."""
+    policy = secure_policy(peer.s)
+    if policy is None:
+        return None
+    if membership is None:
+        raise ValueError("a secure-aggregation swarm's peer needs its protocol member (secure_round.open_member)")
+    return SecureRounds(peer, policy, membership)
+
+
 def open_member(
     ledger: LedgerClient,
     host: HostPort,
