@@ -216,7 +216,8 @@ contract SwarmLedger {
     error NotParticipant(uint64 round, address account);
     /// @notice The sender already attested in this round.
     error AlreadyAttested(uint64 round, address peer);
-    /// @notice The bitmap must be ceil(participants / 8) bytes with no bit set past the last one.
+    /// @notice An attestation's bitmap must be `expectedLength` = ceil(participants / 8) bytes with
+    /// no bit set past the last participant; an acknowledgment's at most `expectedLength` = 512.
     error MalformedBitmap(uint64 round, uint256 length, uint256 expectedLength);
     /// @notice The attestation window lasts through block `lastBlock` and until timestamp `endsAt`:
     /// it is over in a block numbered above `lastBlock` whose timestamp is at least `endsAt`.
@@ -226,8 +227,9 @@ contract SwarmLedger {
     /// @notice `step` is not a secure-aggregation step posted with postFrame (0 KEYS, 1 DEALING,
     /// 3 REVEAL; the MASKED frame's digest is the commit).
     error InvalidStep(uint8 step);
-    /// @notice `round` is not in `step`'s window now (see postFrame); `endsAt` is the window's last
-    /// timestamp-bound second, or 0 when the window has not begun.
+    /// @notice `round` is not in `step`'s window now (see postFrame): it is over (it lasted through
+    /// block `lastBlock` and until timestamp `endsAt`), or it has not begun (both 0). A KEYS or
+    /// DEALING posting after the round closed is refused with RoundNotOpen.
     error StepWindowClosed(uint64 round, uint8 step, uint64 lastBlock, uint64 endsAt);
     /// @notice The sender already posted (postFrame, acknowledge) for `step` of `round`: one posting
     /// per member and step, so nobody can make every member re-read a stream of postings.
@@ -687,9 +689,12 @@ contract SwarmLedger {
 
     /**
      * @notice Abort a closed round nobody finalized within the attestation window, its blocks and
-     * its seconds (anyone). The next round starts from the last finalized model; epsilon committed
-     * here stays spent.
-     * @param round the current round, closed, with its attestation window passed
+     * its seconds (anyone). On a secure-aggregation ledger also an open round that never reached
+     * `minPeers` commits once its commit window and an attestation window after it have passed
+     * (members that sat out of a step of the protocol never commit, so it could never close). The
+     * next round starts from the last finalized model; epsilon committed here stays spent.
+     * @param round the current round, closed with its attestation window passed (or, secure
+     * aggregation only, open without quorum past both windows)
      */
     function abortRound(uint64 round) external {
         Live memory live = _live;
@@ -699,14 +704,33 @@ contract SwarmLedger {
             if (past == RoundState.FINALIZED) revert RoundAlreadyFinalized(round);
             revert RoundNotClosed(round, past);
         }
-        if (live.state != RoundState.CLOSED) revert RoundNotClosed(round, live.state);
-        (bool passed, uint64 lastBlock, uint64 endsAt) = _window(
-            live.sinceBlock,
-            live.sinceTime,
-            _attestWindow,
-            _attestWindowSeconds
-        );
+        bool passed;
+        uint64 lastBlock;
+        uint64 endsAt;
+        if (live.state == RoundState.OPEN) {
+            // without quorum only: a round that has it is closed (closeRound), not aborted
+            if (!_secureAggregation || live.participantCount >= _minPeers) revert RoundNotClosed(round, live.state);
+            (passed, lastBlock, endsAt) = _window(
+                live.sinceBlock,
+                live.sinceTime,
+                _commitWindow + _attestWindow,
+                uint32(_min(uint256(_commitWindowSeconds) + _attestWindowSeconds, type(uint32).max))
+            );
+        } else {
+            (passed, lastBlock, endsAt) = _window(live.sinceBlock, live.sinceTime, _attestWindow, _attestWindowSeconds);
+        }
         if (!passed) revert AbortTooEarly(round, lastBlock, endsAt);
+        if (live.state == RoundState.OPEN) {
+            // its record, as closeRound writes it: it ended here, with the commits it had
+            _records[round] = RoundRecord(
+                live.sinceBlock,
+                uint40(block.number),
+                live.participantCount,
+                live.sinceTime,
+                uint40(block.timestamp)
+            );
+            _outcome[round] = RESERVED;
+        }
         emit RoundAborted(round, msg.sender);
         bytes32 base = live.baseRound == 0 ? _genesisDigest : _outcome[live.baseRound];
         // After an abort the next round awaits everyone (settled 0): the aborted round's sets were
@@ -777,7 +801,10 @@ contract SwarmLedger {
         bool open = live.state == RoundState.OPEN;
         // KEYS and ACK open their phase's window; DEALING and REVEAL begin where those end
         bool first = step == 0 || step == ACK;
-        if (open != (step == 0 || step == 1)) revert StepWindowClosed(round, step, 0, 0);
+        if (open != (step == 0 || step == 1)) {
+            if (!open) revert RoundNotOpen(round, live.state); // KEYS, DEALING: their phase is over
+            revert StepWindowClosed(round, step, 0, 0); // ACK, REVEAL: their phase has not begun
+        }
         uint64 blocks = open ? _commitWindow : _attestWindow;
         uint32 duration = open ? _commitWindowSeconds : _attestWindowSeconds;
         (bool passed, uint64 lastBlock, uint64 endsAt) = _window(

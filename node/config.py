@@ -366,6 +366,29 @@ def _check_ranges(c: Config) -> None:
     for ok, name, rule in checks:
         if not ok:
             raise ConfigError(f"{name} {rule}, got {_get(c, name)!r}")
+    if c.privacy.mechanism == SECURE_AGGREGATION:
+        _check_secure_windows(c)
+
+
+# blocks a secure-aggregation step's window must last beyond chain.confirmations: a member learns
+# that the step before has passed only `confirmations` blocks late, then acts (docs/SECAGG.md)
+SECURE_WINDOW_MARGIN = 2
+
+
+def _check_secure_windows(c: Config) -> None:
+    """Each step's window of a secure round (KEYS and DEALING: quarters of the commit window, ACK
+    and REVEAL: of the attestation window, as the ledger divides them) longer than
+    chain.confirmations + SECURE_WINDOW_MARGIN blocks, or no member could act in it in time."""
+    chain, least = c.chain, c.chain.confirmations + SECURE_WINDOW_MARGIN
+    for name, blocks in (("commit_window", chain.commit_window), ("attest_window", chain.attest_window)):
+        first, second = blocks // 4, blocks // 2 - blocks // 4
+        if min(first, second) <= least:
+            steps = "KEYS and DEALING" if name == "commit_window" else "ACK and REVEAL"
+            raise ConfigError(
+                f"chain.{name} of {blocks} blocks gives the secure-aggregation {steps} windows "
+                f"{first} and {second} blocks: each must be more than chain.confirmations ({chain.confirmations}) "
+                f"+ {SECURE_WINDOW_MARGIN} blocks (chain.{name} >= {4 * (least + 1)})"
+            )
 
 
 def _reads_pixels(c: Config) -> bool:

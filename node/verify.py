@@ -55,6 +55,8 @@ from node.chain.client import LedgerClient, load_artifact
 from node.chain.codec import abi_type
 from node.chain.records import Commitment, RoundInfo, RoundState
 from node.chain.secure_steps import (
+    RoundMembers,
+    Step,
     agreed_survivors,
     chain_steps,
     fetch_archive,
@@ -718,6 +720,10 @@ class SecureRoundCheck:
     failure: str | None
 
 
+def _members(members: RoundMembers, indices: list[int]) -> str:
+    return ", ".join(f"member {i} ({members.addresses[i]})" for i in indices)
+
+
 def verify_secure_round(
     ledger: LedgerClient, round: int, archive: RangedBlobSource, *, bits: int, dim: int, counted_members: int
 ) -> SecureRoundCheck:
@@ -725,23 +731,39 @@ def verify_secure_round(
     read them), every frame fetched from `archive` and checked against its digest, then
     `unmask.verify_round`, the function members unmask with. A frame the archive lacks or holds
     other bytes for names its sender (left out of that step's set); a blob over its step's bound
-    is never read whole. A round that cannot be checked (its members make no round, a chain read
-    fails) is a `failure`, never an exception."""
+    is never read whole. An archive lacking a dealing bundle whose digest is on chain is a
+    `failure` ("archive incomplete") naming that dealer only: the members all held it (one that
+    lacks one sits out), so the U2 it leaves is not theirs and no revealer can be judged by it. A
+    round that cannot be checked (its members make no round, a chain read fails) is a `failure`,
+    never an exception."""
     try:
         members = round_members(ledger, round)
         session = round_session(ledger, round)
         setup = round_setup(session, members, bits, dim, counted_members=counted_members)
         steps = chain_steps(ledger, round, members)
         agreed = agreed_survivors(steps, setup.threshold)
-        frames, missing = fetch_archive(
+        fetched = fetch_archive(
             steps, lambda digest, bound: read_within(archive, digest.hex(), bound), bits=bits, dim=dim, agreed=agreed
         )
     except Exception as exc:
         return SecureRoundCheck(round, None, (), (), {}, _why(exc))
-    named = dict(steps.repeated) | missing
+    frames, named = fetched.archive, dict(steps.repeated) | fetched.faults
 
     def by_address(faults: dict[int, str]) -> dict[str, str]:
         return {members.addresses[i]: reason for i, reason in sorted(faults.items())}
+
+    # a member lacking a dealing bundle the chain names sat out, so every revealer held them all:
+    # without one, U2 here is not the members' U2, and the revealers' openings cannot be judged
+    lacking = sorted(fetched.unfetched[Step.DEALING])
+    if lacking:
+        return SecureRoundCheck(
+            round,
+            None,
+            (),
+            (),
+            by_address({i: named[i] for i in lacking}),
+            f"archive incomplete: no blob matching the DEALING digest on chain of {_members(members, lacking)}",
+        )
 
     try:
         result = verify_round(setup, frames, agreed)

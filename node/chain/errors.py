@@ -84,7 +84,8 @@ NotParticipant = _refusal("NotParticipant", "{account} did not commit in round {
 AlreadyAttested = _refusal("AlreadyAttested", "{peer} already attested in round {round}")
 MalformedBitmap = _refusal(
     "MalformedBitmap",
-    "round {round}: bitmap of {length} bytes, expected {expectedLength} with no bit past the last participant",
+    "round {round}: bitmap of {length} bytes, expected {expectedLength} (an attestation's: exactly that, with no "
+    "bit past the last participant; an acknowledgment's: at most that)",
 )
 AbortTooEarly = _refusal(
     "AbortTooEarly",
@@ -93,11 +94,22 @@ AbortTooEarly = _refusal(
 )
 RoundAlreadyFinalized = _refusal("RoundAlreadyFinalized", "round {round} is finalized and cannot be aborted")
 InvalidStep = _refusal("InvalidStep", "step {step} is not posted with postFrame (0 KEYS, 1 DEALING, 3 REVEAL)")
-StepWindowClosed = _refusal(
-    "StepWindowClosed",
-    "round {round}: not in step {step}'s window (it lasts through block {lastBlock} and until block time {endsAt}; "
-    "0, 0: not begun)",
-)
+
+
+class StepWindowClosed(ContractRefusal):
+    """round {round}: step {step}'s window has not begun (lastBlock and endsAt 0), or is over"""
+
+    def __init__(self, **fields: Any) -> None:
+        if fields.get("lastBlock") == 0 and fields.get("endsAt") == 0:
+            message = "round {round}: step {step}'s window has not begun"
+        else:
+            message = (
+                "round {round}: step {step}'s window is over "
+                "(it lasted through block {lastBlock} and until block time {endsAt})"
+            )
+        LedgerError.__init__(self, message.format(**fields), **fields)
+
+
 AlreadyPosted = _refusal("AlreadyPosted", "{peer} already posted for step {step} of round {round}")
 NotSecureAggregation = _refusal("NotSecureAggregation", "this swarm was not deployed for secure aggregation")
 

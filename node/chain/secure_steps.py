@@ -27,6 +27,7 @@ import functools
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from web3 import Web3
@@ -256,28 +257,45 @@ def checked_blob(raw: bytes | None, digest: bytes, bound: int) -> bytes | None:
     return raw
 
 
-def fetch_archive(
-    steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int, agreed: frozenset[int]
-) -> tuple[RoundArchive, dict[int, str]]:
+class FetchedArchive(NamedTuple):
+    """What `fetch_archive` got: the archive, the members named on the way (a blob that could not
+    be had, a bundle that does not split), and per step the members whose blob could not be had."""
+
+    archive: RoundArchive
+    faults: dict[int, str]
+    unfetched: dict[Step, frozenset[int]]
+
+
+def fetch_archive(steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int, agreed: frozenset[int]) -> FetchedArchive:
     """The round's archive: every blob whose digest the chain holds, fetched and checked against
-    it, the DEALING frame taken from each dealing bundle (`messages.split_bundle`). The second
-    value names, per member, the steps whose blob could not be had or split (such a member is
-    left out of that step's set); a MASKED blob only of a member of U3 (`agreed`): that of
-    another committer was held by fewer than t members, so its absence proves nothing."""
+    it, the DEALING frame taken from each dealing bundle (`messages.split_bundle`). A member whose
+    blob could not be had is named (and left out of that step's set); a MASKED blob only of a
+    member of U3 (`agreed`): that of another committer was held by fewer than t members, so its
+    absence proves nothing. A bundle that does not split names its dealer, left out of U2 as the
+    members left it out."""
     frames: dict[Step, dict[int, bytes]] = {step: {} for step in Step}
     missing: dict[int, list[str]] = {}
+    unsplit: dict[int, str] = {}
+    unfetched: dict[Step, frozenset[int]] = {}
     for step, digests in steps.digests.items():
         bound = step_bound(step, bits, dim)
+        lacking = set()
         for member, digest in sorted(digests.items()):
             raw = checked_blob(fetch(digest, bound), digest, bound)
-            if raw is not None and step is Step.DEALING:
+            if raw is None:
+                lacking.add(member)
+                if step is not Step.MASKED or member in agreed:
+                    missing.setdefault(member, []).append(step.name)
+            elif step is Step.DEALING:
                 try:
-                    raw = m.split_bundle(raw, member)[0]
-                except m.BadMessage:
-                    raw = None
-            if raw is not None:
+                    frames[step][member] = m.split_bundle(raw, member)[0]
+                except m.BadMessage as exc:
+                    unsplit[member] = str(exc)
+            else:
                 frames[step][member] = raw
-            elif step is not Step.MASKED or member in agreed:
-                missing.setdefault(member, []).append(step.name)
+        unfetched[step] = frozenset(lacking)
     archive = RoundArchive(frames[Step.KEYS], frames[Step.DEALING], frames[Step.MASKED], frames[Step.REVEAL])
-    return archive, {i: f"no blob matching its {', '.join(s)} digest on chain" for i, s in missing.items()}
+    named = {i: f"no blob matching its {', '.join(s)} digest on chain" for i, s in missing.items()}
+    for i, why in unsplit.items():
+        named[i] = f"{named[i]}; {why}" if i in named else why
+    return FetchedArchive(archive, named, unfetched)

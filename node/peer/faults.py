@@ -5,14 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from node.peer.secure import FAULTS as SECURE_FAULTS
 from p2p.store import DiskBlobStore
 
-FAULTS = ("wrong-bytes", "withhold", "scale:K")
+FAULTS = ("wrong-bytes", "withhold", "scale:K", *SECURE_FAULTS)
 STORE_FAULTS = ("wrong-bytes", "withhold")  # served through a `FaultyStore`
 
 
 def check_fault(fault: str | None) -> str | None:
-    if fault is None or fault in STORE_FAULTS:
+    """`fault` if it is one of FAULTS (the secure ones: the secure member's, node/peer/secure.py)."""
+    if fault is None or fault in STORE_FAULTS or fault in SECURE_FAULTS:
         return fault
     if fault.startswith("scale:"):
         try:

@@ -188,6 +188,7 @@ class Peer:
 
         params = await self.chain(self.ledger.params)
         self.watcher.windows = (params.commit_window, params.attest_window)
+        self.watcher.aborts_unfilled = params.secure_aggregation
         genesis = wire.genesis_blob(self.genesis_vector, self.s.shared.to_dict())
         if sha256(genesis) != bytes(params.genesis_digest):
             raise RuntimeError(

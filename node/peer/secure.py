@@ -17,16 +17,18 @@ and checked against its digest before anything parses it, and goes on with
 - Round closed: the committed MASKED frames fetched, and the ones that open acknowledged on
   chain (`acknowledge`: a bitmap of their senders).
 - ACK window passed: U3 is the committers at least t members acknowledged (`agreed_survivors`),
-  the same for every member whatever it fetched itself; a frame of U3 this member lacks is fetched
-  from the members that acknowledged it; the REVEAL frame for exactly that U3.
+  the same for every member whatever it fetched itself; the REVEAL frame for exactly that U3,
+  posted at once; then a frame of U3 this member lacks, fetched from the members that
+  acknowledged it within what is left of the REVEAL window (only its own unmasking needs it).
 - REVEAL window passed: the sum (`unmask.unmask_round`, what `swarm verify` recomputes).
 
 Every set is read at one block `chain.confirmations` below the head at which the step's window
 has passed (`secure_steps.settled_block`), so every member acts on the same sets.
 
-A member that misses a window (late, or its frame refused) sits the rest of the round out; so
-does one that cannot fetch a KEYS or DEALING blob the chain names (going on with a smaller set
-than the others would split U1 or U2 and get honest dealers named), one whose index moved during
+A member that misses a window (late, or its frame refused) sits the rest of the round out (but one
+whose acknowledgment is refused still reveals: its shares are needed); so does one that cannot
+fetch a KEYS or DEALING blob the chain names (going on with a smaller set than the others would
+split U1 or U2 and get honest dealers named), one whose index moved during
 the KEYS window (an earlier member disallowed), and one whose round cannot be played (members the
 round setup refuses, a chain read or anything else failing): `play` ends with the reason in
 `SecureOutcome.sat_out`, never with an exception.
@@ -71,8 +73,8 @@ from p2p import peer_id_from_bytes
 
 log = logging.getLogger("swarm.peer")
 
-# testing faults (like node/peer/faults.py's): a share of member 0's secret moved by one in this
-# member's REVEAL, a MASKED frame one coordinate short, each signed by the member itself, or a
+# testing faults (`swarm node --fault`, node/peer/faults.py): a share of the lowest dealer's secret
+# moved by one in this member's REVEAL, a MASKED frame one coordinate short, each signed by the member itself, or a
 # MASKED frame committed and then never served (nor anything after it)
 FAULTS = ("secagg-wrong-share", "secagg-bad-masked", "secagg-withhold-masked")
 
@@ -246,26 +248,19 @@ class SecureMember:
         p.out.faults |= faults
         try:
             await self.call(self.ledger.acknowledge, p.r, ack_bitmap(set(p.vectors), len(p.members.addresses)))
-        except Exception as exc:
-            raise _SitOut(f"ACK: acknowledgment refused: {exc}") from None
+        except Exception as exc:  # late, or refused: U3 is the others' count, and our shares are still needed
+            log.warning("round %d: acknowledgment refused, revealing all the same: %s", p.r, exc)
 
     async def _reveal_and_unmask(self, p: _Round) -> None:
-        """Once the ACK window passed, U3 from the chain and our REVEAL frame for it; then, once
-        the REVEAL window passed, the sum."""
+        """Once the ACK window passed, U3 from the chain and our REVEAL frame for it, posted at
+        once (it needs no MASKED frame); then the frames of U3 we lack, from their acknowledgers,
+        for what is left of the REVEAL window; once that window passed, the sum."""
         params = p.params
         at = await self._until_settled(
             p.closed[0] + params.attest_window // 4, p.closed[1] + params.attest_window_seconds // 4
         )
         steps = await self.call(chain_steps, self.ledger, p.r, p.members, at=at)
         agreed = agreed_survivors(steps, p.setup.threshold) & set(p.dealt)
-        lacking = agreed - set(p.vectors)
-        if lacking:  # frames t members hold and we do not: from them
-            holders = {i: [j for j, senders in steps.acks.items() if i in senders] for i in lacking}
-            digests = {i: steps.digests[Step.MASKED][i] for i in lacking}
-            got = (await self._fetch(p.r, Step.MASKED, p.members, digests, holders)).got
-            vectors, faults = survivors(p.setup, p.dealt, got)
-            p.vectors |= vectors
-            p.out.faults |= faults
         try:
             reveal = sr.reveal(p.state, p.setup, p.dealt, agreed)
         except sr.RevealRefused as exc:
@@ -273,9 +268,17 @@ class SecureMember:
         if self.s.fault == "secagg-wrong-share":
             reveal = _forged_reveal(p.setup, p.state.index, reveal, self.key)
         await self._publish(p.r, Step.REVEAL, reveal)
-        at = await self._until_settled(
-            p.closed[0] + params.attest_window // 2, p.closed[1] + params.attest_window_seconds // 2
-        )
+        reveal_ends = p.closed[1] + params.attest_window_seconds // 2
+        lacking = agreed - set(p.vectors)
+        if lacking:  # frames t members hold and we do not: from them, while the REVEAL window runs
+            holders = {i: [j for j, senders in steps.acks.items() if i in senders] for i in lacking}
+            digests = {i: steps.digests[Step.MASKED][i] for i in lacking}
+            timeout = await self._time_left(reveal_ends, share=1.0)
+            got = (await self._fetch(p.r, Step.MASKED, p.members, digests, holders, timeout=timeout)).got
+            vectors, faults = survivors(p.setup, p.dealt, got)
+            p.vectors |= vectors
+            p.out.faults |= faults
+        at = await self._until_settled(p.closed[0] + params.attest_window // 2, reveal_ends)
         reveals = (await self._fetch_step(p.r, Step.REVEAL, p.members, at)).got
         absent = sorted(agreed - set(p.vectors))
         if absent:
@@ -289,6 +292,12 @@ class SecureMember:
         except sr.RoundFailed as exc:
             p.out.faults |= exc.faults
             raise _SitOut(f"unmask: {exc}") from None
+
+    async def _time_left(self, ends_at: int, *, share: float) -> float:
+        """`share` of the seconds left until chain time `ends_at` (at least one, at most the fetch
+        timeout): what a fetch may take so that what follows it still fits its window."""
+        now = (await self.call(self.head))[1]
+        return max(1.0, min(self.s.fetch_timeout, (ends_at - now) * share))
 
     def _members_now(self) -> RoundMembers:
         registrations = self.ledger.registrations()
@@ -330,9 +339,7 @@ class SecureMember:
         `every`, this member sits out if any did not come (the others may have them: a set of our
         own would split the step's set); `ends_at`: a chain time the fetches must end before."""
         digests: Mapping[int, bytes] = (await self.call(chain_steps, self.ledger, r, members, at=at)).digests[step]
-        timeout = self.s.fetch_timeout
-        if ends_at is not None:  # half the time left, so that what follows still fits the window
-            timeout = max(1.0, min(timeout, (ends_at - (await self.call(self.head))[1]) / 2))
+        timeout = self.s.fetch_timeout if ends_at is None else await self._time_left(ends_at, share=0.5)
         fetched = await self._fetch(r, step, members, digests, {}, timeout=timeout)
         if every and fetched.lacking:
             raise _SitOut(f"{step.name}: no blob matching the digest on chain of members {sorted(fetched.lacking)}")

@@ -54,6 +54,9 @@ class ChainWatcher:
         self.block = 0  # the chain's block number as last read
         self.moves = 0  # ledger events seen so far: waiters re-read on a change
         self.windows = (0, 0)  # (commit, attest) windows in blocks, from the ledger's params (`Peer.start`)
+        # a secure-aggregation ledger aborts an open round that never reached its quorum once both
+        # windows passed (members that sat out of a step never commit): nudged here (`Peer.start`)
+        self.aborts_unfilled = False
         self._last_move = 0.0  # trio time of the last move
         self._last_block_at: float | None = None  # trio time the last new block was read
         self.block_interval = 0.0  # seconds per block as seen (a moving average; 0 until two blocks)
@@ -260,6 +263,8 @@ class ChainWatcher:
         if window_over or (r, info.participant_count) != self._nudged_at:
             self._nudged_at = (r, info.participant_count)
             await self._try(self.ledger.close_round, r)
+        if self.aborts_unfilled and self.block > info.opened_block + self.windows[0] + self.windows[1]:
+            await self._try(self.ledger.abort_round, r)  # refused while the round can still close
 
     async def _nudge_abort(self, r: int) -> None:
         """Abort round r once its attestation window is over without a majority."""

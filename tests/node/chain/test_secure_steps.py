@@ -5,7 +5,9 @@ chain's digests and an archive of frames, with a third of the members gone at an
 member whose share or frame does not fit, reading no blob past its step's bound, and reporting a
 round it cannot check. A member (`SecureMember.play`, in-process: the blobs move between stores,
 the chain is real) sits the round out, never raising, when it lacks a KEYS or DEALING blob the
-chain names, when its round cannot be set up, and when a chain read fails."""
+chain names, when its round cannot be set up, and when a chain read fails; it reveals before it
+fetches a MASKED frame of U3 it lacks (from its acknowledgers), and reveals when its own
+acknowledgment was refused."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from node.chain.errors import (
     MalformedBitmap,
     NotRegistered,
     NotSecureAggregation,
+    RoundNotOpen,
     StepWindowClosed,
 )
 from node.chain.secure_steps import (
@@ -49,6 +52,7 @@ from node.chain.secure_steps import (
 )
 from node.peer.secure import SecureMember, SecureSettings
 from node.verify import verify_secure_round
+from p2p import peer_id_from_bytes
 from p2p.errors import BlobNotFound
 from p2p.store import MemoryBlobStore
 
@@ -330,7 +334,7 @@ def test_post_frame_is_taken_only_in_its_steps_window(automine_chain, kit):
     kit.register_signed(outsider, kit.identity(2))  # a member from here on: three commit (the quorum)
     with pytest.raises(InvalidStep):
         member.post_frame(1, Step.MASKED, kit.digest("m"))  # the masked vector's digest is the commit
-    with pytest.raises(StepWindowClosed):
+    with pytest.raises(StepWindowClosed, match="step 1's window has not begun"):
         member.post_frame(1, Step.DEALING, kit.digest("d"))  # KEYS window still running
     with pytest.raises(StepWindowClosed):
         member.post_frame(1, Step.REVEAL, kit.digest("r"))  # the round is open
@@ -341,7 +345,7 @@ def test_post_frame_is_taken_only_in_its_steps_window(automine_chain, kit):
         member.post_frame(1, Step.KEYS, kit.digest("k1"))
     info, p = swarm.reader.round_info(1), swarm.params
     swarm.pass_window(info.opened_block + p["commit_window"] // 4, info.opened_at + p["commit_window_seconds"] // 4)
-    with pytest.raises(StepWindowClosed):
+    with pytest.raises(StepWindowClosed, match=r"step 0's window is over \(it lasted through block \d+"):
         member.post_frame(1, Step.KEYS, kit.digest("late"))
     member.post_frame(1, Step.DEALING, kit.digest("d0"))
     members = round_members(swarm.reader, 1)
@@ -354,9 +358,11 @@ def test_post_frame_is_taken_only_in_its_steps_window(automine_chain, kit):
         swarm.peers[i].commit(1, kit.digest(f"masked{i}"), 10, 1_000_000, kit.MECHANISM)
     swarm.pass_commit_window(1)
     member.close_round(1)
-    with pytest.raises(StepWindowClosed):
+    with pytest.raises(RoundNotOpen):  # KEYS and DEALING: their phase is over
+        member.post_frame(1, Step.DEALING, kit.digest("closed"))
+    with pytest.raises(StepWindowClosed, match="not begun"):
         member.post_frame(1, Step.REVEAL, kit.digest("r"))  # the ACK window runs first
-    with pytest.raises(MalformedBitmap):
+    with pytest.raises(MalformedBitmap, match="bitmap of 513 bytes, expected 512 .* an acknowledgment's: at most"):
         member.acknowledge(1, bytes(513))  # more members than a frame can address
     member.acknowledge(1, ack_bitmap({0, 1}, 3))
     with pytest.raises(AlreadyPosted):
@@ -451,6 +457,8 @@ class StoreTransport:
 
     def __init__(self, store: Store, peer_id: bytes) -> None:
         self.store, self.peer_id_bytes, self.withheld = store, peer_id, set()
+        self.served_by: dict[str, set[str]] = {}  # a withheld digest -> the peers (base58) that do serve it
+        self.on_withheld = lambda digest: None  # told of every ask for a withheld digest
         self.bytes_served = self.bytes_fetched = 0
 
     async def announce_blob(self, digest: str, *, later: bool = False) -> None:
@@ -461,7 +469,11 @@ class StoreTransport:
 
     async def fetch(self, digest, *, providers=None, max_size=None, timeout=60.0) -> bytes:
         blob = self.store.get(digest)
-        if blob is None or digest in self.withheld:
+        if digest in self.withheld:
+            self.on_withheld(digest)
+            if not set(providers or ()) & self.served_by.get(digest, set()):
+                raise BlobNotFound(digest)
+        if blob is None:
             raise BlobNotFound(digest)
         return blob
 
@@ -555,3 +567,148 @@ def test_a_member_whose_chain_read_fails_sits_out(automine_chain, kit):
 
     out = play_member(game, 3, call=failing)
     assert out.sat_out == "R0: ConnectionError: the RPC endpoint went away"
+
+
+def play_through_reveal(game: SecureRound, me: int, *, withheld: int | None = None, served_by=(), late_ack=False):
+    """Member `me` plays round 1 with SecureMember while the test plays the others through every
+    step (all acknowledge every frame, so U3 is all five), each window passed once `me` acted in
+    it (or stopped). `withheld`: the member whose MASKED frame nobody serves `me`, except, once
+    the ACK window has passed, the members in `served_by` (its acknowledgers); `late_ack`: `me`
+    sends its acknowledgment only once the ACK window has passed (refused). The outcome, and for
+    each ask `me` made for the withheld frame after it acknowledged, whether its REVEAL was on
+    chain by then."""
+    swarm, reader, setup = game.swarm, game.swarm.reader, game.setup
+    host = StoreTransport(game.store, game.members.peer_ids[me])
+    mine = MemoryBlobStore()
+    settings = SecureSettings(BITS, DIM, 1, fetch_timeout=1.0, poll=0.05)
+    ack_passed, done = trio.Event(), trio.Event()
+    asks_after_ack: list[bool] = []
+
+    async def call(fn, *args, **kwargs):
+        if late_ack and fn == swarm.peers[me].acknowledge:
+            await ack_passed.wait()
+        return await off(fn, *args, **kwargs)
+
+    member = SecureMember(
+        swarm.peers[me], host, mine, signing_key(game.kit, me), settings, call=call, head=head_of(swarm)
+    )
+    others = [i for i in range(game.n) if i != me]
+
+    def on_withheld(digest: str) -> None:
+        steps = chain_steps(reader, 1, game.members)
+        if me in steps.acks:
+            asks_after_ack.append(me in steps.digests[Step.REVEAL])
+
+    host.on_withheld = on_withheld
+
+    async def until(done_yet) -> None:
+        while not done.is_set() and not await off(done_yet):
+            await trio.sleep(0.05)
+
+    def synced() -> None:
+        game.store.blobs |= {d: mine.get(d) for d in mine.digests()}
+
+    def posted(step: Step) -> bool:
+        return me in chain_steps(reader, 1, game.members).digests[step]
+
+    async def others_play() -> None:
+        states = {}
+        for i in others:
+            states[i], frame = r.start(setup, i, signing_key(game.kit, i))
+            game.post(i, Step.KEYS, frame)
+        await until(lambda: posted(Step.KEYS))
+        synced()
+        await off(game.pass_part, 4)
+        steps = chain_steps(reader, 1, game.members)
+        keys, _ = r.key_set(setup, {i: game.store.get(d.hex()) for i, d in steps.digests[Step.KEYS].items()})
+        for i in others:
+            game.post(i, Step.DEALING, m.dealing_bundle(*r.deal(states[i], setup, keys)))
+        await until(lambda: posted(Step.DEALING))
+        synced()
+        await off(game.pass_part, 2)
+        steps = chain_steps(reader, 1, game.members)
+        bundles = {i: m.split_bundle(game.store.get(d.hex()), i) for i, d in steps.digests[Step.DEALING].items()}
+        dealt, _ = r.dealt_set(setup, keys, {i: dealing for i, (dealing, _) in bundles.items()})
+        for i in others:
+            assert r.receive(states[i], setup, keys, dealt, {d: sealed[i] for d, (_, sealed) in bundles.items()}) == {}
+            digest = game.store.put(r.masked_vector(states[i], setup, keys, dealt, game.inputs[i]))
+            if i == withheld:
+                host.withheld.add(digest.hex())
+            swarm.peers[i].commit(1, digest, 10, 1_000_000, game.kit.MECHANISM)
+        await until(lambda: any(c.peer == swarm.accounts[me].address for c in reader.commitments(1)))
+        synced()
+        await off(swarm.pass_commit_window, 1)
+        await off(swarm.peers[0].close_round, 1)
+        for i in others:
+            swarm.peers[i].acknowledge(1, ack_bitmap(set(range(game.n)), game.n))
+        if not late_ack:
+            await until(lambda: me in chain_steps(reader, 1, game.members).acks)
+        await off(game.pass_attest_part, 4)
+        ack_passed.set()
+        game.alive = set(agreed_survivors(chain_steps(reader, 1, game.members), setup.threshold))
+        for digest in host.withheld:
+            host.served_by[digest] = {peer_id_from_bytes(game.members.peer_ids[i]) for i in served_by}
+        for i in others:
+            game.post(i, Step.REVEAL, r.reveal(states[i], setup, dealt, game.alive))
+        await until(lambda: posted(Step.REVEAL))
+        await off(game.pass_attest_part, 2)
+
+    async def commit(digest: bytes) -> None:
+        await off(swarm.peers[me].commit, 1, digest, 10, 1_000_000, game.kit.MECHANISM)
+
+    async def main():
+        with trio.fail_after(120):  # the windows pass when the test mines, not by waiting
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(others_play)
+                try:
+                    return await member.play(1, game.inputs[me], commit)
+                finally:
+                    done.set()
+
+    return trio.run(main), asks_after_ack
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_a_member_lacking_a_frame_of_u3_reveals_first_then_fetches_it_from_its_acknowledgers(
+    automine_chain, kit, served
+):
+    """Member 3 never got member 4's MASKED frame, which the other four acknowledged (U3 is all
+    five). It posts its REVEAL as soon as it reads U3 (its shares do not need the frame), and
+    only then asks for the frame: served by members 0 to 2 (acknowledgers; not by its sender),
+    it unmasks; served by nobody, it has revealed all the same and only cannot unmask itself."""
+    game = SecureRound(kit, automine_chain, 5)  # t = 4
+    out, asks = play_through_reveal(game, 3, withheld=4, served_by={0, 1, 2} if served else set())
+    assert game.alive == set(range(5))
+    assert asks and all(asks)  # every ask after the acknowledgment came once its REVEAL was on chain
+    assert 3 in chain_steps(game.swarm.reader, 1, game.members).digests[Step.REVEAL]
+    if served:
+        assert out.sat_out is None and out.result is not None
+        assert out.result.survivors == tuple(range(5))
+        np.testing.assert_array_equal(out.result.total, game.plain_sum())
+    else:
+        assert out.result is None and out.sat_out is not None and "no MASKED frame" in out.sat_out
+
+
+def test_a_member_whose_acknowledgment_is_refused_still_reveals(automine_chain, kit):
+    """Member 3's acknowledgment lands after the ACK window (refused): U3 is the others' count,
+    all five, and member 3's shares are needed, so it reveals and gets the sum."""
+    game = SecureRound(kit, automine_chain, 5)
+    out, _ = play_through_reveal(game, 3, late_ack=True)
+    assert 3 not in chain_steps(game.swarm.reader, 1, game.members).acks
+    assert out.sat_out is None and out.result is not None
+    np.testing.assert_array_equal(out.result.total, game.plain_sum())
+
+
+def test_verify_reports_an_archive_lacking_a_dealing_bundle_naming_only_its_dealer(automine_chain, kit):
+    """Member 4 dealt, then dropped: its pairwise masks are in every survivor's vector and every
+    revealer revealed a share of its mask key. An archive without its dealing bundle cannot be
+    checked; that is what verify says, naming member 4 only, not the revealers."""
+    game = SecureRound(kit, automine_chain, 5)  # t = 4
+    game.play(drop_before={"mask": {4}})
+    del game.store.blobs[chain_steps(game.swarm.reader, 1, game.members).digests[Step.DEALING][4].hex()]
+    check = game.verify()
+    assert check.total is None and (check.failure or "").startswith("archive incomplete")
+    assert f"member 4 ({game.members.addresses[4]})" in (check.failure or "")
+    assert (
+        set(check.faults) == {game.members.addresses[4]} and "DEALING digest" in check.faults[game.members.addresses[4]]
+    )

@@ -73,6 +73,7 @@ class FakeChain:
         max_samples: int = 2**32 - 1,
         now: Callable[[], float] = trio.current_time,
         block_time: float = 1.0,
+        secure_aggregation: bool = False,
     ) -> None:
         self._now, self._block_time = now, block_time
         self.params = SwarmParams(
@@ -91,6 +92,7 @@ class FakeChain:
             max_samples,
             math.ceil(commit_window * block_time),
             math.ceil(attest_window * block_time),
+            secure_aggregation,
         )
         self.accounts: dict[str, _Account] = {}
         self.signatures: dict[str, bytes] = {}  # registration signatures, unchecked like on chain

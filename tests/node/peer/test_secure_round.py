@@ -109,7 +109,7 @@ def one_member_swarm(fails: bool) -> tuple[Peer, ScriptedMember, SecAggPolicy]:
     sec = policy(1)
     shared = dataclasses.replace(SHARED, privacy=PrivacyPolicy(sec.to_dict()), global_step=STEP)
     genesis = sha256(wire.genesis_blob(genesis_vector(), shared.to_dict()))
-    chain = FakeChain(genesis_digest=genesis, min_peers=1, record_eps_cap_micro=10**12)
+    chain = FakeChain(genesis_digest=genesis, min_peers=1, record_eps_cap_micro=10**12, secure_aggregation=True)
     ledger = FakeLedger(chain, member_address(0))
     store = MemoryBlobStore()
     member = ScriptedMember(ledger, fails=fails)
@@ -187,7 +187,7 @@ def test_a_peer_that_missed_a_sum_takes_the_velocity_from_the_finalized_blob_and
         sec = policy(3)
         shared = dataclasses.replace(SHARED, privacy=PrivacyPolicy(sec.to_dict()), global_step=STEP)
         genesis = sha256(wire.genesis_blob(genesis_vector(), shared.to_dict()))
-        chain = FakeChain(genesis_digest=genesis, min_peers=3, record_eps_cap_micro=10**12)
+        chain = FakeChain(genesis_digest=genesis, min_peers=3, record_eps_cap_micro=10**12, secure_aggregation=True)
         network = FakeNetwork()
         script = SharedScript(FakeLedger(chain, member_address(0)), sits_out={0: {1}})
         peers = []
@@ -226,3 +226,18 @@ def test_a_peer_that_missed_a_sum_takes_the_velocity_from_the_finalized_blob_and
         assert peers[0].store.get(digest) is not None  # the round-2 model member 0 computed and attested
 
     run_virtual(main)
+
+
+def test_a_secure_peer_refuses_a_ledger_not_deployed_for_secure_aggregation():
+    """The genesis digest does not cover the ledger's `secureAggregation` setting: the peer checks it."""
+
+    async def main():
+        peer, _, _ = one_member_swarm(fails=False)
+        chain = peer.ledger.chain
+        chain.params = dataclasses.replace(chain.params, secure_aggregation=False)
+        with pytest.raises(
+            RuntimeError, match="was not deployed for secure aggregation but the genesis' privacy policy is secagg"
+        ):
+            await peer.start()
+
+    trio.run(main)
