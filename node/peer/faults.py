@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.peer.secure import FAULTS as SECURE_FAULTS
 from p2p.store import DiskBlobStore
 
+# the secure member's (node/peer/secure.py), named here so that checking a --fault imports nothing heavy:
+# a share of the lowest dealer's secret moved by one in this member's REVEAL, a MASKED frame one
+# coordinate short, each signed by the member itself, or a MASKED frame committed and then never
+# served (nor anything after it)
+SECURE_FAULTS = ("secagg-wrong-share", "secagg-bad-masked", "secagg-withhold-masked")
 FAULTS = ("wrong-bytes", "withhold", "scale:K", *SECURE_FAULTS)
 STORE_FAULTS = ("wrong-bytes", "withhold")  # served through a `FaultyStore`
 

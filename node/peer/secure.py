@@ -73,10 +73,6 @@ from p2p import peer_id_from_bytes
 
 log = logging.getLogger("swarm.peer")
 
-# testing faults (`swarm node --fault`, node/peer/faults.py): a share of the lowest dealer's secret
-# moved by one in this member's REVEAL, a MASKED frame one coordinate short, each signed by the member itself, or a
-# MASKED frame committed and then never served (nor anything after it)
-FAULTS = ("secagg-wrong-share", "secagg-bad-masked", "secagg-withhold-masked")
 
 # a block's (number, timestamp): the chain's latest, or the one `chain.confirmations` below it
 # that the ledger client reads at (`secure_steps.settled_block` takes the lower of the two)

@@ -45,9 +45,9 @@ from node.chain.secure_steps import round_members
 from node.learning.clipped_sum import MemberRecords
 from node.peer.catchup import ModelUnavailable
 from node.peer.cpu import PROCESS_COMPUTE
+from node.peer.faults import SECURE_FAULTS
 from node.peer.ports import HostPort, StorePort
 from node.peer.round_outcome import Phase, RoundOutcome, gas_used
-from node.peer.secure import FAULTS as SECURE_FAULTS
 from node.peer.secure import SecureMember, SecureOutcome, SecureSettings
 from node.peer.spending import BudgetExhausted
 from node.protocol import wire

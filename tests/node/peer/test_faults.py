@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.peer.faults import check_fault
-from node.peer.secure import FAULTS as SECURE_FAULTS
+from node.peer.faults import SECURE_FAULTS, check_fault
 
 
 @pytest.mark.parametrize("fault", [None, "wrong-bytes", "withhold", "scale:-1", *SECURE_FAULTS])
