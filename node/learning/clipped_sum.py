@@ -1,22 +1,23 @@
 """The sum over a member's records of each record's loss gradient clipped to l2 norm `clip`: what a
-secure-aggregation member contributes to a full-batch DP-GD step (mechanisms.secagg.policy).
+secure-aggregation member contributes to a full-batch DP-GD step (mechanisms.secagg.policy), and,
+for ScatterNet + linear, what each DP-SGD step of node.learning.train adds its noise to.
 
-opacus' ghost clipping computes it without materialising per-record gradients (as DP-SGD does in
-node.learning.train): a backward pass for the per-record norms, then a second one of the loss
-weighted by each record's clipping factor, min(1, c / (||g|| + 1e-6)). It clips to
-c = clip (1 - 2^-20): the margin keeps each clipped gradient's norm below `clip` whatever the
-float32 rounding (relative error ~1e-7 per coordinate). Records go through in chunks; the chunk
-sums are accumulated in float64.
+opacus' ghost clipping computes it without materialising per-record gradients: a backward pass
+for the per-record norms, then a second one of the loss weighted by each record's clipping
+factor, min(1, c / (||g|| + 1e-6)). A member clips to c = clip (1 - 2^-20): the margin keeps each
+clipped gradient's norm below `clip` whatever the float32 rounding (relative error ~1e-7 per
+coordinate). Records go through in chunks; the chunk sums are accumulated in float64.
 
 ScatterNet + linear (group norm, then one linear layer) has its per-record gradients in closed
-form, and they are computed directly (`ScatterLinearRecords`): with e = softmax - onehot, x^ the
-group norm's normalised input and z = gamma x^ + beta its output, the linear layer's gradient is
-e z^T (bias e), the group norm's gamma_c and beta_c get the sums over channel c of (W^T e) x^ and
-of W^T e, and ||z||^2 follows from per-channel sums of x^ and x^^2. x^ has no parameter, so it is
-computed once per member (float64, channel-major); a round is then two batched matmuls over it,
-one for the logits and gamma's gradients, one for sum_r f_r e_r x^_r^T (f the clipping factor),
-from which the linear layer's sum follows as gamma (that) + beta (sum_r f_r e_r). The same
-clipping factor, the same sum (a test holds the two paths equal), all in float64.
+form, and they are computed directly (`scatter_linear_clipped_sums`), with no backward pass: with
+e = softmax - onehot, x^ the group norm's normalised input and z = gamma x^ + beta its output, the
+linear layer's gradient is e z^T (bias e), the group norm's gamma_c and beta_c get the sums over
+channel c of (W^T e) x^ and of W^T e, and ||z||^2 follows from per-channel sums of x^ and x^^2.
+One batched matmul over x^ gives each channel's W_c x^_c, hence the logits and gamma's gradients;
+a second, sum_r f_r e_r x^_r^T (f the clipping factor), from which the linear layer's sum follows
+as gamma (that) + beta (sum_r f_r e_r). The same clipping factor, the same sum (tests hold it to
+opacus'). x^ has no parameter: a member computes it once, in float64 (`ScatterLinearRecords`);
+DP-SGD per Poisson batch, in the model's dtype.
 """
 
 from __future__ import annotations
@@ -116,16 +117,60 @@ def scatter_linear_sum(
     return ScatterLinearRecords.prepare(model.norm, x, y).clipped_sum(model, clip, chunk)
 
 
+def normalised_features(norm: nn.GroupNorm, x: torch.Tensor) -> torch.Tensor:
+    """The group norm's normalised input x^ of records x (N, C, H, W), without gamma and beta, as
+    (N, C, H W) in x's dtype (torch's fused group-norm kernel)."""
+    return F.group_norm(x, norm.num_groups, None, None, norm.eps).flatten(2)
+
+
+@torch.no_grad()
+def scatter_linear_clipped_sums(
+    model: ScatterLinear, normalised: torch.Tensor, y: torch.Tensor, clip: float
+) -> tuple[dict[str, torch.Tensor], float]:
+    """({parameter name: sum over the records of their gradients clipped to `clip`}, summed loss)
+    of records with normalised features `normalised` (N, C, P) and labels `y`, computed in
+    normalised's dtype and on its device. The clipping factor is opacus':
+    min(1, clip / (||g|| + 1e-6))."""
+    norm, linear = model.norm, model.linear
+    count, channels, positions = normalised.shape
+    dtype, classes = normalised.dtype, linear.out_features
+    weight = linear.weight.to(dtype).view(classes, channels, positions)
+    gamma, beta = norm.weight.to(dtype), norm.bias.to(dtype)
+    weight_sums = weight.sum(dim=2)  # (classes, channels): z's beta part reaches the logits through these
+    projected = torch.bmm(normalised.transpose(0, 1), weight.permute(1, 2, 0))  # (channels, N, classes): W_c x^_c
+    logits = torch.einsum("cbk,c->bk", projected, gamma) + (beta @ weight_sums.T + linear.bias.to(dtype))
+    loss_sum = float(F.cross_entropy(logits, y, reduction="sum"))
+    e = torch.softmax(logits, dim=1)
+    e[torch.arange(count, device=e.device), y] -= 1.0
+    gamma_grad = torch.einsum("bk,cbk->bc", e, projected)
+    beta_grad = e @ weight_sums
+    squared_z = (  # ||z||^2 per record from per-channel sums of x^ and x^^2
+        torch.linalg.vector_norm(normalised, dim=2).square() * gamma**2
+        + 2.0 * normalised.sum(dim=2) * (gamma * beta)
+        + positions * beta**2
+    ).sum(dim=1)
+    squared = (e * e).sum(1) * (squared_z + 1.0) + (gamma_grad * gamma_grad).sum(1) + (beta_grad * beta_grad).sum(1)
+    factor = torch.clamp(clip / (squared.sqrt() + 1e-6), max=1.0)
+    scaled = e * factor[:, None]
+    e_sum = scaled.sum(0)
+    outer = (scaled.T @ normalised.reshape(count, -1)).view(classes, channels, positions)  # sum of f e x^^T
+    # z = gamma x^ + beta per channel, so sum f e z^T = gamma (sum f e x^^T) + beta (sum f e)
+    linear_weight = outer * gamma[:, None] + e_sum[:, None, None] * beta[:, None]
+    sums = {
+        "linear.weight": linear_weight.view(classes, -1),
+        "linear.bias": e_sum,
+        "norm.weight": factor @ gamma_grad,
+        "norm.bias": factor @ beta_grad,
+    }
+    return sums, loss_sum
+
+
 @dataclass(frozen=True)
 class ScatterLinearRecords:
     """A member's records prepared once for `scatter_linear_sum`: the group norm's normalisation
-    has no parameter, so its output x^ is a function of the records alone. Held channel-major,
-    (channels, records, positions), in float64, with each record's per-channel sums of x^ and x^^2
-    (from which ||z||^2 follows for any gamma and beta)."""
+    has no parameter, so its output x^ is a function of the records alone, held in float64."""
 
-    normalised: torch.Tensor  # (channels, records, positions), float64
-    sums: torch.Tensor  # (records, channels): sum over positions of x^
-    squares: torch.Tensor  # (records, channels): sum over positions of x^^2
+    normalised: torch.Tensor  # (records, channels, positions), float64
     y: torch.Tensor
     num_groups: int
     eps: float
@@ -133,68 +178,23 @@ class ScatterLinearRecords:
     @classmethod
     @torch.no_grad()
     def prepare(cls, norm: nn.GroupNorm, x: torch.Tensor, y: torch.Tensor, chunk: int = CHUNK) -> ScatterLinearRecords:
-        count, channels = x.shape[0], x.shape[1]
-        normalised = torch.empty(channels, count, x[0].numel() // channels, dtype=torch.float64)
-        sums = torch.empty(count, channels, dtype=torch.float64)
-        squares = torch.empty(count, channels, dtype=torch.float64)
-        for lo in range(0, count, chunk):  # in chunks: a float64 copy of all records at once is large
-            xb = x[lo : lo + chunk]
-            grouped = xb.to(torch.float64).reshape(xb.shape[0], norm.num_groups, -1)
-            mean = grouped.mean(dim=2, keepdim=True)
-            var = grouped.var(dim=2, unbiased=False, keepdim=True)
-            block = ((grouped - mean) / torch.sqrt(var + norm.eps)).reshape(xb.shape[0], channels, -1)
-            normalised[:, lo : lo + chunk] = block.permute(1, 0, 2)
-            sums[lo : lo + chunk] = block.sum(dim=2)
-            squares[lo : lo + chunk] = (block * block).sum(dim=2)
-        return cls(normalised, sums, squares, y, norm.num_groups, norm.eps)
+        normalised = torch.empty(x.shape[0], x.shape[1], x[0, 0].numel(), dtype=torch.float64, device=x.device)
+        for lo in range(0, x.shape[0], chunk):  # in chunks: a float64 copy of all records at once is large
+            normalised[lo : lo + chunk] = normalised_features(norm, x[lo : lo + chunk].to(torch.float64))
+        return cls(normalised, y, norm.num_groups, norm.eps)
 
-    @torch.no_grad()
     def clipped_sum(self, model: ScatterLinear, clip: float, chunk: int = CHUNK) -> tuple[torch.Tensor, float]:
-        """`clipped_gradient_sum` of these records at `model` (clip used as is)."""
-        norm, linear = model.norm, model.linear
-        if (norm.num_groups, norm.eps) != (self.num_groups, self.eps):
+        """`clipped_gradient_sum` of these records at `model` (clip used as is), in chunks."""
+        if (model.norm.num_groups, model.norm.eps) != (self.num_groups, self.eps):
             raise ValueError("records prepared for another group norm")
-        channels, count, positions = self.normalised.shape
-        classes = linear.out_features
-        weight = linear.weight.to(torch.float64).reshape(classes, channels, positions)
-        gamma, beta = norm.weight.to(torch.float64), norm.bias.to(torch.float64)
-        per_channel = weight.permute(1, 2, 0)  # (channels, positions, classes)
-        weight_sums = weight.sum(dim=2)  # (classes, channels): z's beta part reaches the logits through these
-        constant = beta @ weight_sums.T + linear.bias.to(torch.float64)
-        squared_z = self.squares * gamma**2 + 2.0 * self.sums * (gamma * beta) + positions * beta**2
-        outer = torch.zeros(channels, classes, positions, dtype=torch.float64)  # sum of f e x^^T
-        e_sum = torch.zeros(classes, dtype=torch.float64)
-        gamma_sum = torch.zeros(channels, dtype=torch.float64)
-        beta_sum = torch.zeros(channels, dtype=torch.float64)
+        totals: dict[str, torch.Tensor] = {}
         loss_sum = 0.0
-        for lo in range(0, count, chunk):
-            xb, yb = self.normalised[:, lo : lo + chunk], self.y[lo : lo + chunk]
-            b = xb.shape[1]
-            projected = torch.bmm(xb, per_channel)  # (channels, b, classes): W_c x^_c per record
-            logits = torch.einsum("cbk,c->bk", projected, gamma) + constant
-            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
-            e = torch.softmax(logits, dim=1)
-            e[torch.arange(b), yb] -= 1.0
-            gamma_grad = torch.einsum("bk,cbk->bc", e, projected)
-            beta_grad = e @ weight_sums
-            squared = (
-                (e * e).sum(1) * (squared_z[lo : lo + chunk].sum(1) + 1.0)
-                + (gamma_grad * gamma_grad).sum(1)
-                + (beta_grad * beta_grad).sum(1)
+        for lo in range(0, len(self.y), chunk):
+            sums, loss = scatter_linear_clipped_sums(
+                model, self.normalised[lo : lo + chunk], self.y[lo : lo + chunk], clip
             )
-            factor = torch.clamp(clip / (squared.sqrt() + 1e-6), max=1.0)[:, None]  # opacus' clipping factor
-            scaled = e * factor
-            outer += torch.bmm(scaled.T.expand(channels, -1, -1), xb)
-            e_sum += scaled.sum(0)
-            gamma_sum += (gamma_grad * factor).sum(0)
-            beta_sum += (beta_grad * factor).sum(0)
-        # z = gamma x^ + beta per channel, so sum f e z^T = gamma (sum f e x^^T) + beta (sum f e)
-        linear_weight = outer * gamma[:, None, None] + beta[:, None, None] * e_sum[None, :, None]
-        sums = {
-            "linear.weight": linear_weight.permute(1, 0, 2).reshape(classes, -1),
-            "linear.bias": e_sum,
-            "norm.weight": gamma_sum,
-            "norm.bias": beta_sum,
-        }
-        total = torch.cat([sums[name].reshape(-1) for name in sorted(sums)])
-        return total, loss_sum / max(1, count)
+            loss_sum += loss
+            for name, value in sums.items():
+                totals[name] = totals[name] + value if name in totals else value
+        total = torch.cat([totals[name].reshape(-1) for name in sorted(totals)])
+        return total, loss_sum / max(1, len(self.y))

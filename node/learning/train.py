@@ -1,4 +1,4 @@
-"""Local training: plain mini-batch SGD for E epochs, or DP-SGD through opacus.
+"""Local training: plain mini-batch SGD for E epochs, or DP-SGD.
 
 Nothing draws from torch's global RNG, so many simulated peers can train in one process. Plain
 SGD shuffles with a generator seeded by the caller (reproducible on one machine; no guarantee
@@ -8,26 +8,30 @@ rests on, draw from the `privacy_generator` the caller passes, one ChaCha20 stre
 public seed), never from torch's MT19937. No DataLoader (and no worker processes): the data are
 tensors in memory and batches are index slices. `torch.set_num_threads` is the caller's business.
 
-DP-SGD (Abadi et al., CCS 2016) uses opacus' pieces directly: ghost clipping
-(`GradSampleModuleFastGradientClipping`, Li, Tramer, Liang, Hashimoto, "Large language models can
-be strong differentially private learners", ICLR 2022; Bu et al. 2023 for the mixed form) for the
-per-sample gradient norms, `DPOptimizerFastGradientClipping` for the clipped sum (a second
-backward pass of the loss weighted by each sample's clipping factor) plus Gaussian noise of std
-`noise_multiplier * max_grad_norm` (`_StreamNoise`: the float64 Box-Muller sampler of
-`mechanisms.gaussian`, on the `dpsgd_noise` stream, in place of opacus' torch-generator noise), and
-Poisson batches of rate batch_size / N (`poisson_batches`: each record in with probability
-floor(q 2^32)/2^32 <= q, from the `poisson` stream). An empty Poisson batch is a noisy step too:
-its clipped sum is 0, its noise is added and the step taken (`noise_only_step`), exactly as the
-accountant counts it. The same clipped sum as materialized per-sample gradients, without them: a
-linear layer's per-sample gradient norm is ||activation|| x ||output gradient||, so the
-ScatterNet + linear model trains 4x faster than with opacus' hooks (docs/BENCHMARKS.md). A model with
-convolutions trains with opacus' hooks (`GradSampleModule`, `DPOptimizer`) instead: conv layers have no
-norm sampler, and ghost clipping's second backward pass then costs more than it saves. DP-SGD takes the
-channels-last layout like plain SGD (opacus' conv grad sampler works on it). The rate and the
-number of steps come from `mechanisms.record_level.round_steps`, the function the record-level
-accountant uses, so what is trained and what is accounted cannot differ. Accounting is not done
-here: a round's privacy loss counts once it is released, from the sample count committed on chain
-(`record_level_spend`).
+DP-SGD (Abadi et al., CCS 2016): per Poisson batch, the sum of the records' loss gradients each
+clipped to l2 norm `max_grad_norm` (factor min(1, C / (||g|| + 1e-6)), opacus'), plus Gaussian noise
+of std `noise_multiplier * max_grad_norm` (`stream_noised`: the float64 Box-Muller sampler of
+`mechanisms.gaussian`, on the `dpsgd_noise` stream, in place of opacus' torch-generator noise),
+divided by the expected batch size, then an SGD step (lr, momentum); Poisson batches of rate
+batch_size / N (`poisson_batches`: each record in with probability floor(q 2^32)/2^32 <= q, from the
+`poisson` stream). An empty Poisson batch is a noisy step too: its clipped sum is 0, its noise is
+added and the step taken, exactly as the accountant counts it. The clipped sum comes from one of
+three places (`_private_steps`):
+- ScatterNet + linear: in closed form (`ScatterLinearStep`, `node.learning.clipped_sum`), from the
+  batch's normalised features with two batched matmuls and no backward pass: about as fast as
+  plain SGD;
+- other models without convolutions: opacus' ghost clipping (`GradSampleModuleFastGradientClipping`,
+  Li, Tramer, Liang, Hashimoto, ICLR 2022; Bu et al. 2023 for the mixed form) for the per-sample
+  norms and `DPOptimizerFastGradientClipping` for the sum, a second backward pass of the loss
+  weighted by each sample's clipping factor;
+- models with convolutions, and augmentation multiplicity: opacus' hooks (`GradSampleModule`,
+  `DPOptimizer`), materialized per-sample gradients: conv layers have no norm sampler, and ghost
+  clipping's second backward pass then costs more than it saves.
+DP-SGD takes the channels-last layout like plain SGD (opacus' conv grad sampler works on it). The
+rate and the number of steps come from `mechanisms.record_level.round_steps`, the function the
+record-level accountant uses, so what is trained and what is accounted cannot differ. Accounting is
+not done here: a round's privacy loss counts once it is released, from the sample count committed
+on chain (`record_level_spend`).
 
 Augmentation multiplicity (De, Berrada, Hayes, Smith, Balle, "Unlocking high-accuracy
 differentially private image classification through scale", 2022): with `augmentations` K > 1,
@@ -48,7 +52,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from fractions import Fraction
@@ -68,6 +72,8 @@ from mechanisms.draws import WORD
 from mechanisms.gaussian import add_gaussian_noise
 from mechanisms.randomness import PrivacyGenerator, RandomStream
 from mechanisms.record_level import DPSGDPolicy, round_steps
+from node.learning.clipped_sum import normalised_features, scatter_linear_clipped_sums
+from node.learning.models import ScatterLinear
 
 # opacus' per-sample hooks warn on every backward pass when the inputs need no gradient (they
 # never do here); the warning is about input gradients we do not use.
@@ -228,34 +234,119 @@ def _train_dpsgd(
         raise ValueError(f"model is not DP-SGD compatible: {errors[0]}")
     n = int(y.shape[0])
     sample_rate, total_steps = round_steps(dp.batch_size, dp.epochs, n)
-    # Ghost clipping pays where opacus has a norm sampler (linear layers); a convolution still
-    # needs its per-sample gradients, and ghost clipping's second backward pass then costs more
-    # than it saves (pnpm-fmnist: 3.4x plain SGD against 2.7x with the hooks; docs/BENCHMARKS.md).
-    ghost = augmentations == 1 and not any(isinstance(m, nn.Conv2d) for m in model.modules())
-    grad_module, optimizer = _private_optimizer(model, dp, lr, momentum, max(1, round(sample_rate * n)), ghost)
-    optimizer.noise_stream = generator.dpsgd_noise
+    expected_batch = max(1, round(sample_rate * n))
     losses: list[float] = []
     steps = 0
-    try:
+    with _private_steps(model, dp, lr, momentum, expected_batch, augmentations, generator) as step:
         for _ in range(dp.epochs):
             losses = []
             for batch in poisson_batches(n, sample_rate, total_steps // dp.epochs, generator.poisson):
                 steps += 1
-                optimizer.zero_grad(set_to_none=True)
-                if batch.numel() == 0:  # the clipped sum is 0; its noise is not, and the step counts
-                    optimizer.noise_only_step()
-                    continue
                 index = batch.to(x.device)
-                losses.append(
-                    _clipped_backward(grad_module, optimizer, x[index], y[index], ghost, augmentations, generator)
-                )
-                optimizer.step()
-    finally:
-        grad_module._close()  # removes opacus' hooks and per-sample buffers: `model` is plain again
+                loss = step(x[index], y[index])
+                if loss is not None:
+                    losses.append(loss)
     mean_loss = sum(losses) / len(losses) if losses else float("nan")
     if steps != total_steps:
         raise RuntimeError(f"DP-SGD took {steps} steps where the accountant counts {total_steps}")
     return TrainResult(n, mean_loss, steps)
+
+
+PrivateStep = Callable[[torch.Tensor, torch.Tensor], float | None]
+
+
+@contextmanager
+def _private_steps(
+    model: nn.Module,
+    dp: DPSGDPolicy,
+    lr: float,
+    momentum: float,
+    expected_batch: int,
+    augmentations: int,
+    generator: PrivacyGenerator,
+) -> Iterator[PrivateStep]:
+    """A function taking one DP-SGD step on a Poisson batch (x, y), possibly empty, and returning
+    its mean loss (None when empty): in closed form for ScatterNet + linear, else through opacus."""
+    if isinstance(model, ScatterLinear) and augmentations == 1:
+        yield ScatterLinearStep(
+            model, dp.max_grad_norm, dp.noise_multiplier, lr, momentum, expected_batch, generator.dpsgd_noise
+        )
+        return
+    with opacus_steps(model, dp, lr, momentum, expected_batch, augmentations, generator) as step:
+        yield step
+
+
+@contextmanager
+def opacus_steps(
+    model: nn.Module,
+    dp: DPSGDPolicy,
+    lr: float,
+    momentum: float,
+    expected_batch: int,
+    augmentations: int,
+    generator: PrivacyGenerator,
+) -> Iterator[PrivateStep]:
+    """`_private_steps` through opacus, for any model: ghost clipping without convolutions,
+    per-sample hooks with them or with augmentation; opacus' hooks are removed on exit."""
+    # Ghost clipping pays where opacus has a norm sampler (linear layers); a convolution still
+    # needs its per-sample gradients, and ghost clipping's second backward pass then costs more
+    # than it saves (pnpm-fmnist: 3.4x plain SGD against 2.7x with the hooks; docs/BENCHMARKS.md).
+    ghost = augmentations == 1 and not any(isinstance(m, nn.Conv2d) for m in model.modules())
+    grad_module, optimizer = _private_optimizer(model, dp, lr, momentum, expected_batch, ghost)
+    optimizer.noise_stream = generator.dpsgd_noise
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> float | None:
+        optimizer.zero_grad(set_to_none=True)
+        if y.numel() == 0:  # the clipped sum is 0; its noise is not, and the step counts
+            optimizer.noise_only_step()
+            return None
+        loss = _clipped_backward(grad_module, optimizer, x, y, ghost, augmentations, generator)
+        optimizer.step()
+        return loss
+
+    try:
+        yield step
+    finally:
+        grad_module._close()  # removes opacus' hooks and per-sample buffers: `model` is plain again
+
+
+class ScatterLinearStep:
+    """DP-SGD steps of ScatterNet + linear with each batch's clipped sum in closed form
+    (`scatter_linear_clipped_sums`: no backward pass, no hooks), then what opacus' DPOptimizer
+    does: the stream's noise of std noise_multiplier x clip added to each parameter's sum
+    (`stream_noised`, parameter by parameter in the model's order, so the same draws), the sum
+    divided by the expected batch size, and an SGD step with the given lr and momentum. An empty
+    batch's sum is 0; its noise is added and the step taken."""
+
+    def __init__(
+        self,
+        model: ScatterLinear,
+        clip: float,
+        noise_multiplier: float,
+        lr: float,
+        momentum: float,
+        expected_batch: int,
+        noise_stream: RandomStream,
+    ) -> None:
+        self.model = model
+        self.parameters = dict(model.named_parameters())
+        self.optimizer = torch.optim.SGD(self.parameters.values(), lr=lr, momentum=momentum)
+        self.clip, self.std = clip, noise_multiplier * clip
+        self.expected_batch = expected_batch
+        self.noise_stream = noise_stream
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> float | None:
+        count = int(y.numel())
+        if count:
+            normalised = normalised_features(self.model.norm, x)
+            sums, loss_sum = scatter_linear_clipped_sums(self.model, normalised, y, self.clip)
+        else:
+            sums, loss_sum = {name: torch.zeros_like(p) for name, p in self.parameters.items()}, 0.0
+        for name, p in self.parameters.items():
+            p.grad = stream_noised(sums[name], self.std, self.noise_stream).view_as(p)
+            p.grad /= self.expected_batch  # opacus' scale_grad for the "mean" loss reduction
+        self.optimizer.step()
+        return loss_sum / count if count else None
 
 
 def _private_optimizer(
@@ -353,6 +444,14 @@ def _average_copies(grad_module: GradSampleModule, records: int, copies: int) ->
             p.grad_sample = sample.view(records, copies, *sample.shape[1:]).mean(dim=1)
 
 
+def stream_noised(summed: torch.Tensor, std: float, stream: RandomStream) -> torch.Tensor:
+    """`summed` + N(0, std^2) per coordinate, flat, on summed's device: the noise drawn on the CPU
+    from `stream` by `mechanisms.gaussian.add_gaussian_noise` (so a CUDA peer's noise is the same
+    bits), added in summed's dtype."""
+    flat = summed.detach().to("cpu").reshape(-1).contiguous()
+    return add_gaussian_noise(flat, 1.0, std, torch.empty_like(flat), stream).to(summed.device)
+
+
 class _StreamNoise:
     """opacus' optimizers with the noise drawn from a ChaCha20 stream (`noise_stream`, set after
     construction) by `mechanisms.gaussian.add_gaussian_noise` on the CPU, then moved to the
@@ -370,9 +469,7 @@ class _StreamNoise:
         std = self.noise_multiplier * self.max_grad_norm
         for p in self.params:
             _check_processed_flag(p.summed_grad)
-            summed = p.summed_grad.detach().to("cpu").reshape(-1).contiguous()
-            noisy = add_gaussian_noise(summed, 1.0, std, torch.empty_like(summed), self.noise_stream)
-            p.grad = noisy.to(p.summed_grad.device).view_as(p)
+            p.grad = stream_noised(p.summed_grad, std, self.noise_stream).view_as(p)
             _mark_as_processed(p.summed_grad)
 
     def noise_only_step(self) -> None:
