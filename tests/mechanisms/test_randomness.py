@@ -133,7 +133,8 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
 @pytest.mark.parametrize("augmentations", [1, 2])
 def test_no_secret_path_uses_a_seedable_generator(monkeypatch, augmentations):
     """A real release under a secret generator: every mechanism's perturb, and DP-SGD steps
-    (ghost clipping on a linear model, opacus' hooks on a convolution, augmentation) with empty
+    (ghost clipping on a linear model, opacus' hooks on a convolution, augmentation, ScatterNet +
+    linear in closed form) with empty
     Poisson batches among them, while the constructors of torch.Generator, numpy's generators and
     random.Random raise, and the global generators' states must not move (nothing draws from
     torch's, numpy's or Python's default generator either)."""
@@ -158,6 +159,10 @@ def test_no_secret_path_uses_a_seedable_generator(monkeypatch, augmentations):
         mechanisms.get("gaussian", clip_norm=1.0, noise_multiplier=1.0),
         mechanisms.get("sampled", base="pm", epsilon=10.0),
     ]
+    scatter = init_model("scatter-linear", input_shape=(1, 28, 28), num_classes=10, seed=0)
+    # ScatterNet-shaped features (81 channels of 7 x 7) and labels: public test data, not a draw
+    features = torch.linspace(-3, 3, 12 * 81 * 7 * 7).reshape(12, 81, 7, 7).sin() * 2
+    labels = torch.arange(12) % 10
     calls: list[str] = []
     before = _global_states()
     _forbid(monkeypatch, calls)
@@ -180,6 +185,18 @@ def test_no_secret_path_uses_a_seedable_generator(monkeypatch, augmentations):
             dp=dp,
             privacy_generator=secret_generator(),
             augmentations=augmentations,
+        )
+    if augmentations == 1:  # ScatterNet + linear: its clipped sum in closed form, features made before the check
+        train_local(
+            scatter,
+            features,
+            labels,
+            epochs=1,
+            batch_size=2,
+            lr=0.1,
+            seed=0,
+            dp=dp,
+            privacy_generator=secret_generator(),
         )
     monkeypatch.undo()
     assert calls == []
