@@ -229,3 +229,19 @@ def test_each_members_own_bit_decides_past_the_first_byte(kit):
             s.peers[0].close_round(2)
         commit(s, kit, 2, 11)
         s.peers[0].close_round(2)
+
+
+def test_a_refused_close_costs_one_raw_request_and_no_web3_call(swarm, kit):
+    """Every member tries to close after each commit it sees, and nearly every try is refused: the
+    refusal comes from one raw eth_estimateGas (encoded from the ABI), never from web3's estimate."""
+    commit(swarm, kit, 1, 0)  # b, c and w are still awaited: the chain refuses an early close
+    closer = swarm.peers[1]
+    provider = closer.w3.provider
+    web3_before, all_before = provider.requests, provider.all_requests()
+    with pytest.raises(errors.CommitWindowOpen):
+        closer.close_round(1)
+    assert provider.requests == web3_before  # web3 built and estimated nothing
+    assert provider.all_requests() == all_before + 1
+    commit(swarm, kit, 1, 1, 2, 3)
+    closer.close_round(1)  # allowed now: the raw estimate passes it on to the sender
+    assert swarm.reader.round_info(1).state is RoundState.CLOSED
