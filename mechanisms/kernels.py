@@ -4,9 +4,9 @@
 
 Each kernel reads one block's keystream words and input and writes the block's output in one
 pass (Laplace: on either side of torch's log), the exponential mechanism and the Gaussian with
-their own log, exp, cos and sin (`log64`, `exp_pair64`, `normal_pair`: series whose error bounds
-docs/MECHANISMS.md proves and the mechanisms' float bounds use), with exactly the roundings of
-the arithmetic the mechanism's docstring states (and its proof in
+their own log, exp, cos and sin (`log_table64`, `exp_pair64`, `normal_pair`: series and a table
+whose error bounds docs/MECHANISMS.md proves and the mechanisms' float bounds use), with exactly
+the roundings of the arithmetic the mechanism's docstring states (and its proof in
 docs/MECHANISMS.md rests on): float32 where the mechanism computes in float32, a fused
 multiply-add (`fma`, one rounding) where it says so, a separate multiply and add (two roundings)
 elsewhere. No fastmath (LLVM may then neither reassociate nor contract a multiply and an add
@@ -22,6 +22,7 @@ code is compiled once per signature (about 8 s of CPU for all of them) and kept 
 from __future__ import annotations
 
 import contextlib
+import decimal
 import math
 
 import numpy as np
@@ -287,8 +288,9 @@ def laplace(aux, log_u, t, out, inv_snap, snap, c, steps):
 # ---------------------------------------------------------------------------------------------
 # log and exp with proven error bounds (docs/MECHANISMS.md, "Floating point": "The kernels' own
 # log, exp, cos and sin"): Taylor and atanh series with stated remainders, evaluated with fma;
-# branch-free, so that a loop calling them vectorizes. Each is within 3 x 2^-53 of its result
-# (relative), inside the LOG_ULPS = 4 the mechanisms' bounds assume.
+# branch-free, so that a loop calling them vectorizes. Each series is within 3 x 2^-53 of its
+# result (relative), inside the LOG_ULPS = 4 the mechanisms' bounds assume; the exponential
+# mechanism's table log (`log_table64`) has the absolute-and-relative bound its use needs.
 
 _LN2_HI = float.fromhex("0x1.62e42fee00000p-1")  # ln 2's top 32 bits: k LN2_HI exact for |k| < 2^21
 _LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")  # ln 2 - _LN2_HI, within 2^-86 of it
@@ -327,13 +329,6 @@ def log_parts(x):
     big = m > _SQRT2
     e = np.float64((bits >> 52) - 1022 if big else (bits >> 52) - 1023)
     return (m * 0.5 if big else m) - 1.0, e  # m/2 exact; m - 1 exact (Sterbenz)
-
-
-@njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def log64(x):
-    """ln x for x = 0 (-inf) or a normal float64 > 0, within 3 x 2^-53 relative."""
-    f, e = log_parts(x)
-    return -np.inf if x == 0.0 else log1p_reduced(f, e)
 
 
 @njit(cache=True, nogil=True, error_model="numpy", inline="always")
@@ -401,16 +396,65 @@ def log1p_narrow(f):
 # masses stay below 1 - e^-0.69 = 0.4984, so 1 - |s| >= 1/2 needs no log reduction
 NARROW_SPAN = 0.69
 
+# `log_table64`: x = 2^k z with z in [0.6875, 1.375) (ARM's optimized-routines reduction), z's
+# cell i (bits 44..51 of z's bits less 0.6875's: 256 cells, 2^-9 wide below 1, 2^-8 above)
+_LOG_OFFSET = np.int64(0x3FE6000000000000)  # the bits of 0.6875
+_LOG_CELL_SHIFT = 44
+_LOG_CELLS = 1 << 8
+_SIGN_AND_EXPONENT = np.int64(-(1 << 52))  # bits 52..63
+_LN2 = float.fromhex("0x1.62e42fefa39efp-1")  # ln 2 rounded to nearest: 0.21 x 2^-53 below it
+
+
+def _log_table() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cells of `log_table64`: their 257 edges (cell i is [edge i, edge i + 1)), 1/c_i and
+    -ln(1/c_i): c_i the cell's midpoint (exact), 1/c_i rounded once, its log from decimal
+    arithmetic at 40 digits (correctly rounded there) rounded once to float64, so within
+    2^-55 + 2^-130 of the exact -ln(1/c_i) (|ln c_i| < 1/2). Decimal, not the platform's libm:
+    the same table, and bound, on every machine."""
+    edges = (_LOG_OFFSET + (np.arange(_LOG_CELLS + 1, dtype=np.int64) << _LOG_CELL_SHIFT)).view(np.float64)
+    inverses = 2.0 / (edges[:-1] + edges[1:])  # the sum of two edges: exact (at most 10 bits)
+    context = decimal.Context(prec=40)
+    logs = np.array([float(-context.ln(decimal.Decimal(float(v)))) for v in inverses])
+    return edges, inverses, logs
+
+
+LOG_CELL_EDGES, LOG_INVERSES, LOG_VALUES = _log_table()
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def log_table64(x):
+    """ln x for a normal float64 x > 0, without a division, within 2^-53 (0.4 + 2.4 |ln x|): x =
+    2^k z (exact: z's bits are x's less k 2^52), r = fma(z, 1/c_i, -1) for z's cell i (|r| <=
+    2^-9, one rounding), ln x = (k LN2 + ln c_i) + (r + r^2 P(r)), P the Taylor series of
+    ln(1 + r) from its r^2 term to r^6 (remainder below 2^-65), each sum rounded once. Any
+    other x (0, a subnormal, negative, inf, NaN) gives some float: the cell index is masked, so
+    it reads the table, never past it."""
+    bits = float64_bits(x)
+    above = bits - _LOG_OFFSET
+    k = np.float64(above >> 52)
+    z = bits_float64(bits - (above & _SIGN_AND_EXPONENT))
+    cell = (above >> _LOG_CELL_SHIFT) & (_LOG_CELLS - 1)
+    r = fma(z, LOG_INVERSES[cell], -1.0)
+    p = fma(r, -1.0 / 6.0, 0.2)
+    p = fma(p, r, -0.25)
+    p = fma(p, r, 1.0 / 3.0)
+    p = fma(p, r, -0.5)
+    # (k LN2 + ln c_i) beside the series, summed last: adding ln c_i to the series before the
+    # fma would round one sum fewer, but puts a rounding on the longest chain (a quarter slower)
+    return fma(k, _LN2, LOG_VALUES[cell]) + fma(r * r, p, r)
+
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def exponential(words, t, out, b, c, grid):
     """`Exponential.perturb` on one block, in float64 as the mechanism states: u = the words' 53
     bits 10..62, (h, 1/h) = (EXP(x), EXP(-x)) for x = fl(-t/b), neg_left = fma(c, h, -1),
     total = fma(-c 2^-53, 1/h, 2^-53) - 2^-53 neg_left (the last product exact),
-    s = fma(u, total, neg_left) (one rounding), d = max(1 - |s|, 0) (one rounding),
+    s = fma(u, total, neg_left) (one rounding), d = 1 - |s| (one rounding; at least e^(-2/b)
+    less 2^-47 for t in [-1, 1], so a normal float > 0 for every eps the mechanism accepts),
     distance = sign(s) |LOG(d)|, y = fma(-b, distance, t) clamped to [-1, 1], snapped to the grid
     (exact: rint(y / grid) grid, grid a power of 2), rounded once into out. EXP and LOG:
-    `exp_pair64`, `log64`. Returns whether every t lies in [-1, 1], as `duchi`."""
+    `exp_pair64`, `log_table64`. Returns whether every t lies in [-1, 1], as `duchi` (for a t
+    outside, its d may be anything: that output is computed again from the checked input)."""
     wide_vectors()
     inside = True
     cells, neg_inv_b = 1.0 / grid, -1.0 / b
@@ -419,7 +463,8 @@ def exponential(words, t, out, b, c, grid):
         inside &= (x >= -1.0) & (x <= 1.0)
         h, h_inverse = exp_pair64(x * neg_inv_b)
         mass = _exponential_mass(words[i], h, h_inverse, c)
-        out[i] = _exponential_value(mass, log64(max(1.0 - abs(mass), 0.0)), x, b, cells, grid)
+        # no guard for d <= 0 (impossible, above): a select there cost a quarter of the kernel's time
+        out[i] = _exponential_value(mass, log_table64(1.0 - abs(mass)), x, b, cells, grid)
     return inside
 
 

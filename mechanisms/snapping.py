@@ -25,7 +25,9 @@ from .randomness import PrivacyGenerator, mechanism_stream
 
 # Bound on the error of the float64 log and exp the snapping bounds use, in ulps of the result:
 # assumed for torch's log (Laplace; Sleef's u10 and glibc's are documented within 1 ulp), proven
-# within 3 for the kernels' own (the exponential mechanism: docs/MECHANISMS.md); both measured by
+# within 3 for the kernels' own exp and series log (the exponential mechanism: docs/MECHANISMS.md;
+# its table log above eps_run 1.38 is within 2^-53 (0.4 + 2.4 |ln d|), which times b < 2.9 is
+# below the 2 LOG_ULPS units of 2^-53 that `exponential_error` allows it); measured by
 # tests/mechanisms/test_float_noise.py and test_kernel_functions.py.
 LOG_ULPS = 4.0
 
@@ -210,9 +212,10 @@ def exponential_error(scale: float) -> float:
     before the log, h = exp(-t/b), c h, c/h, the masses (at most 2), s = u total - left and 1 - |s|
     are each within 16 + 2/b units of their exact values (LOG_ULPS for exp, 2 |t/b| <= 2/b for its
     rounded argument, one per rounding after), and the log amplifies an absolute error by
-    1/(1 - |s|) <= e^(2/b); its own error is LOG_ULPS units of |log| <= 2/b; times b; plus 4 units
-    for the product, the sum with t and the clamp. So rho <= 2^-53 ((2b + 16 b + 2) e^(2/b) +
-    2 LOG_ULPS + 4), doubled."""
+    1/(1 - |s|) <= e^(2/b); its own error is LOG_ULPS units of |log| <= 2/b; times b (the table
+    log above eps_run 1.38, `kernels.log_table64`: 0.4 + 2.4 |log| units, times b < 2.9 at most
+    6 < 2 LOG_ULPS); plus 4 units for the product, the sum with t and the clamp. So
+    rho <= 2^-53 ((2b + 16 b + 2) e^(2/b) + 2 LOG_ULPS + 4), doubled."""
     b = scale
     if 2.0 / b > 700.0:
         return math.inf
@@ -281,7 +284,7 @@ class Exponential(_PureLocal):
             # u: 53 of each word's bits. The masses over b: left of t 1 - c h, right of t
             # 1 - c / h, with c = exp(-1/b) and h = exp(-t/b): ONE exp per coordinate, float64 so
             # that the masses resolve the uniform; exp and log: the kernels' own (`kernels.exp_pair64`,
-            # `kernels.log64`), within the LOG_ULPS the bound assumes
+            # `kernels.log_table64`), within what `exponential_error` assumes
             words, args = words64(stream, hi - lo).numpy(), (out_np[lo:hi], b, c, EXPONENTIAL_GRID)
             if not kernel(words, t_np[lo:hi], *args):  # outside [-1, 1]: see `Duchi.perturb`
                 kernel(words, self._block(t[lo:hi]).numpy(), *args)

@@ -38,7 +38,7 @@ CASES = [  # name, params, input kind, keystream bytes per coordinate, what they
     ("ldp-fl", {"epsilon": 1.0, "radius": 0.1}, "weights", 4, "1 x 32-bit word (the decision)", 2.0),
     ("laplace", {"epsilon": 1.0}, "unit", 16, "2 x 64-bit words (U*; sign and dither)", 2.0),
     ("exponential", {"epsilon": 1.0}, "unit", 8, "1 x 64-bit word (53-bit uniform)", 2.0),
-    # eps_run > 1.38: the kernel with the exp and log reductions (`kernels.exponential`)
+    # eps_run > 1.38: the kernel with the exp's reduction and the table log (`kernels.exponential`)
     ("exponential", {"epsilon": 4.0}, "unit", 8, "1 x 64-bit word (53-bit uniform)", 2.0),
     ("rr", {"epsilon": 1.0, "k": 2}, "binary", 4, "1 x 32-bit word (the flip)", 2.0),
     ("gaussian", {"clip_norm": 1.0, "noise_multiplier": 1.0}, "weights", 8, "2 x 64-bit words per pair", 2.0),
@@ -174,7 +174,7 @@ def main() -> int:
         "0.2-0.3 ns per byte here), so the floor is that draw, in the bytes the mechanism reads per "
         "coordinate (second column; checked against the bytes each perturb drew): PNPM, PM and HM two "
         "32-bit words, Duchi, LDP-FL and RR one, the exponential mechanism one 64-bit word (at eps 1, and at eps 4 "
-        "where its kernel reduces the arguments of its exp and log), the "
+        "where its kernel reduces its exp's argument and reads its log from a table), the "
         "Gaussian two 64-bit words per pair of coordinates, Laplace two 64-bit words. `sampled` draws "
         "only 2k words; its floor is writing the zero output. The floor includes allocating the output "
         "(the first write to each of its pages faults it in, which the mechanism pays as well) and the "

@@ -1,10 +1,12 @@
 """The kernels' own log, exp, cos and sin (mechanisms/kernels.py; docs/MECHANISMS.md, "The
 kernels' own log, exp, cos and sin"): measured against mpmath at 40 digits on inputs that reach
-every reduction case, within the bounds the written error analysis proves and the mechanisms'
-float bounds assume (LOG_ULPS for log and exp, NOISE_ULPS for a Gaussian pair); and the laws
-the new noise paths sample, at fixed seeds, within 5 standard errors of the closed forms."""
+every reduction case (every cell of the table log), within the bounds the written error analysis
+proves and the mechanisms' float bounds assume (LOG_ULPS for log and exp, NOISE_ULPS for a
+Gaussian pair), the table log's premises checked exactly; and the laws the new noise paths
+sample, at fixed seeds, within 5 standard errors of the closed forms."""
 
 import math
+from fractions import Fraction
 
 import mpmath
 import numpy as np
@@ -20,14 +22,23 @@ from mechanisms.randomness import seeded_generator
 
 Z = 5.0
 UNIT = 2.0**-53
-PROVEN = 3.0  # the written bound of log64 and exp_pair64, relative, in units of 2^-53
+PROVEN = 3.0  # the written bound of the series log and exp_pair64, relative, in units of 2^-53
+# the written bound of log_table64: |LOG(x) - ln x| <= 2^-53 (TABLE_ABSOLUTE + TABLE_RELATIVE |ln x|)
+TABLE_ABSOLUTE, TABLE_RELATIVE = 0.4, 2.4
 mpmath.mp.dps = 40
 
 
 @njit(error_model="numpy")
 def _logs(x, out):
     for i in range(x.size):
-        out[i] = K.log64(x[i])
+        f, e = K.log_parts(x[i])
+        out[i] = K.log1p_reduced(f, e)
+
+
+@njit(error_model="numpy")
+def _table_logs(x, out):
+    for i in range(x.size):
+        out[i] = K.log_table64(x[i])
 
 
 @njit(error_model="numpy")
@@ -68,17 +79,57 @@ def _log_inputs() -> np.ndarray:
     return np.concatenate([near_one, np.array(edges), binades, rng.uniform(0.5, 2.0, 3000)])
 
 
-def test_log64_is_within_its_proven_bound():
-    """Every reduction case: x = 2^e (1 + f) with 1 + f on both sides of sqrt 2, x next to 1 (where
-    ln x -> 0: the relative bound is the hard one), powers of 2, the smallest normal; ln 0 = -inf."""
+def test_series_log_is_within_its_proven_bound():
+    """The Gaussian's log (`log1p_reduced` on `log_parts`), every reduction case: x = 2^e (1 + f)
+    with 1 + f on both sides of sqrt 2, x next to 1 (where ln x -> 0: the relative bound is the
+    hard one), powers of 2, the smallest normal."""
     x = _log_inputs()
     out = np.empty_like(x)
     _logs(x, out)
     worst = _relative(out, [mpmath.log(mpmath.mpf(v)) for v in x.tolist()])
     assert worst <= PROVEN <= S.LOG_ULPS
-    zero = np.zeros(1)
-    _logs(zero, zero)
-    assert zero[0] == -math.inf
+
+
+def test_table_log_premises_hold_exactly():
+    """What the written bound of `log_table64` rests on: in every cell, |z/c_i - 1| (z times the
+    rounded 1/c_i, less 1, a monotone function of z: its edges bound it) at most 2^-9; every
+    table log within 2^-55 + 2^-130 of -ln(1/c_i); LN2 within 0.21 x 2^-53 of ln 2; 0.6875 and
+    the edges as the kernel's bit arithmetic makes them. And its use: times b < 2/NARROW_SPAN
+    (the kernel it serves), at most the 2 LOG_ULPS units that `exponential_error` allows."""
+    edges = K.LOG_CELL_EDGES
+    assert edges[0] == 0.6875 and edges[-1] == 1.375 and len(edges) == K.LOG_INVERSES.size + 1 == 257
+    for i, inverse in enumerate(K.LOG_INVERSES.tolist()):
+        for z in (edges[i], edges[i + 1]):
+            assert abs(Fraction(float(z)) * Fraction(inverse) - 1) <= Fraction(1, 2**9)
+        exact = -mpmath.log(mpmath.mpf(inverse))
+        assert abs(mpmath.mpf(float(K.LOG_VALUES[i])) - exact) <= mpmath.mpf(2) ** -55 + mpmath.mpf(2) ** -130
+    assert abs(mpmath.mpf(K._LN2) - mpmath.log(2)) <= 0.21 * UNIT
+    assert TABLE_ABSOLUTE * 2.0 / K.NARROW_SPAN + TABLE_RELATIVE * 2.0 <= 2.0 * S.LOG_ULPS
+
+
+def test_table_log_is_within_its_proven_bound():
+    """Every cell of `log_table64` (its lower edge, the float below its upper edge, a point
+    inside) in the binades of the exponential mechanism's d = 1 - |s| (down to e^-25.1 at its
+    largest eps) and at both ends of the normal range, x next to 1 on both sides, random
+    binades: within 2^-53 (0.4 + 2.4 |ln x|) of ln x."""
+    rng = np.random.default_rng(9)
+    edges = K.LOG_CELL_EDGES
+    z = np.concatenate(
+        [edges[:-1], np.nextafter(edges[1:], 0.0), edges[:-1] + rng.uniform(0.0, 1.0, 256) * np.diff(edges)]
+    )
+    scales = np.ldexp(1.0, np.array([-1021, -36, -1, 0, 1022]))
+    near_one = 1.0 + rng.uniform(-(2.0**-8), 2.0**-8, 500)
+    spread = np.ldexp(rng.uniform(1.0, 2.0, 1000), rng.integers(-1021, 1023, 1000))
+    x = np.concatenate([np.outer(scales, z).ravel(), near_one, np.exp(-rng.uniform(0.0, 25.1, 1000)), spread])
+    x = np.concatenate([x, [1.0, math.nextafter(1.0, 0.0), math.nextafter(1.0, 2.0), 2.0**-1022]])
+    out = np.empty_like(x)
+    _table_logs(x, out)
+    worst = 0.0
+    for v, got in zip(x.tolist(), out.tolist()):
+        exact = mpmath.log(mpmath.mpf(v))
+        bound = UNIT * (TABLE_ABSOLUTE + TABLE_RELATIVE * abs(exact))
+        worst = max(worst, float(abs(mpmath.mpf(got) - exact) / bound))
+    assert worst <= 1.0, f"{worst:.3f} of the bound"
 
 
 def test_exp_pair64_is_within_its_proven_bound():
@@ -111,6 +162,22 @@ def test_narrow_exp_and_log1p_are_within_their_proven_bounds():
     assert _relative(log1p, [mpmath.log1p(mpmath.mpf(v)) for v in f.tolist()]) <= PROVEN
     # the span's promises: |t/b| <= span/2 <= 0.3466 (ln 2 / 2) and the masses 1 - e^-span < 1/2
     assert math.log(2.0) > K.NARROW_SPAN and 1.0 - math.exp(-K.NARROW_SPAN) < 0.5
+
+
+def test_full_exponential_kernel_needs_no_guard_at_its_extremes():
+    """The full kernel (eps_run > 1.38) reads its log from a table and has no guard for d = 0:
+    at eps 2 and the largest eps, the extreme draws (u = 0 and u = 1 - 2^-53) from the extreme
+    inputs, where d = 1 - |s| is smallest (e^(-2/b), e^-25 at eps 50) or 1, give the grid's
+    ends as the exact inverse CDF does."""
+    for eps in (2.0, 50.0):
+        mech = M.get("exponential", epsilon=eps)
+        b = 4.0 / mech.run_epsilon
+        assert 2.0 / b > K.NARROW_SPAN
+        words = np.array([0, ((1 << 53) - 1) << 10] * 2, dtype=np.int64)
+        t = np.array([-1.0, -1.0, 1.0, 1.0], dtype=np.float32)
+        out = np.empty(4, dtype=np.float32)
+        assert K.exponential(words, t, out, b, math.exp(-1.0 / b), S.EXPONENTIAL_GRID)
+        assert out.tolist() == [-1.0, 1.0, -1.0, 1.0]
 
 
 def test_gaussian_pair_is_within_the_noise_budget():
