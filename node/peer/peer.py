@@ -32,8 +32,8 @@ from node.peer.catchup import CatchUp, ModelUnavailable
 from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.endpoints import Witness
 from node.peer.fetching import obtain
-from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
-from node.peer.round_outcome import Phase, RoundOutcome, gas_used
+from node.peer.ports import HostPort, LedgerPort, PoisonableStore, RunSync, StorePort
+from node.peer.round_outcome import Phase, RoundOutcome, gas_used, mined_in
 from node.peer.secure_round import Membership, secure_rounds
 from node.peer.spending import BudgetExhausted, Spending
 from node.peer.training import Training
@@ -460,7 +460,7 @@ class Peer:
                 raise
             log.warning("round %d: the commit's reply was lost, but the chain holds it: going on", r)
         if own is None:  # a receipt is only the endpoint's word: the chain's Committed event is the commit
-            own = await self._read_back_commit(r, digest, _mined_in(receipt))
+            own = await self._read_back_commit(r, digest, mined_in(receipt))
         if self.witness is not None:
             await self.chain(self.witness.confirm_commit, r, self.address, digest, own.block_number)
         self.spending.committed(num_records)
@@ -590,12 +590,3 @@ class Peer:
     def _evaluate(self, vector: torch.Tensor) -> tuple[float, float]:
         self.eval_model.load_state_dict(unflatten(vector, self.spec))
         return evaluate(self.eval_model, self.test_x, self.test_y, device=self.s.device)
-
-
-def _mined_in(receipt: object) -> int | None:
-    """The block a transaction's receipt says it was mined in (None when it says nothing: the
-    in-memory tests' fake chain)."""
-    try:
-        return int(cast(Receipt, receipt)["blockNumber"])
-    except (TypeError, KeyError, ValueError):
-        return None

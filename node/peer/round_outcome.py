@@ -61,3 +61,12 @@ def gas_used(receipt: object) -> int:
         return int(cast(Receipt, receipt)["gasUsed"])
     except (TypeError, KeyError):
         return int(getattr(receipt, "gas_used", 0) or 0)
+
+
+def mined_in(receipt: object) -> int | None:
+    """The block a transaction's receipt says it was mined in (None when it says nothing: the
+    in-memory tests' fake chain)."""
+    try:
+        return int(cast(Receipt, receipt)["blockNumber"])
+    except (TypeError, KeyError, ValueError):
+        return None

@@ -47,7 +47,7 @@ from node.peer.catchup import ModelUnavailable
 from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.faults import SECURE_FAULTS
 from node.peer.ports import HostPort, StorePort
-from node.peer.round_outcome import Phase, RoundOutcome, gas_used
+from node.peer.round_outcome import Phase, RoundOutcome, gas_used, mined_in
 from node.peer.secure import SecureMember, SecureOutcome, SecureSettings
 from node.peer.spending import BudgetExhausted
 from node.protocol import wire
@@ -195,7 +195,7 @@ class SecureRounds:
             receipt = await p.chain(
                 p.ledger.commit, r, digest, num_records, spent.eps_micro, mech_json, spent.record_eps_micro
             )
-            await p._read_back_commit(r, digest)
+            await p._read_back_commit(r, digest, mined_in(receipt))
             p.spending.committed(num_records)
             out.committed = True
             out.eps_cumulative, out.delta_cumulative = spent.mechanism.epsilon, spent.mechanism.delta
