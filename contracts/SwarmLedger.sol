@@ -225,7 +225,8 @@ contract SwarmLedger {
     /// @notice A finalized round cannot be aborted.
     error RoundAlreadyFinalized(uint64 round);
     /// @notice `step` is not a secure-aggregation step posted with postFrame (0 KEYS, 1 DEALING,
-    /// 3 REVEAL; the MASKED frame's digest is the commit).
+    /// 3 REVEAL; the MASKED frame's digest is the commit) or acknowledged with acknowledge (0 KEYS,
+    /// 1 DEALING, 2 MASKED).
     error InvalidStep(uint8 step);
     /// @notice `round` is not in `step`'s window now (see postFrame): it is over (it lasted through
     /// block `lastBlock` and until timestamp `endsAt`), or it has not begun (both 0). A KEYS or
@@ -273,9 +274,10 @@ contract SwarmLedger {
     /// `round` within that step's window; the first posting per (round, step, peer) is the one
     /// that counts (peers and verifiers ignore later ones).
     event FramePosted(uint64 indexed round, address indexed peer, uint8 step, bytes32 digest);
-    /// @notice `peer` holds the MASKED frames of the members whose bits `fetched` sets (member i:
-    /// byte i / 8, bit i % 8, as inclusion bitmaps), posted in the ACK window of secure round `round`.
-    event Acknowledged(uint64 indexed round, address indexed peer, bytes fetched);
+    /// @notice `peer` holds the frames of step `step` (0 KEYS, 1 DEALING, 2 MASKED) of the members
+    /// whose bits `fetched` sets (member i: byte i / 8, bit i % 8, as inclusion bitmaps), posted in
+    /// that step's acknowledgment window of secure round `round`.
+    event Acknowledged(uint64 indexed round, address indexed peer, uint8 step, bytes fetched);
 
     // ------------------------------------------------------------------ storage
 
@@ -305,8 +307,15 @@ contract SwarmLedger {
     /// @dev Round-table slots each registration creates.
     uint256 private constant SLOTS_PER_REGISTRATION = 2;
     uint256 private constant MASK74 = (1 << 74) - 1;
-    /// @dev The secure-aggregation step acknowledge posts (postFrame's are 0, 1 and 3).
-    uint8 private constant ACK = 4;
+    /// @dev Secure-aggregation steps (postFrame's 0, 1 and 3, the commit's 2) and the acknowledgments
+    /// of steps 0, 1 and 2 (acknowledge's step + 4 for a frame step s: bit s + 4 of a `_posted` slot).
+    uint8 private constant KEYS = 0;
+    uint8 private constant DEALING = 1;
+    uint8 private constant MASKED = 2;
+    uint8 private constant REVEAL = 3;
+    uint8 private constant ACK_KEYS = 4;
+    uint8 private constant ACK_DEALING = 5;
+    uint8 private constant ACK_MASKED = 6;
     /// @dev An acknowledgment's bitmap: 4,096 members at most (what a frame can address).
     uint256 private constant MAX_ACK_BYTES = 512;
 
@@ -753,40 +762,59 @@ contract SwarmLedger {
 
     /**
      * @notice Post the sha256 digest of the sender's frame for a step of a secure-aggregation
-     * round (docs/SECAGG.md "The protocol"): the step's set is the frames whose digests the chain
-     * took in its window, so every member and any auditor see the same sets. Registered, not
+     * round (docs/SECAGG.md "The protocol"): the step's candidates are the frames whose digests
+     * the chain took in its window, its set those that at least t members then acknowledge
+     * (`acknowledge`), so every member and any auditor see the same sets. Registered, not
      * removed, senders of a swarm deployed for secure aggregation only, once per (round, step)
-     * (AlreadyPosted). Windows, in blocks and seconds like the others (a window ends once both
-     * have passed): KEYS (step 0) from the round's opening through the first quarter of the
-     * commit window, DEALING (step 1) from there through its first half, MASKED as the sender's
-     * ordinary commit (after the DEALING window, for members that follow the protocol), ACK
-     * (`acknowledge`) from the round's closing through the first quarter of the attestation
-     * window, REVEAL (step 3) from there through its first half. The event is the record; the
-     * one slot written per member (`_posted`) only refuses a repeat.
+     * (AlreadyPosted), each in its step's window (`_stepWindow`): KEYS (step 0) and DEALING
+     * (step 1) while the round is open, each followed by its acknowledgment window; MASKED as the
+     * sender's ordinary commit (after the DEALING acknowledgments, for members that follow the
+     * protocol); REVEAL (step 3) after the MASKED acknowledgments, once the round closed. The
+     * event is the record; the one slot written per member (`_posted`) only refuses a repeat.
      * @param round the current round
      * @param step 0 KEYS, 1 DEALING, 3 REVEAL
      * @param digest sha256 of the frame, as the sender publishes it
      */
     function postFrame(uint64 round, uint8 step, bytes32 digest) external {
-        if (step != 0 && step != 1 && step != 3) revert InvalidStep(step);
+        if (step != KEYS && step != DEALING && step != REVEAL) revert InvalidStep(step);
         if (uint256(digest) <= 1) revert InvalidDigest(digest);
         _posting(round, step);
         emit FramePosted(round, msg.sender, step, digest);
     }
 
     /**
-     * @notice Acknowledge, in the ACK window of secure round `round` (see postFrame), the MASKED
-     * frames the sender fetched and found sound: `fetched` is a bitmap over the round's members
-     * (member i: byte i / 8, bit i % 8), at most 512 bytes. The bitmap itself is on chain, not a
-     * digest of it, so no acknowledger can show it to some members only: U3 is the members at
-     * least t members acknowledged, the same for everyone who reads the chain. Once per round.
+     * @notice Acknowledge, in the acknowledgment window of step `step` of secure round `round`
+     * (see postFrame), the frames of that step the sender fetched and found sound: `fetched` is
+     * a bitmap over the round's members (member i: byte i / 8, bit i % 8), at most 512 bytes. The
+     * bitmap itself is on chain, not a digest of it, so no acknowledger can show it to some
+     * members only: a step's set (U1 for KEYS, U2 for DEALING, U3 for MASKED) is the senders at
+     * least t members acknowledged, the same for everyone who reads the chain. Once per round
+     * and step.
      * @param round the current round
-     * @param fetched the bitmap of the members whose MASKED frames the sender holds
+     * @param step 0 KEYS, 1 DEALING, 2 MASKED: the step whose frames are acknowledged
+     * @param fetched the bitmap of the members whose frames of `step` the sender holds
      */
-    function acknowledge(uint64 round, bytes calldata fetched) external {
+    function acknowledge(uint64 round, uint8 step, bytes calldata fetched) external {
+        if (step > MASKED) revert InvalidStep(step);
         if (fetched.length > MAX_ACK_BYTES) revert MalformedBitmap(round, fetched.length, MAX_ACK_BYTES);
-        _posting(round, ACK);
-        emit Acknowledged(round, msg.sender, fetched);
+        _posting(round, step + ACK_KEYS);
+        emit Acknowledged(round, msg.sender, step, fetched);
+    }
+
+    /**
+     * @dev The window of secure-aggregation posting `step` (a frame step, or ACK_* for an
+     * acknowledgment), in eighths of its phase's window: from the end of eighth `from` through
+     * the end of eighth `through` of the commit window (`closed` false: the round is open) or
+     * of the attestation window (`closed` true: from the round's closing). The one place the
+     * steps are laid out (node/chain/secure_steps.py mirrors it); a new step is a new line.
+     */
+    function _stepWindow(uint8 step) private pure returns (bool closed, uint64 from, uint64 through) {
+        if (step == KEYS) return (false, 0, 1);
+        if (step == ACK_KEYS) return (false, 1, 2);
+        if (step == DEALING) return (false, 2, 3);
+        if (step == ACK_DEALING) return (false, 3, 4);
+        if (step == ACK_MASKED) return (true, 0, 2);
+        return (true, 2, 4); // REVEAL
     }
 
     /// @dev The checks every secure-aggregation posting shares: the swarm's policy, the sender,
@@ -798,24 +826,29 @@ contract SwarmLedger {
         if (peer.banned) revert NotAllowed(msg.sender);
         Live memory live = _live;
         if (round != live.round) revert WrongRound(round, live.round);
+        (bool closed, uint64 from, uint64 through) = _stepWindow(step);
         bool open = live.state == RoundState.OPEN;
-        // KEYS and ACK open their phase's window; DEALING and REVEAL begin where those end
-        bool first = step == 0 || step == ACK;
-        if (open != (step == 0 || step == 1)) {
-            if (!open) revert RoundNotOpen(round, live.state); // KEYS, DEALING: their phase is over
-            revert StepWindowClosed(round, step, 0, 0); // ACK, REVEAL: their phase has not begun
+        if (open == closed) {
+            if (!open) revert RoundNotOpen(round, live.state); // a step of the open round: its phase is over
+            revert StepWindowClosed(round, step, 0, 0); // a step of the closed round: its phase has not begun
         }
-        uint64 blocks = open ? _commitWindow : _attestWindow;
-        uint32 duration = open ? _commitWindowSeconds : _attestWindowSeconds;
+        // 64- and 32-bit lengths times at most 8 fit in 256 bits; an eighth of them fits their type again
+        uint256 blocks = open ? _commitWindow : _attestWindow;
+        uint256 duration = open ? _commitWindowSeconds : _attestWindowSeconds;
         (bool passed, uint64 lastBlock, uint64 endsAt) = _window(
             live.sinceBlock,
             live.sinceTime,
-            blocks / (first ? 4 : 2),
-            uint32(duration / (first ? 4 : 2))
+            uint64((blocks * through) / 8),
+            uint32((duration * through) / 8)
         );
         if (passed) revert StepWindowClosed(round, step, lastBlock, endsAt);
-        if (!first) {
-            (bool begun, , ) = _window(live.sinceBlock, live.sinceTime, blocks / 4, uint32(duration / 4));
+        if (from > 0) {
+            (bool begun, , ) = _window(
+                live.sinceBlock,
+                live.sinceTime,
+                uint64((blocks * from) / 8),
+                uint32((duration * from) / 8)
+            );
             if (!begun) revert StepWindowClosed(round, step, 0, 0);
         }
         uint256 posted = _posted[msg.sender];

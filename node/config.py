@@ -8,6 +8,7 @@ config file is an error, never silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import tomllib
 import types
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+
+from node.protocol.secure_windows import WINDOWS, step_blocks
 
 DEFAULTS_PATH = Path(__file__).with_name("defaults.toml")
 
@@ -376,18 +379,20 @@ SECURE_WINDOW_MARGIN = 2
 
 
 def _check_secure_windows(c: Config) -> None:
-    """Each step's window of a secure round (KEYS and DEALING: quarters of the commit window, ACK
-    and REVEAL: of the attestation window, as the ledger divides them) longer than
-    chain.confirmations + SECURE_WINDOW_MARGIN blocks, or no member could act in it in time."""
+    """Each step's window of a secure round (`node.protocol.secure_windows`: eighths of the commit
+    window for KEYS, DEALING and their acknowledgments, of the attestation window for the MASKED
+    acknowledgments and REVEAL, as the ledger divides them) longer than chain.confirmations +
+    SECURE_WINDOW_MARGIN blocks, or no member could act in it in time."""
     chain, least = c.chain, c.chain.confirmations + SECURE_WINDOW_MARGIN
-    for name, blocks in (("commit_window", chain.commit_window), ("attest_window", chain.attest_window)):
-        first, second = blocks // 4, blocks // 2 - blocks // 4
-        if min(first, second) <= least:
-            steps = "KEYS and DEALING" if name == "commit_window" else "ACK and REVEAL"
+    for step, window in WINDOWS.items():
+        blocks = step_blocks(step, chain.commit_window, chain.attest_window)
+        if blocks <= least:
+            name = "attest_window" if window.closed else "commit_window"
+            enough = next(b for b in itertools.count(1) if step_blocks(step, b, b) > least)
             raise ConfigError(
-                f"chain.{name} of {blocks} blocks gives the secure-aggregation {steps} windows "
-                f"{first} and {second} blocks: each must be more than chain.confirmations ({chain.confirmations}) "
-                f"+ {SECURE_WINDOW_MARGIN} blocks (chain.{name} >= {4 * (least + 1)})"
+                f"chain.{name} of {getattr(chain, name)} blocks gives the secure-aggregation {step.name} window "
+                f"{blocks} blocks: each must be more than chain.confirmations ({chain.confirmations}) "
+                f"+ {SECURE_WINDOW_MARGIN} blocks (chain.{name} >= {enough})"
             )
 
 

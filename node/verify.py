@@ -57,7 +57,7 @@ from node.chain.records import Commitment, RoundInfo, RoundState
 from node.chain.secure_steps import (
     RoundMembers,
     Step,
-    agreed_survivors,
+    agreed,
     chain_steps,
     fetch_archive,
     round_members,
@@ -731,9 +731,11 @@ def verify_secure_round(
     read them), every frame fetched from `archive` and checked against its digest, then
     `unmask.verify_round`, the function members unmask with. A frame the archive lacks or holds
     other bytes for names its sender (left out of that step's set); a blob over its step's bound
-    is never read whole. An archive lacking a dealing bundle whose digest is on chain is a
-    `failure` ("archive incomplete") naming that dealer only: the members all held it (one that
-    lacks one sits out), so the U2 it leaves is not theirs and no revealer can be judged by it. A
+    is never read whole. U1, U2 and U3 are the chain's (`secure_steps.agreed`, the members' code);
+    an archive lacking a KEYS frame of U1 or a dealing bundle of U2 is a `failure` ("archive
+    incomplete") naming that sender only: the members all held it (one that lacked one fetched it
+    from its acknowledgers or sat out), so the sets it leaves are not theirs and no revealer can
+    be judged by them. A
     round that cannot be checked (its members make no round, a chain read fails) is a `failure`,
     never an exception."""
     try:
@@ -741,9 +743,9 @@ def verify_secure_round(
         session = round_session(ledger, round)
         setup = round_setup(session, members, bits, dim, counted_members=counted_members)
         steps = chain_steps(ledger, round, members)
-        agreed = agreed_survivors(steps, setup.threshold)
+        sets = {step: agreed(steps, step, setup.threshold) for step in (Step.KEYS, Step.DEALING, Step.MASKED)}
         fetched = fetch_archive(
-            steps, lambda digest, bound: read_within(archive, digest.hex(), bound), bits=bits, dim=dim, agreed=agreed
+            steps, lambda digest, bound: read_within(archive, digest.hex(), bound), bits=bits, dim=dim, agreed=sets
         )
     except Exception as exc:
         return SecureRoundCheck(round, None, (), (), {}, _why(exc))
@@ -752,9 +754,9 @@ def verify_secure_round(
     def by_address(faults: dict[int, str]) -> dict[str, str]:
         return {members.addresses[i]: reason for i, reason in sorted(faults.items())}
 
-    # a member lacking a dealing bundle the chain names sat out, so every revealer held them all:
-    # without one, U2 here is not the members' U2, and the revealers' openings cannot be judged
-    lacking = sorted(fetched.unfetched[Step.DEALING])
+    # every member held every KEYS frame of U1 and dealing bundle of U2 (one lacking one sat out):
+    # without one, U1 or U2 here is not the members', and the revealers' openings cannot be judged
+    lacking = sorted(fetched.unfetched[Step.KEYS] | fetched.unfetched[Step.DEALING])
     if lacking:
         return SecureRoundCheck(
             round,
@@ -762,11 +764,12 @@ def verify_secure_round(
             (),
             (),
             by_address({i: named[i] for i in lacking}),
-            f"archive incomplete: no blob matching the DEALING digest on chain of {_members(members, lacking)}",
+            f"archive incomplete: no blob matching the KEYS or DEALING digest on chain of {_members(members, lacking)}"
+            " (in U1 or U2: t members held it)",
         )
 
     try:
-        result = verify_round(setup, frames, agreed)
+        result = verify_round(setup, frames, sets[Step.MASKED])
     except RoundFailed as exc:
         return SecureRoundCheck(round, None, (), (), by_address(named | dict(exc.faults)), str(exc))
     return SecureRoundCheck(

@@ -84,7 +84,7 @@ def run_swarm(anvil, n: int) -> dict:
             p.commit(r, digest(f"{r}-{i}"), 1000 + i, r * 1_000_000, MECHANISM, r * 2_000_000)["gasUsed"]
             for i, p in enumerate(peers)
         ]
-        anvil.mine(window + 1)
+        anvil.rpc("anvil_mine", [hex(window + 1)], timeout=300.0)  # 258 blocks at n = 256: slow on a loaded machine
         close = peers[0].close_round(r)["gasUsed"]
         bitmap = encode_bitmap([True] * n)
         attests = [p.attest(r, digest(f"agg-{r}"), bitmap)["gasUsed"] for p in peers[: n // 2 + 1]]
@@ -108,18 +108,19 @@ def run_swarm(anvil, n: int) -> dict:
 
 def run_secure(anvil, n: int = 4) -> dict:
     """A secure-aggregation round (docs/SECAGG.md): every member posts its KEYS, DEALING and
-    REVEAL digests with postFrame and its acknowledgment (a bitmap of every member) with
-    acknowledge, each in its window, and commits its MASKED frame's digest; round 2, as above
-    (round 1 creates each member's posting slot). The windows' seconds are 1 and the blocks are
-    mined past each step."""
+    REVEAL digests with postFrame and its acknowledgments of the KEYS, DEALING and MASKED frames
+    (a bitmap of every member) with acknowledge, each in its window, and commits its MASKED
+    frame's digest; round 2, as above (round 1 creates each member's posting slot). The windows'
+    seconds are 1 and the blocks are mined past each step."""
     from eth_account import Account
 
     from node.chain.client import LedgerClient, connect
+    from node.protocol.secure_windows import WINDOWS, Step
     from node.protocol.wire import encode_bitmap
 
     w3 = connect(anvil.url)
     accounts = [Account.from_key(k) for k in anvil.private_keys[:n]]
-    window = 8 * (n + 2)  # a quarter of it holds round 1's registrations and every KEYS posting
+    window = 16 * (n + 2)  # an eighth of it holds round 1's registrations and every KEYS posting
     deployer = LedgerClient.deploy(
         w3,
         accounts[0],
@@ -139,16 +140,25 @@ def run_secure(anvil, n: int = 4) -> dict:
     peers = [deployer] + [LedgerClient(w3, deployer.address, a) for a in accounts[1:]]
     for i, p in enumerate(peers):
         register_signed(p, i)
+    everyone = encode_bitmap([True] * n)
     posts: dict[str, list[int]] = {}
     first_post = 0
+
+    def into(step: Step, since: int) -> None:  # mine until `step`'s window has begun
+        anvil.mine(max(0, since + window * WINDOWS[step].start // 8 + 1 - anvil.block_number()))
+
     for r in (1, 2):
         opened = peers[0].round_info(r).opened_block
         posts = {"keys": [], "dealing": [], "ack": [], "reveal": []}
-        anvil.mine(max(0, opened + 1 - anvil.block_number()))
-        posts["keys"] = [p.post_frame(r, 0, digest(f"k{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
+        into(Step.KEYS, opened)
+        posts["keys"] = [p.post_frame(r, Step.KEYS, digest(f"k{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
         first_post = first_post or max(posts["keys"])
-        anvil.mine(max(0, opened + window // 4 + 1 - anvil.block_number()))
-        posts["dealing"] = [p.post_frame(r, 1, digest(f"d{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
+        into(Step.KEYS_ACK, opened)
+        posts["ack"] += [p.acknowledge(r, Step.KEYS, everyone)["gasUsed"] for p in peers]
+        into(Step.DEALING, opened)
+        posts["dealing"] = [p.post_frame(r, Step.DEALING, digest(f"d{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
+        into(Step.DEALING_ACK, opened)
+        posts["ack"] += [p.acknowledge(r, Step.DEALING, everyone)["gasUsed"] for p in peers]
         anvil.mine(max(0, opened + window // 2 + 1 - anvil.block_number()))
         commits = [
             p.commit(r, digest(f"m{r}-{i}"), 1000 + i, 0, MECHANISM, r * 2_000_000)["gasUsed"]
@@ -156,10 +166,10 @@ def run_secure(anvil, n: int = 4) -> dict:
         ]
         peers[0].close_round(r)  # every member committed: the early close
         closed = peers[0].round_info(r).closed_block
-        posts["ack"] = [p.acknowledge(r, encode_bitmap([True] * n))["gasUsed"] for p in peers]
-        anvil.mine(max(0, closed + window // 4 + 1 - anvil.block_number()))
-        posts["reveal"] = [p.post_frame(r, 3, digest(f"v{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
-        attests = [p.attest(r, digest(f"agg-{r}"), encode_bitmap([True] * n))["gasUsed"] for p in peers[: n // 2 + 1]]
+        posts["ack"] += [p.acknowledge(r, Step.MASKED, everyone)["gasUsed"] for p in peers]
+        into(Step.REVEAL, closed)
+        posts["reveal"] = [p.post_frame(r, Step.REVEAL, digest(f"v{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
+        attests = [p.attest(r, digest(f"agg-{r}"), everyone)["gasUsed"] for p in peers[: n // 2 + 1]]
     return {
         "n": n,
         "post_frame": max(max(posts[step]) for step in ("keys", "dealing", "reveal")),
@@ -253,8 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             "",
             f'Secure aggregation (`privacy.mechanism = "secagg"`, a ledger deployed with `secure_aggregation`, '
             "docs/SECAGG.md): each member also posts three frame digests with `postFrame` (KEYS, DEALING, "
-            f"REVEAL), at most {secure['post_frame']:,} gas each, and its acknowledgment of the MASKED frames it "
-            f"holds with `acknowledge` ({secure['acknowledge']:,} gas for {secure['n']} members): a check of the "
+            f"REVEAL), at most {secure['post_frame']:,} gas each, and its acknowledgments of the KEYS, DEALING and "
+            f"MASKED frames it holds with `acknowledge` (at most {secure['acknowledge']:,} gas each for "
+            f"{secure['n']} members): a check of the "
             "sender and the step's window, the event, and the rewrite of the member's one posting slot that "
             f"refuses a repeat (its first posting ever creates the slot: {secure['first_post']:,} gas); its "
             f"commit skips the duplicate-digest table ({secure['commit']:,} gas at most). A round of "

@@ -5,18 +5,20 @@ Bytes, for d = 40,000 and n = 10, 30, 100: the frames of a real in-process round
 swarm moves them. Today every peer publishes one update blob (node.protocol.wire.update_blob:
 canonical safetensors, float32, the default PNPM policy's metadata) and fetches the n - 1 others;
 the swarm uploads n(n - 1) blobs, so the mean peer sends n - 1 and receives n - 1 (the round
-bench's 'busiest upload / (blob x N)'). Under secure aggregation each member publishes KEYS, a
-DEALING (commitments), a MASKED vector and a REVEAL to the n - 1 others the same way, and sends
-one SEALED frame to each of the n - 1 other holders. Chain transactions are left out of both.
+bench's 'busiest upload / (blob x N)'). Under secure aggregation each member publishes KEYS (a pair
+key per member), a DEALING (commitments), a MASKED vector and a REVEAL to the n - 1 others the
+same way, and sends one SEALED frame to each of the n - 1 other holders. An honest round has no
+COMPLAINT frame. Chain transactions are left out of both.
 
 CPU, at n = 10, 30, 100 (and 200, for the fit), d = 40,000, 10% of the members dropping after
 dealing (the costly case: their pairwise masks are restored by everyone): process CPU time of one
 member, one torch thread, by step: keys (R0 and checking U1's KEYS), dealings (dealing, checking
-U2's DEALINGs, opening its SEALED shares), quantize (stochastic rounding), noise (its discrete
-Gaussian share at the 100-peer example's policy), masking (R2) and unmasking (checking U3's MASKED
-frames, its REVEAL, and `unmask_round` on the REVEAL frames). Fastest of `--repeat` rounds per step. The all-pairs part
-(everything but quantize and noise) is fitted as a + b n + c n^2 to say where it passes the
-0.5 s target, beyond which SecAgg+ (Bell et al. 2020: k = O(log n) neighbours) takes over.
+U2's DEALINGs, opening its SEALED shares, settling the complaints: none), quantize (stochastic
+rounding), noise (its discrete Gaussian share at the 100-peer example's policy), masking (R2) and
+unmasking (checking U3's MASKED frames, its REVEAL, and `unmask_round` on the REVEAL frames).
+Fastest of `--repeat` rounds per step. The all-pairs part (everything but quantize and noise) is
+fitted as a + b n + c n^2 to say where it passes the 0.5 s target, beyond which SecAgg+ (Bell et
+al. 2020: k = O(log n) neighbours) takes over.
 
     python scripts/bench_secagg.py [--dim 40000] [--repeat 3] [--no-write]
 """
@@ -43,6 +45,8 @@ sys.path.insert(0, str(ROOT))
 from benchdoc import machine_line, table, write_section  # noqa: E402
 
 from mechanisms.randomness import seeded_generator  # noqa: E402
+from mechanisms.secagg import complaints as c  # noqa: E402
+from mechanisms.secagg import messages as m  # noqa: E402
 from mechanisms.secagg import round as r  # noqa: E402
 from mechanisms.secagg.masks import session_id  # noqa: E402
 from mechanisms.secagg.policy import SecAggPolicy  # noqa: E402
@@ -96,13 +100,16 @@ def play(n: int, dim: int, dropped: set[int], clock: StepClock) -> dict[str, int
     keys, _ = run(0, "keys", lambda: r.key_set(setup, key_frames))
     dealings: dict[int, bytes] = {}
     sealed_to: dict[int, dict[int, bytes]] = {h: {} for h in range(n)}
+    bundles: dict[int, dict[int, bytes]] = {}  # dealer -> holder -> SEALED frame
     for i in range(n):
         dealings[i], sealed = run(i, "dealings", partial(r.deal, states[i], setup, keys))
+        bundles[i] = sealed
         for h, frame in sealed.items():
             sealed_to[h][i] = frame
-    dealt, _ = run(0, "dealings", lambda: r.dealt_set(setup, keys, dealings))
+    candidates, _ = run(0, "dealings", lambda: r.dealt_set(setup, keys, dealings))
     for i in range(n):
-        run(i, "dealings", partial(r.receive, states[i], setup, keys, dealt, sealed_to[i]))
+        run(i, "dealings", partial(r.receive, states[i], setup, keys, candidates, bundles))
+    dealt, _ = run(0, "dealings", lambda: c.settle(setup, keys, candidates, {}, {}))
 
     gradient = rng.normal(0, 0.01, dim) * 60_000 / 100
     stream = seeded_generator(0)
@@ -118,7 +125,8 @@ def play(n: int, dim: int, dropped: set[int], clock: StepClock) -> dict[str, int
     reveals = {i: r.reveal(states[i], setup, dealt, vectors) for i in range(1, n) if i not in dropped}
     reveals[0] = clock.time("unmasking", lambda: r.reveal(states[0], setup, dealt, vectors))
     result = clock.time("unmasking", lambda: unmask_round(setup, keys, dealt, vectors, reveals, {}))
-    audit = verify_round(setup, RoundArchive(key_frames, dealings, masked, reveals))
+    archived = {i: m.dealing_bundle(dealings[i], bundles[i]) for i in dealings}
+    audit = verify_round(setup, RoundArchive(key_frames, archived, masked, reveals))
     if not np.array_equal(audit.total, result.total):
         raise RuntimeError("verify_round disagrees with the member's unmasking")
     expected = wrap(np.sum([residues[i] for i in result.survivors], axis=0), 32)
@@ -214,8 +222,8 @@ def render(dim: int, sizes: dict[int, dict[str, int]], cpu: dict[int, dict[str, 
             "",
             f"Bytes: at most {max(ratios):.3f}x today's exchange (target <= {BYTES_TARGET}x: "
             f"{'met' if max(ratios) <= BYTES_TARGET else 'NOT met'}). The masked vector is 4 bytes a coordinate, as a "
-            "float32 blob; the DEALING (66 bytes per member of U1) and the REVEAL (52 bytes per member of U2) grow "
-            "with n.",
+            "float32 blob; the KEYS (32 bytes per member: a pair key each), the DEALING (66 bytes per member of U1) "
+            "and the REVEAL (52 bytes per member of U2) grow with n.",
             "",
             "CPU seconds of one member (process CPU time, fastest of the repeats per step), 10% of the members "
             "dropping after dealing (their pairwise masks restored by every member that unmasks); noise: the "

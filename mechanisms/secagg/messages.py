@@ -11,14 +11,21 @@ field by field with every length checked. A frame that fails any check raises `B
 naming the member whose signature or format does not hold (None when the frame names nobody).
 
 Kinds (member indices and counts are 2 bytes inside bodies):
-- KEYS: the member's X25519 mask public key and X25519 share-encryption public key.
+- KEYS: the member's X25519 mask public key, its X25519 share-encryption public key (its side of
+  every SEALED frame it deals) and, for each member index 0..k-1, an X25519 public key of its
+  own for the shares that member deals to it (its side as a holder: one key per (holder, dealer)
+  pair, so that a COMPLAINT reveals the private half of one pair and nothing else).
 - DEALING (public, archived): SHA-256 of the dealer's self-mask seed and, for each holder, a hash
   commitment to each of the holder's two shares (`commitment`), so that a revealed share can be
   checked later by anyone against what the dealer signed.
 - SEALED (dealer to one holder): the holder's two shares (value and 16-byte salt each) under
-  ChaCha20-Poly1305 with a key agreed between the dealer's and the holder's encryption keys.
+  ChaCha20-Poly1305 with a key agreed between the dealer's share-encryption key and the holder's
+  pair key for that dealer.
 - MASKED: the masked residues, `bits` and the dimension, ceil(bits / 8) bytes per residue.
 - REVEAL: the openings (dealer, which secret, value, salt) a survivor reveals for the unmasking.
+- COMPLAINT: per dealer the holder accuses of sealing it bad shares, the holder's private key of
+  that (holder, dealer) pair, so that anyone can open the dealer's SEALED frame for the holder
+  (`complaints`).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ class Kind(IntEnum):
     SEALED = 3
     MASKED = 4
     REVEAL = 5
+    COMPLAINT = 6
 
 
 class Secret(IntEnum):
@@ -80,12 +88,16 @@ _OPENING = SHARE_BYTES + SALT_BYTES  # a share's value and its commitment's salt
 _COMMITTED_HOLDER = 2 + 2 * DIGEST_BYTES  # holder, commitment to each of its two shares
 _SEALED = 2 + NONCE_BYTES + 2 * _OPENING + TAG_BYTES  # holder, nonce, two openings, Poly1305 tag
 _REVEALED = 2 + 1 + _OPENING  # dealer, secret, value and salt
+_COMPLAINED = 2 + KEY_BYTES  # dealer, the holder's private key of the pair
+_KEYS_FIXED = 2 * KEY_BYTES + 2  # mask and share-encryption keys, the count of pair keys
 _HEAD = SESSION_BYTES + 4
 
 
 def _max_body(kind: Kind) -> int:
     if kind is Kind.KEYS:
-        return _HEAD + 2 * KEY_BYTES
+        return _HEAD + _KEYS_FIXED + MAX_MEMBERS * KEY_BYTES  # a pair key per member index
+    if kind is Kind.COMPLAINT:
+        return _HEAD + 2 + MAX_MEMBERS * _COMPLAINED
     if kind is Kind.DEALING:
         return _HEAD + DIGEST_BYTES + 2 + MAX_MEMBERS * _COMMITTED_HOLDER
     if kind is Kind.SEALED:
@@ -159,19 +171,46 @@ def _index(data: bytes) -> int:
 # --------------------------------------------------------------------------------------- KEYS
 
 
+class Keys(NamedTuple):
+    """A KEYS frame's keys: the mask key, the share-encryption key the member deals with, and
+    pairs[d]: the key dealer d seals this member's shares to."""
+
+    mask: bytes
+    cipher: bytes
+    pairs: tuple[bytes, ...]
+
+
 def keys_message(
-    session: bytes, sender: int, mask_public: bytes, cipher_public: bytes, key: Ed25519PrivateKey
+    session: bytes,
+    sender: int,
+    mask_public: bytes,
+    cipher_public: bytes,
+    pair_publics: Sequence[bytes],
+    key: Ed25519PrivateKey,
 ) -> bytes:
-    if len(mask_public) != KEY_BYTES or len(cipher_public) != KEY_BYTES:
+    """pair_publics[d]: the public key dealer d is to seal the sender's shares to, for d in 0..k-1."""
+    if any(len(public) != KEY_BYTES for public in (mask_public, cipher_public, *pair_publics)):
         raise ValueError("X25519 public keys are 32 bytes")
-    return seal_frame(Kind.KEYS, session, sender, mask_public + cipher_public, key)
+    if len(pair_publics) > MAX_MEMBERS:
+        raise ValueError(f"a KEYS frame covers at most {MAX_MEMBERS} members")
+    payload = mask_public + cipher_public + len(pair_publics).to_bytes(2, "big") + b"".join(pair_publics)
+    return seal_frame(Kind.KEYS, session, sender, payload, key)
 
 
-def read_keys(frame: Frame) -> tuple[bytes, bytes]:
-    """(mask public key, share-encryption public key)."""
-    if len(frame.payload) != 2 * KEY_BYTES:
+def keys_frame_size(covered: int) -> int:
+    """The size of a KEYS frame with pair keys for `covered` members."""
+    return HEADER.size + _HEAD + _KEYS_FIXED + covered * KEY_BYTES + SIGNATURE_BYTES
+
+
+def read_keys(frame: Frame) -> Keys:
+    p = frame.payload
+    if len(p) < _KEYS_FIXED:
+        raise BadMessage(frame.sender, "KEYS body too short")
+    count = _index(p[2 * KEY_BYTES : _KEYS_FIXED])
+    if count > MAX_MEMBERS or len(p) != _KEYS_FIXED + count * KEY_BYTES:
         raise BadMessage(frame.sender, "KEYS body has the wrong length")
-    return frame.payload[:KEY_BYTES], frame.payload[KEY_BYTES:]
+    pairs = tuple(p[at : at + KEY_BYTES] for at in range(_KEYS_FIXED, len(p), KEY_BYTES))
+    return Keys(p[:KEY_BYTES], p[KEY_BYTES : 2 * KEY_BYTES], pairs)
 
 
 # ----------------------------------------------------------------------- shares and openings
@@ -293,7 +332,9 @@ def sealed_message(
     nonce: bytes,
     key: Ed25519PrivateKey,
 ) -> bytes:
-    """The holder's two openings (self seed, then mask key) encrypted to it; nonce: 12 fresh bytes."""
+    """The holder's two openings (self seed, then mask key) encrypted to it: `cipher_private` the
+    dealer's share-encryption key, `holder_public` the holder's pair key for this dealer (its KEYS
+    frame); nonce: 12 fresh bytes."""
     b, s = openings
     if (b.secret, s.secret) != (Secret.SELF_SEED, Secret.MASK_KEY) or (b.dealer, b.holder) != (s.dealer, s.holder):
         raise ValueError("a SEALED message carries one holder's self-seed and mask-key shares")
@@ -306,13 +347,15 @@ def sealed_message(
 
 
 def read_sealed(
-    frame: Frame, holder: int, cipher_private: X25519PrivateKey, dealer_public: bytes
+    frame: Frame, holder: int, pair_private: X25519PrivateKey, dealer_public: bytes
 ) -> tuple[Opening, Opening]:
-    """The two openings a dealer sealed for `holder` (not yet checked against the commitments)."""
+    """The two openings a dealer sealed for `holder` (not yet checked against the commitments),
+    opened with the holder's private key of the (holder, dealer) pair: the holder's own, or the
+    one its COMPLAINT revealed."""
     p = frame.payload
     if len(p) != _SEALED or _index(p[:2]) != holder:
         raise BadMessage(frame.sender, "SEALED body has the wrong length or holder")
-    aead = ChaCha20Poly1305(_cipher_key(cipher_private, dealer_public, frame.session, frame.sender, holder))
+    aead = ChaCha20Poly1305(_cipher_key(pair_private, dealer_public, frame.session, frame.sender, holder))
     try:
         plain = aead.decrypt(p[2 : 2 + NONCE_BYTES], p[2 + NONCE_BYTES :], frame.session + p[:2])
     except InvalidTag:
@@ -358,6 +401,22 @@ def split_bundle(raw: bytes, dealer: int) -> tuple[bytes, dict[int, bytes]]:
             raise BadMessage(dealer, f"dealing bundle holds two SEALED frames for member {holder}")
         sealed[holder] = frame
     return raw[:end], sealed
+
+
+def split_bundles(
+    bundles: Mapping[int, bytes],
+) -> tuple[dict[int, bytes], dict[int, dict[int, bytes]], dict[int, str]]:
+    """`split_bundle` for each dealer -> bundle: its DEALING frame, its holder -> SEALED frame,
+    and the dealers whose bundle does not split (named, left out of both)."""
+    dealings: dict[int, bytes] = {}
+    sealed: dict[int, dict[int, bytes]] = {}
+    faults: dict[int, str] = {}
+    for dealer, raw in sorted(bundles.items()):
+        try:
+            dealings[dealer], sealed[dealer] = split_bundle(raw, dealer)
+        except BadMessage as exc:
+            faults[dealer] = str(exc)
+    return dealings, sealed, faults
 
 
 # ------------------------------------------------------------------------------------- MASKED
@@ -430,3 +489,32 @@ def read_reveal(frame: Frame, max_openings: int = MAX_MEMBERS) -> list[Opening]:
     if len({o.dealer for o in openings}) != count:
         raise BadMessage(holder, "REVEAL names a dealer twice")
     return openings
+
+
+# ---------------------------------------------------------------------------------- COMPLAINT
+
+
+def complaint_message(session: bytes, sender: int, revealed: Mapping[int, bytes], key: Ed25519PrivateKey) -> bytes:
+    """revealed: dealer -> the sender's X25519 private key of the (sender, dealer) pair."""
+    if len(revealed) > MAX_MEMBERS or any(not 0 <= d < MAX_MEMBERS or len(k) != KEY_BYTES for d, k in revealed.items()):
+        raise ValueError("a complaint names dealers below 2^12, with a 32-byte key each")
+    parts = [len(revealed).to_bytes(2, "big")]
+    parts += [d.to_bytes(2, "big") + revealed[d] for d in sorted(revealed)]
+    return seal_frame(Kind.COMPLAINT, session, sender, b"".join(parts), key)
+
+
+def read_complaint(frame: Frame, max_dealers: int = MAX_MEMBERS) -> dict[int, bytes]:
+    """Dealer -> the revealed private key, each still to be checked against the sender's KEYS
+    frame; more dealers than `max_dealers` (the round's) are refused before any is parsed."""
+    p = frame.payload
+    if len(p) < 2:
+        raise BadMessage(frame.sender, "COMPLAINT body too short")
+    count = _index(p[:2])
+    if count > MAX_MEMBERS or len(p) != 2 + count * _COMPLAINED:
+        raise BadMessage(frame.sender, "COMPLAINT body has the wrong length")
+    if count > max_dealers:
+        raise BadMessage(frame.sender, f"COMPLAINT names {count} dealers, the round has {max_dealers}")
+    revealed = {_index(p[at : at + 2]): p[at + 2 : at + _COMPLAINED] for at in range(2, len(p), _COMPLAINED)}
+    if len(revealed) != count:
+        raise BadMessage(frame.sender, "COMPLAINT names a dealer twice")
+    return revealed

@@ -2,14 +2,17 @@
 (`messages`); no transport. The sets of each step are inputs: on a swarm the chain's windows fix
 them (which frames' digests were posted in time), so every member and any auditor see the same.
 
-- R0 `start`: fresh X25519 mask and share-encryption keys and a self-mask seed; the KEYS frame,
-  signed with the member's Ed25519 key (the one bound to its registration). U1: the members whose
-  KEYS frame opens (`key_set`).
+- R0 `start`: fresh X25519 mask and share-encryption keys, one fresh X25519 pair key per member
+  of the round (the key that member seals its shares for this one to) and a self-mask seed; the
+  KEYS frame, signed with the member's Ed25519 key (the one bound to its registration). U1: the
+  members whose KEYS frame opens, among which every frame covers every other (`key_set`).
 - R1 `deal`: Shamir shares (threshold t) of the self-mask seed b_u and of the mask private key to
   every member of U1 (itself included), each encrypted to its holder (SEALED), and a public
   DEALING with a salted hash commitment to every share and the digest of b_u. U2: the dealers of
   U1 whose DEALING opens and commits to every member of U1 (`dealt_set`); `receive` opens what
-  was sealed for this member and checks each share against its commitment.
+  was sealed for this member and checks each share against its commitment; a member that was
+  sealed bad shares complains (`complaints`), and a complaint that holds drops its dealer from U2
+  before anyone masks.
 - R2 `masked_vector`: the residues (`member.encode`) under the self-mask and one pairwise mask per
   other member of U2 (`masks.mask`). U3: the members of U2 whose MASKED frame opens and has the
   round's bits and dimension (`unmask.survivors`).
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from . import masks
 from . import messages as m
@@ -74,7 +78,8 @@ class RoundSetup:
 @dataclass(frozen=True)
 class PublicKeys:
     mask: bytes
-    cipher: bytes
+    cipher: bytes  # what the member seals its shares with, as a dealer
+    pairs: tuple[bytes, ...]  # pairs[d]: what dealer d seals the member's shares to
 
 
 @dataclass
@@ -86,6 +91,7 @@ class MemberState:
     mask_key: MaskKey
     cipher_key: MaskKey
     self_seed: bytes
+    pair_keys: tuple[bytes, ...]  # pair_keys[d]: the private key dealer d seals our shares to
     held: dict[int, tuple[m.Opening, m.Opening]] = field(default_factory=dict)  # dealer -> its two shares for us
     revealed: dict[int, m.Secret] = field(default_factory=dict)  # dealer -> which of its secrets we revealed
 
@@ -120,19 +126,42 @@ def seed_digest(setup: RoundSetup, seed: bytes) -> bytes:
 
 
 def start(setup: RoundSetup, index: int, signing_key: Ed25519PrivateKey) -> tuple[MemberState, bytes]:
-    return start_session(setup.session, index, signing_key)
+    return start_session(setup.session, index, signing_key, members=max(setup.signing) + 1)
 
 
-def start_session(session: bytes, index: int, signing_key: Ed25519PrivateKey) -> tuple[MemberState, bytes]:
+def start_session(
+    session: bytes, index: int, signing_key: Ed25519PrivateKey, *, members: int
+) -> tuple[MemberState, bytes]:
     """R0 before the round's member set is final (on a swarm, members may still register while
-    the KEYS window runs): only the session and the member's own index go into its KEYS frame."""
-    state = MemberState(index, signing_key, MaskKey.generate(), MaskKey.generate(), masks.new_self_seed())
-    frame = m.keys_message(session, index, state.mask_key.public, state.cipher_key.public, signing_key)
+    the KEYS window runs): the KEYS frame has a pair key for each of the indices 0..members-1,
+    the members the caller knows of (one registered later is left out of U1: `key_set`)."""
+    if not index < members <= m.MAX_MEMBERS:
+        raise ValueError(f"a KEYS frame covers its sender and at most {m.MAX_MEMBERS} members")
+    secrets = os.urandom(m.KEY_BYTES * members)  # any 32 bytes are an X25519 private key
+    pair_keys = tuple(secrets[at : at + m.KEY_BYTES] for at in range(0, len(secrets), m.KEY_BYTES))
+    state = MemberState(index, signing_key, MaskKey.generate(), MaskKey.generate(), masks.new_self_seed(), pair_keys)
+    pair_publics = [public_of(private) for private in pair_keys]
+    frame = m.keys_message(session, index, state.mask_key.public, state.cipher_key.public, pair_publics, signing_key)
     return state, frame
 
 
+def public_of(private: bytes) -> bytes:
+    return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
 def key_set(setup: RoundSetup, frames: Mapping[int, bytes]) -> tuple[dict[int, PublicKeys], dict[int, str]]:
-    """U1 from the KEYS frames of the members the chain admitted to R0; faults name the others."""
+    """U1 from the KEYS frames of the members the chain admitted to R0; faults name the others.
+    Of the frames that open (`opened_keys`), U1 keeps those `covering` picks (every member of U1
+    has a pair key for every other); the ones it leaves out are not named: a member that signed
+    before a later one registered covers too few indices, honestly."""
+    keys, faults = opened_keys(setup, frames)
+    return covering(keys), faults
+
+
+def opened_keys(setup: RoundSetup, frames: Mapping[int, bytes]) -> tuple[dict[int, PublicKeys], dict[int, str]]:
+    """The KEYS frames that open, are their sender's and hold no low-order point; faults name the
+    others. (What a member can vouch for before U1 is fixed: which frame covers which is for
+    `covering`, once the frames are agreed.)"""
     keys: dict[int, PublicKeys] = {}
     faults: dict[int, str] = {}
     probe = X25519PrivateKey.generate()
@@ -142,12 +171,55 @@ def key_set(setup: RoundSetup, frames: Mapping[int, bytes]) -> tuple[dict[int, P
             if frame.sender != member:
                 raise m.BadMessage(member, "KEYS frame of another member")
             public = PublicKeys(*m.read_keys(frame))
-            if not (usable(public.mask, probe) and usable(public.cipher, probe)):
+            if not (usable(public.mask, probe) and usable(public.cipher, probe)) or any(
+                key in LOW_ORDER for key in public.pairs
+            ):
                 raise m.BadMessage(member, "KEYS holds a low-order X25519 point (every agreement with it fails)")
             keys[member] = public
         except m.BadMessage as exc:
             faults[member] = str(exc)
     return keys, faults
+
+
+def covering(keys: Mapping[int, PublicKeys]) -> dict[int, PublicKeys]:
+    """The members i <= c whose frames have pair keys past c (so that each covers every other),
+    for the cutoff c among them that leaves the most members (of two such, the higher). Not the
+    highest cutoff that leaves the round its minimum: members that lengthen their own frames could
+    then push the cutoff past honest members that signed before later ones registered, and choose
+    which honest group sits the round out. The price: k frames ending at one index, every other
+    covering all, leave out the members above it when those are fewer than k (else only their
+    senders); U1 is the largest the frames allow. Members registered after the others signed their
+    frames sit the round out unless more frames cover them than leave them out."""
+    if not keys:
+        return {}
+    top = max(keys)
+    starts = [0] * (top + 2)  # how many frames cover each cutoff c, as a difference array
+    for i, public in keys.items():
+        if len(public.pairs) > i:
+            starts[i] += 1
+            starts[min(len(public.pairs), top + 1)] -= 1
+    count, counts = 0, {}
+    for c in range(top + 1):
+        count += starts[c]
+        if c in keys:
+            counts[c] = count
+    cutoff = max(counts, key=lambda c: (counts[c], c))
+    return {i: public for i, public in keys.items() if i <= cutoff < len(public.pairs)}
+
+
+_P = 2**255 - 19
+_LOW_ORDER_U = (  # u of the points of order 1, 2, 4 and 8 on Curve25519 and its twist
+    0,
+    1,
+    _P - 1,
+    325606250916557431795983626356110631294008115727848805560023387167927233504,
+    39382357235489614581723060781553021112529911719440698176882885853963445705823,
+)
+# every 32-byte encoding of them (X25519 ignores bit 255 and reduces u mod p): what `usable`
+# refuses, found without an agreement each (a KEYS frame has a pair key per member)
+LOW_ORDER = frozenset(
+    (v | top).to_bytes(32, "little") for u in _LOW_ORDER_U for v in (u, u + _P) if v < 2**255 for top in (0, 2**255)
+)
 
 
 def usable(public: bytes, probe: X25519PrivateKey) -> bool:
@@ -184,7 +256,7 @@ def deal(state: MemberState, setup: RoundSetup, keys: Mapping[int, PublicKeys]) 
         s = m.Opening(me, h, m.Secret.MASK_KEY, key_shares[h].y, os.urandom(m.SALT_BYTES))
         commitments[h] = (b.commitment(session), s.commitment(session))
         sealed[h] = m.sealed_message(
-            session, (b, s), cipher, keys[h].cipher, os.urandom(m.NONCE_BYTES), state.signing_key
+            session, (b, s), cipher, keys[h].pairs[me], os.urandom(m.NONCE_BYTES), state.signing_key
         )
     dealing = m.dealing_message(session, me, seed_digest(setup, state.self_seed), commitments, state.signing_key)
     return dealing, sealed
@@ -194,7 +266,8 @@ def dealt_set(
     setup: RoundSetup, keys: Mapping[int, PublicKeys], frames: Mapping[int, bytes]
 ) -> tuple[dict[int, m.Dealing], dict[int, str]]:
     """U2 from the DEALING frames of the members the chain admitted to R1: each must be a member
-    of U1, open, and commit to a share for every member of U1; faults name the others."""
+    of U1, open, and commit to a share for every member of U1; faults name the others. The
+    complaints (`complaints.settle`) may still drop some of these dealers before anyone masks."""
     dealings: dict[int, m.Dealing] = {}
     faults: dict[int, str] = {}
     for dealer, raw in sorted(frames.items()):
@@ -217,29 +290,60 @@ def receive(
     setup: RoundSetup,
     keys: Mapping[int, PublicKeys],
     dealings: Mapping[int, m.Dealing],
-    sealed: Mapping[int, bytes],
+    sealed: Mapping[int, Mapping[int, bytes]],
 ) -> dict[int, str]:
     """Open the shares each dealer of U2 sealed for this member and keep those that match the
-    dealer's commitments; returns the dealers whose shares did not (missing, undecryptable, or not
-    what they committed to): this member cannot reveal for them."""
+    dealer's commitments; returns the dealers whose shares did not (no SEALED frame for this member
+    in the dealer's bundle, undecryptable, or not what they committed to): this member cannot
+    reveal for them, and complains against them (`complaints.complain`). `sealed`: dealer ->
+    holder -> SEALED frame, from each dealer's bundle as the chain's digest fixed it
+    (`messages.split_bundles`), what `complaints.settle` judges the complaint on. A dealer of U2
+    whose bundle is not in it is not the dealer's fault (the caller lacks it; every member of the
+    round holds it): RoundFailed naming nobody, as a complaint against it would be found false
+    and its revealed key would make that dealer's shares for this member public."""
+    if state.index not in keys:
+        raise ValueError("a member is dealt shares only if its keys are in U1")
+    absent = sorted(set(dealings) - set(sealed))
+    if absent:
+        raise RoundFailed(None, f"the dealing bundles of members {absent[:3]} of U2 are not here: no complaint")
     faults: dict[int, str] = {}
-    cipher = state.cipher_key.loaded()
     for dealer in sorted(dealings):
         try:
-            raw = sealed.get(dealer)
-            if raw is None:
-                raise m.BadMessage(dealer, "no SEALED shares for us")
-            frame = m.open_frame(raw, m.Kind.SEALED, setup.session, setup.signing)
-            if frame.sender != dealer:
-                raise m.BadMessage(dealer, "SEALED frame of another member")
-            b, s = m.read_sealed(frame, state.index, cipher, keys[dealer].cipher)
-            for opening in (b, s):
-                if opening.commitment(setup.session) != dealings[dealer].commitment(state.index, opening.secret):
-                    raise m.BadMessage(dealer, f"{opening.secret.name} share does not match its commitment")
-            state.held[dealer] = (b, s)
+            private = X25519PrivateKey.from_private_bytes(state.pair_keys[dealer])
+            opened = open_sealed(setup, keys, dealings[dealer], state.index, private, sealed[dealer].get(state.index))
+            state.held[dealer] = opened
         except m.BadMessage as exc:
             faults[dealer] = str(exc)
     return faults
+
+
+def open_sealed(
+    setup: RoundSetup,
+    keys: Mapping[int, PublicKeys],
+    dealing: m.Dealing,
+    holder: int,
+    pair_private: X25519PrivateKey,
+    raw: bytes | None,
+) -> tuple[m.Opening, m.Opening]:
+    """The two shares the dealer of `dealing` sealed for `holder` (`raw`: the SEALED frame for it
+    in the dealer's bundle, None if there is none), opened with the holder's private key of the
+    pair and checked against the dealer's commitments; BadMessage naming the dealer otherwise.
+    The holder's check at R1 and anyone's check of its complaint: one function, so that an
+    honest holder's complaint always holds and one against an honest dealer never does."""
+    dealer = dealing.dealer
+    if raw is None:
+        raise m.BadMessage(dealer, f"no SEALED shares for member {holder}")
+    try:  # the dealer's bundle holds it: whatever member the frame claims, the dealer is at fault
+        frame = m.open_frame(raw, m.Kind.SEALED, setup.session, setup.signing)
+    except m.BadMessage as exc:
+        raise m.BadMessage(dealer, f"its SEALED frame for member {holder} does not open ({exc})") from None
+    if frame.sender != dealer:
+        raise m.BadMessage(dealer, "SEALED frame of another member")
+    b, s = m.read_sealed(frame, holder, pair_private, keys[dealer].cipher)
+    for opening in (b, s):
+        if opening.commitment(setup.session) != dealing.commitment(holder, opening.secret):
+            raise m.BadMessage(dealer, f"{opening.secret.name} share does not match its commitment")
+    return b, s
 
 
 # ----------------------------------------------------------------------------------------- R2

@@ -2,16 +2,20 @@
 `swarm verify` re-checking a finalized round. The same function for both, so they agree.
 
 The archive holds, per step, the frames whose digests (`messages.frame_digest`) the chain admitted
-in that step's window: KEYS (U1), DEALING (U2), MASKED (U3) and REVEAL frames. `verify_round`
-re-derives each set from them (a frame that does not open, or does not fit the round, is named in
-`faults` and its sender leaves the set), checks every revealed share against its dealer's signed
-commitment (a share that does not match is left out and its revealer named; so is a share of the
-wrong secret: the mask key of a survivor or the self-mask seed of a dropped member; a REVEAL with
-more openings than U2 has dealers is left out whole), rebuilds each survivor's self-mask seed and
-each dropped member's mask key from all its good shares, checks them against the seed digest and
-public key the member published, and unmasks the sum.
+in that step's window: KEYS (U1), dealing bundles (U2: each dealer's DEALING frame and SEALED
+frames, which complaints are judged on), COMPLAINT, MASKED (U3) and REVEAL frames. `verify_round`
+re-derives each set from them (a bundle that does not split, or a frame that does not open or
+does not fit the round, is named in `faults` and its sender leaves
+the set; a dealer a complaint holds against is named and leaves U2, `complaints.settle`), checks
+every revealed share against its dealer's signed commitment (a share that does not match is left
+out and its revealer named; so is a share of the wrong secret: the mask key of a survivor or the
+self-mask seed of a dropped member; a REVEAL with more openings than U2 has dealers is left out
+whole), rebuilds each survivor's self-mask seed and each dropped member's mask key from all its
+good shares, checks them against the seed digest and public key the member published, and
+unmasks the sum.
 
-The round stops (`RoundFailed`, carrying every fault named so far) when U2 or U3 has fewer than
+The round stops (`RoundFailed`, carrying every fault named so far) when U2 (before or after the
+complaints) or U3 has fewer than
 `RoundSetup.min_survivors` members (naming the sender of a KEYS frame that does not open although
 t dealers dealt to it: the archive is not what the members saw), when a member's secret has fewer
 than t good shares (naming nobody: who withheld or forged a share is in `faults`), or when a
@@ -27,10 +31,11 @@ dealers cannot force a fresh O(t^2) set per dealer.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import masks
 from . import messages as m
+from .complaints import settle
 from .masks import Ints, MaskKey
 from .round import PublicKeys, RoundFailed, RoundSetup, dealt_set, key_set, seed_digest
 from .shamir import interpolate_secret, lagrange_at_zero, lagrange_without
@@ -44,13 +49,24 @@ class RoundArchive:
     with nobody named (a changed KEYS frame, for one), or the round stops."""
 
     keys: Mapping[int, bytes]
+    # dealer -> its dealing bundle (`messages.dealing_bundle`: the DEALING frame, then its SEALED
+    # frames), whose digest the chain holds: a complaint is judged on the SEALED frames in it
     dealings: Mapping[int, bytes]
     masked: Mapping[int, bytes]
     reveals: Mapping[int, bytes]
+    complaints: Mapping[int, bytes] = field(default_factory=dict)  # complainer -> its COMPLAINT frame
 
     def digests(self) -> dict[str, dict[int, bytes]]:
-        """Per step, sender -> the digest of its frame: what must equal the chain's."""
-        steps = {"keys": self.keys, "dealings": self.dealings, "masked": self.masked, "reveals": self.reveals}
+        """Per step, sender -> the digest of its frame or bundle: what must equal the chain's. It
+        covers every byte `verify_round` judges: the SEALED frames a complaint is judged on are
+        split from the dealer's bundle here, never taken from elsewhere."""
+        steps = {
+            "keys": self.keys,
+            "dealings": self.dealings,
+            "complaints": self.complaints,
+            "masked": self.masked,
+            "reveals": self.reveals,
+        }
         return {step: {i: m.frame_digest(raw) for i, raw in frames.items()} for step, frames in steps.items()}
 
 
@@ -140,19 +156,30 @@ def verify_round(setup: RoundSetup, archive: RoundArchive, agreed: Collection[in
     acknowledged), else the members whose MASKED frame here opens; a member of `agreed` whose
     frame does not open here stops the round (the members revealed its seed)."""
     keys, faults = key_set(setup, archive.keys)
-    dealt, dealing_faults = dealt_set(setup, keys, archive.dealings)
-    faults |= dealing_faults
+    dealing_frames, sealed, unsplit = m.split_bundles(archive.dealings)
+    dealt, dealing_faults = dealt_set(setup, keys, dealing_frames)
+    faults |= unsplit | dealing_faults
     if len(dealt) < setup.min_survivors:
         reason = f"U2 has {len(dealt)} dealers, the round needs at least {setup.min_survivors}"
-        suspect = _dealt_to_without_keys(setup, keys, faults, archive.dealings)
+        suspect = _dealt_to_without_keys(setup, keys, faults, dealing_frames)
         if suspect is not None:
             reason += (
                 f": at least t dealers dealt to member {suspect}, whose KEYS frame here does not open"
                 " (it is not the frame the members saw: check the archive against the digests on chain)"
             )
         raise RoundFailed(suspect, reason, faults)
+    dealt, complaint_faults = settle(setup, keys, dealt, archive.complaints, sealed)  # U2 came from the bundles
+    for member, reason in complaint_faults.items():
+        _name(faults, member, reason)
+    if len(dealt) < setup.min_survivors:
+        raise RoundFailed(
+            None,
+            f"U2 has {len(dealt)} dealers once complaints are settled, the round needs {setup.min_survivors}",
+            faults,
+        )
     vectors, masked_faults = survivors(setup, dealt, archive.masked)
-    faults |= masked_faults
+    for member, reason in masked_faults.items():
+        _name(faults, member, reason)
     if agreed is not None:  # within U2, as the members take it
         absent = sorted(set(agreed) & set(dealt) - set(vectors))
         if absent:
@@ -187,9 +214,10 @@ def unmask_round(
     reveals: Mapping[int, bytes],
     faults: Mapping[int, str],
 ) -> RoundResult:
-    """The sum from U1's keys, U2's dealings and U3's vectors (as `key_set`, `dealt_set` and
-    `survivors` gave them: what a member already holds when the reveals arrive) and the REVEAL
-    frames; `faults` so far, to which the revealers of bad shares are added."""
+    """The sum from U1's keys, U2's dealings and U3's vectors (as `key_set`, `dealt_set` then
+    `complaints.settle`, and `survivors` gave them: what a member already holds when the reveals
+    arrive; a dealer a complaint held against is not in U2, and nobody masked against it) and the
+    REVEAL frames; `faults` so far, to which the revealers of bad shares are added."""
     named = dict(faults)
     alive = set(vectors)
     if len(alive) < setup.min_survivors:

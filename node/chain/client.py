@@ -311,10 +311,10 @@ class LedgerClient:
         (`node.chain.secure_steps`: the step's window decides whether the chain takes it)."""
         return self._transact("postFrame", round, step, bytes(digest))
 
-    def acknowledge(self, round: int, fetched: bytes) -> TxReceipt:
-        """Acknowledge the MASKED frames this account holds for secure `round` (a bitmap over the
-        round's members, on chain itself: `node.chain.secure_steps`)."""
-        return self._transact("acknowledge", round, bytes(fetched))
+    def acknowledge(self, round: int, step: int, fetched: bytes) -> TxReceipt:
+        """Acknowledge the frames of `step` (0 KEYS, 1 DEALING, 2 MASKED) this account holds for
+        secure `round` (a bitmap over the round's members, on chain itself: `node.chain.secure_steps`)."""
+        return self._transact("acknowledge", round, step, bytes(fetched))
 
     def acknowledgments(self, round: int, from_block: int, to_block: int) -> list[dict[str, Any]]:
         """The Acknowledged events of `round` in from_block..to_block, in chain order (decoded,

@@ -93,7 +93,9 @@ AbortTooEarly = _refusal(
     "(both must pass)",
 )
 RoundAlreadyFinalized = _refusal("RoundAlreadyFinalized", "round {round} is finalized and cannot be aborted")
-InvalidStep = _refusal("InvalidStep", "step {step} is not posted with postFrame (0 KEYS, 1 DEALING, 3 REVEAL)")
+InvalidStep = _refusal(
+    "InvalidStep", "step {step} is neither posted (postFrame: 0 KEYS, 1 DEALING, 3 REVEAL) nor acknowledged (0 to 2)"
+)
 
 
 class StepWindowClosed(ContractRefusal):

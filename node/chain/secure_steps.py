@@ -11,10 +11,10 @@ the digests. The same functions for a member and for `swarm verify`, so they see
   registration): a peer id of another key type binds no signing key and is no member.
 - Steps: KEYS, DEALING and REVEAL digests from `postFrame` (FramePosted events; the contract took
   each only inside its step's window, once per member), MASKED digests from the round's commits,
-  and each member's acknowledgment (`acknowledge`: the bitmap of the MASKED frames it holds, on
-  chain itself). U3 is the committers at least t members acknowledged (`agreed_survivors`): a
-  function of the chain alone, so no sender that serves its MASKED frame to some members only,
-  and no acknowledger, can give two members two U3s.
+  and each member's acknowledgments (`acknowledge`: per step, the bitmap of the KEYS, DEALING or
+  MASKED frames it holds, on chain itself). U1, U2 and U3 are the senders at least t members
+  acknowledged (`agreed`): a function of the chain alone, so no sender that serves its frame to
+  some members only, and no acknowledger, can give two members two sets.
 - Every set is read at one pinned block (`chain_steps(at=...)`), `chain.confirmations` below the
   head (`settled_block`), at which the step's window has passed: every member acts on the same sets,
   and a reorganisation shallower than that changes none of them.
@@ -22,7 +22,6 @@ the digests. The same functions for a member and for `swarm verify`, so they see
 
 from __future__ import annotations
 
-import enum
 import functools
 import hashlib
 from collections.abc import Callable, Mapping
@@ -38,16 +37,7 @@ from mechanisms.secagg.round import RoundSetup
 from mechanisms.secagg.unmask import RoundArchive
 from node.chain.client import LedgerClient
 from node.chain.registration import Registration, resolve
-
-
-class Step(enum.IntEnum):
-    """The contract's step numbers (`postFrame`); MASKED is the commit, never posted."""
-
-    KEYS = 0
-    DEALING = 1
-    MASKED = 2
-    REVEAL = 3
-    ACK = 4  # `acknowledge`: the bitmap is on chain, no blob (between MASKED and REVEAL in time)
+from node.protocol.secure_windows import ACKNOWLEDGED, Step, window_end
 
 
 @dataclass(frozen=True)
@@ -72,12 +62,17 @@ class ChainSteps:
 
     digests: Mapping[Step, Mapping[int, bytes]]
     repeated: Mapping[int, str] = field(default_factory=dict)  # member -> what of its postings was ignored
-    acks: Mapping[int, frozenset[int]] = field(default_factory=dict)  # acknowledger -> the senders it holds
+    # per acknowledged step (KEYS, DEALING, MASKED): acknowledger -> the senders whose frames it holds
+    acks: Mapping[Step, Mapping[int, frozenset[int]]] = field(default_factory=dict)
+
+    def holders(self, step: Step, sender: int) -> list[int]:
+        """The members that acknowledged holding `sender`'s frame of `step`."""
+        return [i for i, senders in self.acks.get(step, {}).items() if sender in senders]
 
 
 def ack_bitmap(senders: frozenset[int] | set[int], n: int) -> bytes:
-    """The acknowledgment of the MASKED frames of `senders` among n members: member i is byte
-    i // 8, bit i % 8 (the inclusion bitmaps' layout), ceil(n / 8) bytes."""
+    """The acknowledgment of the frames of `senders` among n members: member i is byte i // 8,
+    bit i % 8 (the inclusion bitmaps' layout), ceil(n / 8) bytes."""
     bitmap = bytearray((n + 7) // 8)
     for i in senders:
         if not 0 <= i < n:
@@ -94,16 +89,18 @@ def read_ack(raw: bytes, n: int) -> frozenset[int] | None:
     return frozenset(i for i in range(n) if raw[i // 8] >> (i % 8) & 1)
 
 
-def agreed_survivors(steps: ChainSteps, threshold: int) -> frozenset[int]:
-    """U3 as the chain fixes it: the members with a MASKED digest on chain whose frame at least
-    `threshold` (t) members acknowledged. At most t - 1 colluders cannot put in a frame no
-    honest member holds, and what every member reads is the same bitmaps, so the same U3."""
+def agreed(steps: ChainSteps, step: Step, threshold: int) -> frozenset[int]:
+    """A step's set as the chain fixes it (U1 for KEYS, U2 for DEALING, U3 for MASKED): the
+    members with a digest of `step` on chain whose frame at least `threshold` (t) members
+    acknowledged. At most t - 1 colluders cannot put in a frame no honest member holds (that
+    one serves it, so every member can have it), and what every member reads is the same
+    bitmaps, so the same set."""
     counts: dict[int, int] = {}
-    for senders in steps.acks.values():
+    for senders in steps.acks.get(step, {}).values():
         for sender in senders:
             counts[sender] = counts.get(sender, 0) + 1
-    committed = steps.digests[Step.MASKED]
-    return frozenset(i for i, count in counts.items() if count >= threshold and i in committed)
+    posted = steps.digests[step]
+    return frozenset(i for i, count in counts.items() if count >= threshold and i in posted)
 
 
 def signing_key(peer_id: bytes) -> Ed25519PublicKey | None:
@@ -151,12 +148,13 @@ def disallowed_at(ledger: LedgerClient, block: int | None = None) -> frozenset[s
 
 def round_members(ledger: LedgerClient, round: int) -> RoundMembers:
     """The members of `round`: verified registrations, in chain order, up to the last block of its
-    KEYS window by blocks (its opening + commitWindow / 4, as the contract divides), less the
+    KEYS window by blocks (`secure_windows.WINDOWS`, as the contract divides), less the
     addresses disallowed as of that block. The KEYS window has not passed before that block, so
     the set is final when dealing may begin. Registrations only append, so a member's index moves
     only if an earlier member is disallowed during the KEYS window (its KEYS frame, signed under
     the old index, then names it: it sits the round out)."""
-    last = ledger.round_info(round).opened_block + ledger.params().commit_window // 4
+    info, params = ledger.round_info(round), ledger.params()
+    last, _ = window_end(Step.KEYS, (info.opened_block, info.opened_at), params.commit_window, 0)
     registrations = ledger.registrations(to_block=last)
     return members_from(registrations, ledger.chain_id(), ledger.address, disallowed_at(ledger, last))
 
@@ -205,7 +203,7 @@ def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers, *, at: 
     at = ledger.block_number() if at is None else at
     info = ledger.round_info(round, block=at)
     to_block = min(info.ended_block or at, at)
-    digests: dict[Step, dict[int, bytes]] = {step: {} for step in Step}
+    digests: dict[Step, dict[int, bytes]] = {step: {} for step in (Step.KEYS, Step.DEALING, Step.MASKED, Step.REVEAL)}
     repeated: dict[int, list[str]] = {}
     for event in ledger.frame_postings(round, info.opened_block, to_block):
         index = members.index_of(event["args"]["peer"])
@@ -220,21 +218,22 @@ def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers, *, at: 
     named = {
         i: f"posted its {', '.join(steps)} digest more than once (the first counts)" for i, steps in repeated.items()
     }
-    acks: dict[int, frozenset[int]] = {}
+    acks: dict[Step, dict[int, frozenset[int]]] = {step: {} for step in ACKNOWLEDGED}
+    for event in ledger.acknowledgments(round, info.opened_block, to_block):
+        index = members.index_of(event["args"]["peer"])
+        step = event["args"]["step"]
+        if index is None or step not in ACKNOWLEDGED or index in acks[Step(step)]:  # one per member: a guard
+            continue
+        senders = read_ack(bytes(event["args"]["fetched"]), len(members.addresses))
+        if senders is None:
+            named[index] = f"its {Step(step).name} acknowledgment is not a bitmap over the round's members (ignored)"
+        else:
+            acks[Step(step)][index] = senders
     if info.closed_block:
         for commitment in ledger.commitments(round):
             index = members.index_of(commitment.peer)
             if index is not None:
                 digests[Step.MASKED][index] = commitment.digest
-        for event in ledger.acknowledgments(round, info.closed_block, to_block):
-            index = members.index_of(event["args"]["peer"])
-            if index is None or index in acks:  # the contract takes one per member: a guard
-                continue
-            senders = read_ack(bytes(event["args"]["fetched"]), len(members.addresses))
-            if senders is None:
-                named[index] = "its acknowledgment is not a bitmap over the round's members (ignored)"
-            else:
-                acks[index] = senders
     return ChainSteps(digests, named, acks)
 
 
@@ -266,14 +265,18 @@ class FetchedArchive(NamedTuple):
     unfetched: dict[Step, frozenset[int]]
 
 
-def fetch_archive(steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int, agreed: frozenset[int]) -> FetchedArchive:
-    """The round's archive: every blob whose digest the chain holds, fetched and checked against
-    it, the DEALING frame taken from each dealing bundle (`messages.split_bundle`). A member whose
-    blob could not be had is named (and left out of that step's set); a MASKED blob only of a
-    member of U3 (`agreed`): that of another committer was held by fewer than t members, so its
-    absence proves nothing. A bundle that does not split names its dealer, left out of U2 as the
-    members left it out."""
-    frames: dict[Step, dict[int, bytes]] = {step: {} for step in Step}
+def fetch_archive(
+    steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int, agreed: Mapping[Step, frozenset[int]]
+) -> FetchedArchive:
+    """The round's archive: every blob of the round's sets (`agreed`: U1, U2 and U3, see `agreed`),
+    every REVEAL frame and every other committer's MASKED frame, each fetched and checked against
+    its digest, each dealing bundle whole (`RoundArchive.dealings`, checked to split). A
+    KEYS or DEALING posting outside U1 or U2 is no part of the round (fewer than t members held
+    it): not fetched. A member whose blob could not be had is named (and left out of that step's
+    set); a MASKED blob only of a member of U3: that of another committer was held by fewer than
+    t members, so its absence proves nothing. A bundle that does not split names its dealer, left
+    out of U2 as the members left it out."""
+    frames: dict[Step, dict[int, bytes]] = {step: {} for step in steps.digests}
     missing: dict[int, list[str]] = {}
     unsplit: dict[int, str] = {}
     unfetched: dict[Step, frozenset[int]] = {}
@@ -281,14 +284,17 @@ def fetch_archive(steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int, agree
         bound = step_bound(step, bits, dim)
         lacking = set()
         for member, digest in sorted(digests.items()):
+            if step in (Step.KEYS, Step.DEALING) and member not in agreed[step]:
+                continue
             raw = checked_blob(fetch(digest, bound), digest, bound)
             if raw is None:
                 lacking.add(member)
-                if step is not Step.MASKED or member in agreed:
+                if step is not Step.MASKED or member in agreed[step]:
                     missing.setdefault(member, []).append(step.name)
             elif step is Step.DEALING:
                 try:
-                    frames[step][member] = m.split_bundle(raw, member)[0]
+                    m.split_bundle(raw, member)
+                    frames[step][member] = raw  # the bundle: `verify_round` judges complaints on it
                 except m.BadMessage as exc:
                     unsplit[member] = str(exc)
             else:

@@ -9,29 +9,33 @@ and checked against its digest before anything parses it, and goes on with
 `mechanisms.secagg.round` on exactly those frames.
 
 - R0: the KEYS frame, under the member's index among the registrations (stable: they only append).
-- KEYS window passed: the round's members are final (`round_members`); U1 from the KEYS frames;
-  deal, and publish the dealing bundle (the DEALING frame and every holder's SEALED frame:
-  `messages.dealing_bundle`).
-- DEALING window passed: U2 from the bundles; open the shares sealed for this member; the MASKED
-  frame, committed (`commit`, the caller's: it records the privacy spend) then announced.
-- Round closed: the committed MASKED frames fetched, and the ones that open acknowledged on
-  chain (`acknowledge`: a bitmap of their senders).
-- ACK window passed: U3 is the committers at least t members acknowledged (`agreed_survivors`),
-  the same for every member whatever it fetched itself; the REVEAL frame for exactly that U3,
+- KEYS window passed: the round's members are final (`round_members`); the KEYS frames the chain
+  names fetched, and the ones that open acknowledged on chain (`acknowledge`: a bitmap of their
+  senders). That window passed: U1 is the senders at least t members acknowledged
+  (`secure_steps.agreed`), the same for every member whatever it fetched itself; a frame of U1
+  this member lacks is fetched from its acknowledgers (they hold it); deal, and publish the
+  dealing bundle (the DEALING frame and every holder's SEALED frame: `messages.dealing_bundle`).
+- DEALING window passed: the bundles fetched, the sound ones acknowledged; that window passed:
+  U2 the same way, what of it is lacking fetched from its acknowledgers; open the shares sealed
+  for this member; the MASKED frame, committed (`commit`, the caller's: it records the privacy
+  spend) then announced.
+- Round closed: the committed MASKED frames fetched, and the ones that open acknowledged.
+- MASKED acknowledgment window passed: U3, the same way; the REVEAL frame for exactly that U3,
   posted at once; then a frame of U3 this member lacks, fetched from the members that
   acknowledged it within what is left of the REVEAL window (only its own unmasking needs it).
 - REVEAL window passed: the sum (`unmask.unmask_round`, what `swarm verify` recomputes).
 
-Every set is read at one block `chain.confirmations` below the head at which the step's window
-has passed (`secure_steps.settled_block`), so every member acts on the same sets.
+Each window is where `node.protocol.secure_windows` lays it out, as the ledger does. Every set is
+read at one block `chain.confirmations` below the head at which the step's window has passed
+(`secure_steps.settled_block`), so every member acts on the same sets.
 
 A member that misses a window (late, or its frame refused) sits the rest of the round out (but one
-whose acknowledgment is refused still reveals: its shares are needed); so does one that cannot
-fetch a KEYS or DEALING blob the chain names (going on with a smaller set than the others would
-split U1 or U2 and get honest dealers named), one whose index moved during
-the KEYS window (an earlier member disallowed), and one whose round cannot be played (members the
-round setup refuses, a chain read or anything else failing): `play` ends with the reason in
-`SecureOutcome.sat_out`, never with an exception.
+whose acknowledgment is refused goes on: each set is the others' count too, and its shares are
+needed); so does one that cannot get a KEYS or DEALING blob of U1 or U2 even from its
+acknowledgers (going on with a smaller set than the others would split U1 or U2 and get honest
+dealers named), one whose index moved during the KEYS window (an earlier member disallowed),
+and one whose round cannot be played (members the round setup refuses, a chain read or anything
+else failing): `play` ends with the reason in `SecureOutcome.sat_out`, never with an exception.
 """
 
 from __future__ import annotations
@@ -54,9 +58,8 @@ from node.chain.records import RoundInfo, RoundState, SwarmParams
 from node.chain.secure_steps import (
     BadRound,
     RoundMembers,
-    Step,
     ack_bitmap,
-    agreed_survivors,
+    agreed,
     chain_steps,
     checked_blob,
     disallowed_at,
@@ -69,6 +72,7 @@ from node.chain.secure_steps import (
 )
 from node.peer.fetching import REQUEST_SHARE, BlobUnavailable, Holders, fetch_from_holders
 from node.peer.ports import HostPort, OffLoop, StorePort
+from node.protocol.secure_windows import ACKNOWLEDGED, WINDOWS, Step, window_end
 from p2p import peer_id_from_bytes
 
 log = logging.getLogger("swarm.peer")
@@ -121,7 +125,7 @@ class _Round:
     state: sr.MemberState
     members: RoundMembers
     setup: sr.RoundSetup
-    keys: dict[int, sr.PublicKeys]
+    keys: dict[int, sr.PublicKeys] = field(default_factory=dict)
     dealt: dict[int, m.Dealing] = field(default_factory=dict)
     closed: tuple[int, int] = (0, 0)  # the round's closing block and timestamp
     vectors: dict[int, Ints] = field(default_factory=dict)  # the MASKED frames we hold that open
@@ -166,20 +170,21 @@ class SecureMember:
         return out
 
     async def _keys(self, r: int, out: SecureOutcome) -> _Round:
-        """R0: our KEYS frame; then, once the KEYS window passed, the members and U1."""
+        """R0: our KEYS frame; then, once the KEYS window passed, the members, the KEYS frames we
+        hold acknowledged, and once that window passed, U1 (fetching what of it we lack)."""
         params = await self.call(self.ledger.params)
         info = await self.call(self.ledger.round_info, r)
         session = await self.call(round_session, self.ledger, r)
-        me = (await self.call(self._members_now)).index_of(self.address)
+        known = await self.call(self._members_now)
+        me = known.index_of(self.address)
         if me is None:
             raise _SitOut("R0: not registered with an Ed25519 peer id (or disallowed)")
         if me >= m.MAX_MEMBERS:
             raise _SitOut(f"R0: our index {me} is beyond what a frame can address ({m.MAX_MEMBERS})")
-        state, keys_frame = sr.start_session(session, me, self.key)
+        members_known = min(len(known.addresses), m.MAX_MEMBERS)
+        state, keys_frame = sr.start_session(session, me, self.key, members=members_known)
         await self._publish(r, Step.KEYS, keys_frame)
-        at = await self._until_settled(
-            info.opened_block + params.commit_window // 4, info.opened_at + params.commit_window_seconds // 4
-        )
+        at = await self._until_settled(*_window_end(Step.KEYS, params, info))
         members = await self.call(round_members, self.ledger, r)
         if members.index_of(self.address) != me:
             raise _SitOut(f"R1: our index is {members.index_of(self.address)} for the round, our KEYS frame says {me}")
@@ -187,36 +192,64 @@ class SecureMember:
             setup = round_setup(session, members, self.s.bits, self.s.dim, counted_members=self.s.counted_members)
         except BadRound as exc:
             raise _SitOut(f"R1: {exc}") from None
-        keys, out.faults = sr.key_set(setup, (await self._fetch_step(r, Step.KEYS, members, at, every=True)).got)
-        if me not in keys:
+        p = _Round(r, params, info, out, state, members, setup)
+        held = await self._fetch_step(p, Step.KEYS, at)
+        sound, _ = sr.key_set(setup, held)
+        frames = await self._agreed_frames(p, Step.KEYS, held, set(sound), _window_end(Step.DEALING, params, info)[1])
+        p.keys, out.faults = sr.key_set(setup, frames)
+        if me not in p.keys:
             raise _SitOut("R1: our KEYS frame is not in U1")
-        return _Round(r, params, info, out, state, members, setup, keys)
+        return p
 
     async def _deal(self, p: _Round) -> None:
-        """R1: our dealing bundle; then, once the DEALING window passed, U2 and our shares."""
+        """R1: our dealing bundle; then, once the DEALING window passed, the bundles we hold
+        acknowledged, and once that window passed, U2 (fetching what of it we lack) and our shares."""
         try:
             dealing, sealed = sr.deal(p.state, p.setup, p.keys)
         except sr.RoundFailed as exc:
             raise _SitOut(f"R1: {exc}") from None
         await self._publish(p.r, Step.DEALING, m.dealing_bundle(dealing, sealed))
-        params, info, me = p.params, p.info, p.state.index
-        at = await self._until_settled(
-            info.opened_block + params.commit_window // 2, info.opened_at + params.commit_window_seconds // 2
-        )
-        dealings: dict[int, bytes] = {}
-        mine: dict[int, bytes] = {}
-        for dealer, raw in (await self._fetch_step(p.r, Step.DEALING, p.members, at, every=True)).got.items():
-            try:
-                dealings[dealer], sealed_to = m.split_bundle(raw, dealer)
-            except m.BadMessage as exc:
-                p.out.faults[dealer] = str(exc)
-                continue
-            if me in sealed_to:
-                mine[dealer] = sealed_to[me]
-        p.dealt, faults = sr.dealt_set(p.setup, p.keys, dealings)
-        p.out.faults |= faults | sr.receive(p.state, p.setup, p.keys, p.dealt, mine)
-        if me not in p.dealt:
+        at = await self._until_settled(*_window_end(Step.DEALING, p.params, p.info))
+        held = await self._fetch_step(p, Step.DEALING, at)
+        sound, _ = sr.dealt_set(p.setup, p.keys, m.split_bundles(held)[0])
+        commit_ends = p.info.opened_at + p.params.commit_window_seconds
+        bundles = await self._agreed_frames(p, Step.DEALING, held, set(sound), commit_ends)
+        dealings, dealt_sealed, faults = m.split_bundles(bundles)
+        p.dealt, dealing_faults = sr.dealt_set(p.setup, p.keys, dealings)
+        p.out.faults |= faults | dealing_faults | sr.receive(p.state, p.setup, p.keys, p.dealt, dealt_sealed)
+        if p.state.index not in p.dealt:
             raise _SitOut("R2: our dealing is not in U2")
+
+    async def _agreed_frames(
+        self, p: _Round, step: Step, held: dict[int, bytes], sound: set[int], fetch_ends: int
+    ) -> dict[int, bytes]:
+        """Acknowledge the `sound` frames of `step` we hold; once that acknowledgment window passed,
+        the blobs of the step's set (`secure_steps.agreed`: the senders t members acknowledged),
+        those we lack fetched from their acknowledgers (they hold them) until `fetch_ends` (chain
+        time, half the time left); we sit out if one still lacks (a set of our own would split
+        U1 or U2). A refused acknowledgment only logs: the set is the others' count too."""
+        bitmap = ack_bitmap(sound, len(p.members.addresses))
+        try:
+            await self.call(self.ledger.acknowledge, p.r, step, bitmap)
+        except Exception as exc:
+            log.warning("round %d: %s acknowledgment refused, going on: %s", p.r, step.name, exc)
+        at = await self._until_settled(*_window_end(ACKNOWLEDGED[step], p.params, p.info, p.closed))
+        steps = await self.call(chain_steps, self.ledger, p.r, p.members, at=at)
+        members_set = agreed(steps, step, p.setup.threshold)
+        frames = {i: raw for i, raw in held.items() if i in members_set}
+        lacking = members_set - set(frames)
+        if lacking:
+            holders = {i: steps.holders(step, i) for i in lacking}
+            digests = {i: steps.digests[step][i] for i in lacking}
+            timeout = await self._time_left(fetch_ends, share=0.5)
+            fetched = await self._fetch(p.r, step, p.members, digests, holders, timeout=timeout)
+            if fetched.lacking:
+                raise _SitOut(
+                    f"{step.name}: no blob matching the digest on chain of members {sorted(fetched.lacking)}, "
+                    "acknowledged by t members"
+                )
+            frames |= fetched.got
+        return frames
 
     async def _mask(self, p: _Round, residues: Ints, commit: Callable[[bytes], Awaitable[None]]) -> None:
         """R2: our MASKED frame, committed then announced; then, once the round closed, the
@@ -238,12 +271,22 @@ class SecureMember:
         await self.host.announce_blob(digest.hex())
         p.closed, at = await self._until_closed(p.r)
         # the frames must come before the ACK window ends: what is not here by then is not acknowledged
-        ack_ends = p.closed[1] + p.params.attest_window_seconds // 4
-        fetched = await self._fetch_step(p.r, Step.MASKED, p.members, at, ends_at=ack_ends)
-        p.vectors, faults = survivors(p.setup, p.dealt, fetched.got)
+        fetched = await self._fetch_step(p, Step.MASKED, at)
+        p.vectors, faults = survivors(p.setup, p.dealt, fetched)
         p.out.faults |= faults
+        if p.state.index not in p.vectors:  # never for a member that follows the protocol: say what it saw
+            log.warning(
+                "round %d: our own MASKED frame is not among the %d we acknowledge (fetched %s at block %d: %s)",
+                p.r,
+                len(p.vectors),
+                sorted(fetched),
+                at,
+                faults,
+            )
         try:
-            await self.call(self.ledger.acknowledge, p.r, ack_bitmap(set(p.vectors), len(p.members.addresses)))
+            await self.call(
+                self.ledger.acknowledge, p.r, Step.MASKED, ack_bitmap(set(p.vectors), len(p.members.addresses))
+            )
         except Exception as exc:  # late, or refused: U3 is the others' count, and our shares are still needed
             log.warning("round %d: acknowledgment refused, revealing all the same: %s", p.r, exc)
 
@@ -251,37 +294,35 @@ class SecureMember:
         """Once the ACK window passed, U3 from the chain and our REVEAL frame for it, posted at
         once (it needs no MASKED frame); then the frames of U3 we lack, from their acknowledgers,
         for what is left of the REVEAL window; once that window passed, the sum."""
-        params = p.params
-        at = await self._until_settled(
-            p.closed[0] + params.attest_window // 4, p.closed[1] + params.attest_window_seconds // 4
-        )
+        at = await self._until_settled(*_window_end(Step.MASKED_ACK, p.params, p.info, p.closed))
         steps = await self.call(chain_steps, self.ledger, p.r, p.members, at=at)
-        agreed = agreed_survivors(steps, p.setup.threshold) & set(p.dealt)
+        u3 = agreed(steps, Step.MASKED, p.setup.threshold) & set(p.dealt)
         try:
-            reveal = sr.reveal(p.state, p.setup, p.dealt, agreed)
+            reveal = sr.reveal(p.state, p.setup, p.dealt, u3)
         except sr.RevealRefused as exc:
             raise _SitOut(f"R3: {exc}") from None
         if self.s.fault == "secagg-wrong-share":
             reveal = _forged_reveal(p.setup, p.state.index, reveal, self.key)
         await self._publish(p.r, Step.REVEAL, reveal)
-        reveal_ends = p.closed[1] + params.attest_window_seconds // 2
-        lacking = agreed - set(p.vectors)
+        reveal_end = _window_end(Step.REVEAL, p.params, p.info, p.closed)
+        lacking = u3 - set(p.vectors)
         if lacking:  # frames t members hold and we do not: from them, while the REVEAL window runs
-            holders = {i: [j for j, senders in steps.acks.items() if i in senders] for i in lacking}
+            holders = {i: steps.holders(Step.MASKED, i) for i in lacking}
             digests = {i: steps.digests[Step.MASKED][i] for i in lacking}
-            timeout = await self._time_left(reveal_ends, share=1.0)
+            timeout = await self._time_left(reveal_end[1], share=1.0)
             got = (await self._fetch(p.r, Step.MASKED, p.members, digests, holders, timeout=timeout)).got
             vectors, faults = survivors(p.setup, p.dealt, got)
             p.vectors |= vectors
             p.out.faults |= faults
-        at = await self._until_settled(p.closed[0] + params.attest_window // 2, reveal_ends)
-        reveals = (await self._fetch_step(p.r, Step.REVEAL, p.members, at)).got
-        absent = sorted(agreed - set(p.vectors))
+        at = await self._until_settled(*reveal_end)
+        posted = (await self.call(chain_steps, self.ledger, p.r, p.members, at=at)).digests[Step.REVEAL]
+        reveals = (await self._fetch(p.r, Step.REVEAL, p.members, posted, {})).got
+        absent = sorted(u3 - set(p.vectors))
         if absent:
             raise _SitOut(
                 f"unmask: no MASKED frame that opens of members {absent} of U3 (revealed for them all the same)"
             )
-        vectors = {i: vector for i, vector in p.vectors.items() if i in agreed}
+        vectors = {i: vector for i, vector in p.vectors.items() if i in u3}
         try:
             p.out.result = unmask_round(p.setup, p.keys, p.dealt, vectors, reveals, p.out.faults)
             p.out.faults = dict(p.out.result.faults)
@@ -328,18 +369,14 @@ class SecureMember:
                 return (info.closed_block, info.closed_at), at
             await trio.sleep(self.s.poll)
 
-    async def _fetch_step(
-        self, r: int, step: Step, members: RoundMembers, at: int, *, every: bool = False, ends_at: int | None = None
-    ) -> _Fetched:
-        """Sender -> its blob for `step`, of every digest the chain holds at block `at`. With
-        `every`, this member sits out if any did not come (the others may have them: a set of our
-        own would split the step's set); `ends_at`: a chain time the fetches must end before."""
-        digests: Mapping[int, bytes] = (await self.call(chain_steps, self.ledger, r, members, at=at)).digests[step]
-        timeout = self.s.fetch_timeout if ends_at is None else await self._time_left(ends_at, share=0.5)
-        fetched = await self._fetch(r, step, members, digests, {}, timeout=timeout)
-        if every and fetched.lacking:
-            raise _SitOut(f"{step.name}: no blob matching the digest on chain of members {sorted(fetched.lacking)}")
-        return fetched
+    async def _fetch_step(self, p: _Round, step: Step, at: int) -> dict[int, bytes]:
+        """Sender -> its blob for `step`, of every digest the chain holds at block `at`, fetched
+        until half the time left in the step's acknowledgment window: what is not here by then is
+        not acknowledged."""
+        digests: Mapping[int, bytes] = (await self.call(chain_steps, self.ledger, p.r, p.members, at=at)).digests[step]
+        ends_at = _window_end(ACKNOWLEDGED[step], p.params, p.info, p.closed)[1]
+        timeout = await self._time_left(ends_at, share=0.5)
+        return (await self._fetch(p.r, step, p.members, digests, {}, timeout=timeout)).got
 
     async def _fetch(
         self,
@@ -387,6 +424,14 @@ class SecureMember:
             for sender, digest in sorted(digests.items()):
                 nursery.start_soon(one, sender, digest)
         return _Fetched(got, set(digests) - set(got))
+
+
+def _window_end(step: Step, params: SwarmParams, info: RoundInfo, closed: tuple[int, int] = (0, 0)) -> tuple[int, int]:
+    """The last block and the end (chain time) of `step`'s window in round `info` (a step of the
+    closed round: from `closed`, its closing block and time)."""
+    if WINDOWS[step].closed:
+        return window_end(step, closed, params.attest_window, params.attest_window_seconds)
+    return window_end(step, (info.opened_block, info.opened_at), params.commit_window, params.commit_window_seconds)
 
 
 def _short_masked(setup: sr.RoundSetup, me: int, frame: bytes, key: Ed25519PrivateKey) -> bytes:

@@ -20,12 +20,13 @@ from node.chain.client import LedgerClient, connect
 pytestmark = pytest.mark.slow
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "secure-demo.toml"
-# 2 rounds of 40 s commit windows (the DEALING window ends at 20 s) and 30 s attestation windows
+# 2 rounds of 64 s commit windows (KEYS, its acknowledgments, DEALING and its acknowledgments 8 s each:
+# the commits begin at 32 s) and 30 s attestation windows
 SMALLER = [
     "swarm.rounds=2",
     "data.limit=5000",
     "data.test_limit=1000",
-    "chain.commit_window=160",
+    "chain.commit_window=256",
     "chain.attest_window=120",
 ]
 

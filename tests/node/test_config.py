@@ -98,10 +98,10 @@ def test_auto_aggregation_is_the_trimmed_mean_under_pnpm_and_fedavg_otherwise():
 
 def test_a_secure_swarm_refuses_step_windows_no_deeper_than_its_confirmations():
     secure = ["privacy.mechanism=secagg", "chain.confirmations=4"]
-    # 4 x (4 + 2 + 1) = 28 blocks: each quarter-window is 7 blocks, more than 4 + 2
-    load_config(None, [*secure, "chain.commit_window=28", "chain.attest_window=28"])
-    with pytest.raises(ConfigError, match=r"chain.commit_window of 27 blocks .* KEYS and DEALING .* >= 28"):
-        load_config(None, [*secure, "chain.commit_window=27", "chain.attest_window=28"])
-    with pytest.raises(ConfigError, match=r"chain.attest_window of 24 blocks .* ACK and REVEAL windows 6 and 6"):
-        load_config(None, [*secure, "chain.commit_window=28", "chain.attest_window=24"])
+    # each step's window more than 4 + 2 blocks: eighths of 56 commit blocks, quarters of 28 attestation blocks
+    load_config(None, [*secure, "chain.commit_window=56", "chain.attest_window=28"])
+    with pytest.raises(ConfigError, match=r"chain.commit_window of 55 blocks .* KEYS window 6 blocks.* >= 56"):
+        load_config(None, [*secure, "chain.commit_window=55", "chain.attest_window=28"])
+    with pytest.raises(ConfigError, match=r"chain.attest_window of 27 blocks .* MASKED_ACK window 6 blocks.* >= 28"):
+        load_config(None, [*secure, "chain.commit_window=56", "chain.attest_window=27"])
     load_config(None, ["chain.confirmations=4", "chain.attest_window=24"])  # not secure: no step windows

@@ -1,5 +1,6 @@
 """One secure-aggregation round played in-process by every member's own steps
-(mechanisms.secagg.round), with members dropping at chosen steps and hooks for faulty ones."""
+(mechanisms.secagg.round, complaints), with members dropping at chosen steps and hooks for
+faulty ones."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from mechanisms.secagg import complaints as c
+from mechanisms.secagg import messages as m
 from mechanisms.secagg import round as r
 from mechanisms.secagg.masks import session_id
 from mechanisms.secagg.member import sum_residues
@@ -17,6 +20,10 @@ from mechanisms.secagg.unmask import RoundArchive, survivors
 BITS = 32
 DIM = 500
 Hook = Callable[[int, bytes], bytes]
+# (the dealer's state, holder, the holder's keys, its SEALED frame) -> what the dealer sends
+SealedHook = Callable[[r.MemberState, int, r.PublicKeys, bytes], bytes]
+# (the member's state, its COMPLAINT or None) -> what it sends
+ComplaintHook = Callable[[r.MemberState, bytes | None], bytes | None]
 
 
 @dataclass
@@ -58,10 +65,14 @@ def play(
     drop_before: dict[str, set[int]] | None = None,
     masked_hook: Hook | None = None,
     reveal_hook: Hook | None = None,
+    sealed_hook: SealedHook | None = None,
+    complaint_hook: ComplaintHook | None = None,
     seed: int = 0,
 ) -> Played:
     """One round; drop_before["keys" | "deal" | "mask" | "reveal"] = the members that send
-    nothing from that step on. Hooks rewrite a member's MASKED or REVEAL frame (a faulty member)."""
+    nothing from that step on. Hooks rewrite a dealer's SEALED frames, a member's COMPLAINT (None:
+    none), MASKED or REVEAL frame (a faulty member). A member that was sealed bad shares
+    complains, and every member masks against U2 as the complaints leave it."""
     drops = {"keys": set(), "deal": set(), "mask": set(), "reveal": set(), **(drop_before or {})}
     gone: set[int] = set()
     n, setup = swarm.n, swarm.setup
@@ -76,16 +87,23 @@ def play(
     keys, _ = r.key_set(setup, key_frames)
 
     gone |= drops["deal"]
-    dealing_frames, sealed_to = {}, {h: {} for h in keys}
+    dealing_frames, bundles = {}, {}
     for i in keys:
         if i not in gone:
             dealing_frames[i], sealed = r.deal(states[i], setup, keys)
-            for h, frame in sealed.items():
-                sealed_to[h][i] = frame
-    dealt, _ = r.dealt_set(setup, keys, dealing_frames)
+            if sealed_hook:
+                sealed = {h: sealed_hook(states[i], h, keys[h], frame) for h, frame in sealed.items()}
+            bundles[i] = sealed
+    candidates, _ = r.dealt_set(setup, keys, dealing_frames)
+    complaint_frames = {}
     for i in keys:
         if i not in gone:
-            assert r.receive(states[i], setup, keys, dealt, sealed_to[i]) == {}
+            bad = r.receive(states[i], setup, keys, candidates, bundles)
+            frame = c.complain(states[i], setup, bad) if bad else None
+            frame = complaint_hook(states[i], frame) if complaint_hook else frame
+            if frame is not None:
+                complaint_frames[i] = frame
+    dealt, _ = c.settle(setup, keys, candidates, complaint_frames, bundles)
 
     gone |= drops["mask"]
     masked_frames = {}
@@ -101,7 +119,8 @@ def play(
         if i not in gone:
             frame = r.reveal(states[i], setup, dealt, vectors)
             reveal_frames[i] = reveal_hook(i, frame) if reveal_hook else frame
-    archive = RoundArchive(key_frames, dealing_frames, masked_frames, reveal_frames)
+    dealt_bundles = {i: m.dealing_bundle(dealing_frames[i], sealed) for i, sealed in bundles.items()}
+    archive = RoundArchive(key_frames, dealt_bundles, masked_frames, reveal_frames, complaint_frames)
     return Played(swarm, states, inputs, archive, frozenset(dealt), frozenset(vectors))
 
 

@@ -32,6 +32,7 @@ def test_the_bench_round_runs_and_its_section_renders():
         cpu[n] = clock.spent
         assert sizes[n]["MASKED"] == m.masked_frame_size(32, 300)
         assert sizes[n]["DEALING"] - sizes[4]["DEALING"] == (n - 4) * 66  # 66 bytes per holder
+        assert sizes[n]["KEYS"] == m.keys_frame_size(n)  # a pair key per member
         assert all(seconds >= 0 for seconds in clock.spent.values())
     text = bench.render(300, sizes, cpu)
     assert "| 8 |" in text and "ratio" in text

@@ -32,9 +32,12 @@ def opening(dealer: int, holder: int, secret: m.Secret) -> m.Opening:
 def test_keys_round_trip_and_a_wrong_signer_is_named(signers):
     keys, publics = signers
     mask_key, cipher_key = MaskKey.generate(), MaskKey.generate()
-    raw = m.keys_message(SESSION, 2, mask_key.public, cipher_key.public, keys[2])
-    assert m.read_keys(m.open_frame(raw, m.Kind.KEYS, SESSION, publics)) == (mask_key.public, cipher_key.public)
-    forged = m.keys_message(SESSION, 2, mask_key.public, cipher_key.public, keys[1])  # 1 signs as 2
+    pairs = tuple(MaskKey.generate().public for _ in range(N))
+    raw = m.keys_message(SESSION, 2, mask_key.public, cipher_key.public, pairs, keys[2])
+    assert len(raw) == m.keys_frame_size(N)
+    opened = m.read_keys(m.open_frame(raw, m.Kind.KEYS, SESSION, publics))
+    assert opened == (mask_key.public, cipher_key.public, pairs) and opened.pairs[3] == pairs[3]
+    forged = m.keys_message(SESSION, 2, mask_key.public, cipher_key.public, pairs, keys[1])  # 1 signs as 2
     with pytest.raises(m.BadMessage) as err:
         m.open_frame(forged, m.Kind.KEYS, SESSION, publics)
     assert err.value.member == 2
@@ -80,8 +83,8 @@ def test_masked_vector_round_trips_and_bad_sizes_are_refused_before_parsing(sign
     with pytest.raises(m.BadMessage) as err:
         m.read_masked(frame, 32, 999)  # not the round's dimension: named
     assert err.value.member == 1
-    with pytest.raises(m.BadMessage, match="over the KEYS bound"):
-        m.open_frame(raw, m.Kind.KEYS, SESSION, publics)  # refused on its size alone
+    with pytest.raises(m.BadMessage, match="over the SEALED bound"):
+        m.open_frame(raw, m.Kind.SEALED, SESSION, publics)  # refused on its size alone
     odd = np.random.default_rng(1).integers(0, 2**20, 50, dtype=np.int64)  # 3-byte residues
     frame20 = m.open_frame(m.masked_message(SESSION, 1, odd, 20, keys[1]), m.Kind.MASKED, SESSION, publics)
     assert np.array_equal(m.read_masked(frame20, 20, 50), odd)
@@ -107,21 +110,27 @@ def test_reveal_round_trips_and_carries_at_most_one_share_per_dealer(signers):
 
 def test_a_frames_digest_is_the_sha256_of_its_bytes(signers):
     keys, _ = signers
-    raw = m.keys_message(SESSION, 1, bytes(range(32)), bytes(32), keys[1])
+    raw = m.keys_message(SESSION, 1, bytes(range(32)), bytes(32), (), keys[1])
     assert m.frame_digest(raw) == hashlib.sha256(raw).digest()
-    assert m.frame_digest(raw) != m.frame_digest(m.keys_message(SESSION, 1, bytes(32), bytes(32), keys[1]))
+    assert m.frame_digest(raw) != m.frame_digest(m.keys_message(SESSION, 1, bytes(32), bytes(32), (), keys[1]))
 
 
 def test_hostile_bytes_are_refused_without_crashing(signers):
     keys, publics = signers
     rng = np.random.default_rng(5)
     good = {
-        m.Kind.KEYS: m.keys_message(SESSION, 1, bytes(32), bytes(32), keys[1]),
+        m.Kind.KEYS: m.keys_message(SESSION, 1, bytes(32), bytes(32), [bytes(32)] * N, keys[1]),
         m.Kind.DEALING: m.dealing_message(SESSION, 1, bytes(32), {0: (bytes(32), bytes(32))}, keys[1]),
         m.Kind.REVEAL: m.reveal_message(SESSION, 1, [opening(2, 1, m.Secret.SELF_SEED)], keys[1]),
         m.Kind.MASKED: m.masked_message(SESSION, 1, np.arange(10, dtype=np.int64), 32, keys[1]),
+        m.Kind.COMPLAINT: m.complaint_message(SESSION, 1, {0: bytes(32), 2: bytes(32)}, keys[1]),
     }
-    readers = {m.Kind.KEYS: m.read_keys, m.Kind.DEALING: m.read_dealing, m.Kind.REVEAL: m.read_reveal}
+    readers = {
+        m.Kind.KEYS: m.read_keys,
+        m.Kind.DEALING: m.read_dealing,
+        m.Kind.REVEAL: m.read_reveal,
+        m.Kind.COMPLAINT: m.read_complaint,
+    }
     for kind, raw in good.items():
         hostile = [
             b"",
@@ -143,6 +152,9 @@ def test_hostile_bytes_are_refused_without_crashing(signers):
     # well-signed bodies that lie about their own contents: refused by the reader, sender named
     for kind, payload in [
         (m.Kind.KEYS, bytes(63)),
+        (m.Kind.KEYS, bytes(64) + (3).to_bytes(2, "big") + bytes(64)),  # counts 3 pair keys, holds 2
+        (m.Kind.COMPLAINT, (2).to_bytes(2, "big") + bytes(34)),  # counts 2 dealers, names 1
+        (m.Kind.COMPLAINT, (2).to_bytes(2, "big") + (bytes(2) + bytes(32)) * 2),  # dealer 0 twice
         (m.Kind.DEALING, bytes(32) + (5).to_bytes(2, "big") + bytes(66)),  # counts 5 holders, holds 1
         (m.Kind.REVEAL, (1).to_bytes(2, "big") + (2).to_bytes(2, "big") + bytes([9]) + bytes(49)),  # secret 9
         (m.Kind.REVEAL, (1).to_bytes(2, "big") + (2).to_bytes(2, "big") + bytes([1]) + b"\xff" * 33 + bytes(16)),
@@ -189,3 +201,34 @@ def test_a_dealing_bundle_splits_back_and_a_hostile_one_is_named(signers):
         with pytest.raises(m.BadMessage) as err:
             m.split_bundle(hostile, dealer)
         assert err.value.member == dealer
+
+
+def test_a_complaint_round_trips_and_its_size_is_checked_before_it_is_parsed(signers):
+    keys, publics = signers
+    revealed = {0: os.urandom(32), 3: os.urandom(32)}
+    raw = m.complaint_message(SESSION, 2, revealed, keys[2])
+    assert m.read_complaint(m.open_frame(raw, m.Kind.COMPLAINT, SESSION, publics)) == revealed
+    with pytest.raises(m.BadMessage, match="names 2 dealers, the round has 1"):  # before any is parsed
+        m.read_complaint(m.open_frame(raw, m.Kind.COMPLAINT, SESSION, publics), max_dealers=1)
+    with pytest.raises(ValueError):
+        m.complaint_message(SESSION, 2, {m.MAX_MEMBERS: bytes(32)}, keys[2])
+    with pytest.raises(ValueError):
+        m.complaint_message(SESSION, 2, {1: bytes(31)}, keys[2])
+    # every dealer of the largest round named, and one byte more: refused on its size alone
+    largest = m.complaint_message(SESSION, 2, {d: bytes(32) for d in range(m.MAX_MEMBERS)}, keys[2])
+    assert len(largest) == m.max_frame_bytes(m.Kind.COMPLAINT)
+    m.open_frame(largest, m.Kind.COMPLAINT, SESSION, publics)
+    with pytest.raises(m.BadMessage, match="over the COMPLAINT bound"):
+        m.open_frame(largest + b"\x00", m.Kind.COMPLAINT, SESSION, publics)
+
+
+def test_a_keys_frame_covers_at_most_every_member_a_frame_can_address(signers):
+    keys, publics = signers
+    every = [bytes(32)] * m.MAX_MEMBERS
+    raw = m.keys_message(SESSION, 1, bytes(32), bytes(32), every, keys[1])
+    assert len(raw) == m.keys_frame_size(m.MAX_MEMBERS) == m.max_frame_bytes(m.Kind.KEYS)
+    assert len(m.read_keys(m.open_frame(raw, m.Kind.KEYS, SESSION, publics)).pairs) == m.MAX_MEMBERS
+    with pytest.raises(ValueError):
+        m.keys_message(SESSION, 1, bytes(32), bytes(32), [*every, bytes(32)], keys[1])
+    with pytest.raises(m.BadMessage, match="over the KEYS bound"):
+        m.open_frame(raw + bytes(32), m.Kind.KEYS, SESSION, publics)

@@ -116,7 +116,7 @@ def test_too_few_masked_vectors_are_never_unmasked():
     with pytest.raises(RoundFailed, match="1 masked vectors survived"):
         verify_round(swarm.setup, alone)
     keys, _ = r.key_set(swarm.setup, played.archive.keys)
-    dealt, _ = r.dealt_set(swarm.setup, keys, played.archive.dealings)
+    dealt, _ = r.dealt_set(swarm.setup, keys, m.split_bundles(played.archive.dealings)[0])
     vectors, _ = unmask.survivors(swarm.setup, dealt, alone.masked)
     with pytest.raises(RoundFailed, match="1 masked vectors survived"):
         unmask_round(swarm.setup, keys, dealt, vectors, alone.reveals, {})
@@ -264,13 +264,18 @@ def test_an_aggregate_beyond_what_honest_members_can_sum_is_refused():
 
 
 def test_keys_that_no_member_can_agree_with_are_named_and_left_out():
-    swarm = Swarm(6)
+    swarm = Swarm(7)
     setup = swarm.setup
-    frames = {i: r.start(setup, i, swarm.signing[i])[1] for i in range(5)}
-    frames[5] = m.keys_message(setup.session, 5, bytes(32), bytes(32), swarm.signing[5])  # a low-order point
+    frames = {i: r.start(setup, i, swarm.signing[i])[1] for i in range(7)}
+    pairs = [MaskKey.generate().public for _ in range(7)]
+    frames[5] = m.keys_message(setup.session, 5, bytes(32), bytes(32), pairs, swarm.signing[5])  # a low-order point
+    low_pair = [*pairs[:3], (2**255 - 19).to_bytes(32, "little"), *pairs[4:]]  # p itself: u = 0, order 2
+    good = MaskKey.generate().public
+    frames[6] = m.keys_message(setup.session, 6, good, good, low_pair, swarm.signing[6])
     frames[4] = frames[3]  # 3's frame posted as 4's
     keys, faults = r.key_set(setup, frames)
-    assert set(keys) == {0, 1, 2, 3} and set(faults) == {4, 5}
+    assert set(keys) == {0, 1, 2, 3} and set(faults) == {4, 5, 6}
+    assert "low-order" in faults[6]
 
 
 def test_hostile_bytes_anywhere_in_the_archive_are_named_or_stop_the_round_cleanly():
@@ -308,8 +313,10 @@ def test_a_keys_frame_re_signed_by_its_sender_opens_and_only_its_digest_tells():
     played = play(Swarm(6), drop_before={"mask": {5}})  # 5's masks are restored with 3's public key
     setup, archive, cheat = played.swarm.setup, played.archive, 3
     frame = m.open_frame(archive.keys[cheat], m.Kind.KEYS, setup.session, setup.signing)
-    _, cipher = m.read_keys(frame)
-    other = m.keys_message(setup.session, cheat, MaskKey.generate().public, cipher, played.swarm.signing[cheat])
+    keys = m.read_keys(frame)
+    other = m.keys_message(
+        setup.session, cheat, MaskKey.generate().public, keys.cipher, keys.pairs, played.swarm.signing[cheat]
+    )
     changed = RoundArchive(**{**vars(archive), "keys": {**archive.keys, cheat: other}})
     result = verify_round(setup, changed)
     assert result.faults == {} and not np.array_equal(result.total, plain_sum(played))

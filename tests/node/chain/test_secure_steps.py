@@ -40,9 +40,8 @@ from node.chain.errors import (
 from node.chain.secure_steps import (
     BadRound,
     RoundMembers,
-    Step,
     ack_bitmap,
-    agreed_survivors,
+    agreed,
     chain_steps,
     read_ack,
     round_members,
@@ -51,6 +50,8 @@ from node.chain.secure_steps import (
     settled_block,
 )
 from node.peer.secure import SecureMember, SecureSettings
+from node.protocol.secure_windows import WINDOWS as STEP_WINDOWS
+from node.protocol.secure_windows import Step, window_end
 from node.verify import verify_secure_round
 from p2p import peer_id_from_bytes
 from p2p.errors import BlobNotFound
@@ -114,18 +115,24 @@ class SecureRound:
     def post(self, i: int, step: Step, raw: bytes) -> None:
         self.swarm.peers[i].post_frame(1, step, self.store.put(raw))
 
-    def pass_part(self, parts: int) -> None:
-        p = self.swarm.params
-        self.swarm.pass_window(
-            self.info.opened_block + p["commit_window"] // parts,
-            self.info.opened_at + p["commit_window_seconds"] // parts,
-        )
-
-    def pass_attest_part(self, parts: int) -> None:
+    def pass_step(self, step: Step) -> None:
+        """Mine (and move the clock) past `step`'s window."""
         info, p = self.swarm.reader.round_info(1), self.swarm.params
-        self.swarm.pass_window(
-            info.closed_block + p["attest_window"] // parts, info.closed_at + p["attest_window_seconds"] // parts
-        )
+        if STEP_WINDOWS[step].closed:
+            since, blocks, seconds = (info.closed_block, info.closed_at), p["attest_window"], p["attest_window_seconds"]
+        else:
+            since, blocks, seconds = (info.opened_block, info.opened_at), p["commit_window"], p["commit_window_seconds"]
+        self.swarm.pass_window(*window_end(step, since, blocks, seconds))
+
+    def acknowledge(self, step: Step, senders: set[int], ackers: set[int], served=None) -> frozenset[int]:
+        """Each of `ackers` acknowledges the frames of `senders` it was served (served[s]: the only
+        members that got s's frame), the window passed: the chain's set."""
+        for i in sorted(ackers):
+            held = {s for s in senders if served is None or s not in served or i in served[s]}
+            self.swarm.peers[i].acknowledge(1, step, ack_bitmap(held, self.n))
+        self.pass_step(Step(step + 4))
+        self.steps = chain_steps(self.swarm.reader, 1, self.members)
+        return agreed(self.steps, step, self.setup.threshold)
 
     def play(
         self,
@@ -133,33 +140,42 @@ class SecureRound:
         drop_before: dict[str, set[int]] | None = None,
         reveal_hook=None,
         served: dict[int, set[int]] | None = None,
+        served_step: Step = Step.MASKED,
         commit_order=None,
     ) -> None:
-        """drop_before["keys" | "deal" | "mask" | "ack" | "reveal"]: the members that send nothing
-        from that step on; served[s]: the only members that got member s's MASKED frame (it
-        served nobody else); commit_order(i, digest): commits member i's MASKED digest (default:
-        i commits it)."""
-        drops = {"keys": set(), "deal": set(), "mask": set(), "ack": set(), "reveal": set(), **(drop_before or {})}
+        """drop_before["keys" | "keys_ack" | "deal" | "deal_ack" | "mask" | "ack" | "reveal"]: the
+        members that send nothing from that step on; served[s]: the only members that got member
+        s's frame of `served_step` (it served nobody else); commit_order(i, digest): commits
+        member i's MASKED digest (default: i commits it)."""
+        steps = ("keys", "keys_ack", "deal", "deal_ack", "mask", "ack", "reveal")
+        drops = {step: set() for step in steps} | (drop_before or {})
+
+        def only(step: Step) -> dict[int, set[int]] | None:
+            return served if step is served_step else None
+
         setup, reader, gone = self.setup, self.swarm.reader, set(drops["keys"])
         states = {}
         for i in set(range(self.n)) - gone:
             states[i], frame = r.start(setup, i, signing_key(self.kit, i))
             self.post(i, Step.KEYS, frame)
-        self.pass_part(4)
-        steps = chain_steps(reader, 1, self.members)
-        keys, faults = r.key_set(setup, {i: self.store.get(d.hex()) for i, d in steps.digests[Step.KEYS].items()})
-        assert faults == {} and set(keys) == set(range(self.n)) - gone
+        self.pass_step(Step.KEYS)
+        posted = chain_steps(reader, 1, self.members).digests[Step.KEYS]
+        gone |= drops["keys_ack"]
+        self.u1 = self.acknowledge(Step.KEYS, set(posted), set(range(self.n)) - gone, only(Step.KEYS))
+        keys, faults = r.key_set(setup, {i: self.store.get(posted[i].hex()) for i in self.u1})
+        assert faults == {} and set(keys) == self.u1
         gone |= drops["deal"]
         for i in set(keys) - gone:
             dealing, sealed = r.deal(states[i], setup, keys)
             self.post(i, Step.DEALING, m.dealing_bundle(dealing, sealed))
-        self.pass_part(2)
-        steps = chain_steps(reader, 1, self.members)
-        bundles = {i: m.split_bundle(self.store.get(d.hex()), i) for i, d in steps.digests[Step.DEALING].items()}
+        self.pass_step(Step.DEALING)
+        posted = chain_steps(reader, 1, self.members).digests[Step.DEALING]
+        gone |= drops["deal_ack"]
+        self.u2 = self.acknowledge(Step.DEALING, set(posted), set(range(self.n)) - gone, only(Step.DEALING))
+        bundles = {i: m.split_bundle(self.store.get(posted[i].hex()), i) for i in self.u2}
         dealt, _ = r.dealt_set(setup, keys, {i: dealing for i, (dealing, _) in bundles.items()})
         for i in set(keys) - gone:
-            sealed_for_i = {dealer: sealed[i] for dealer, (_, sealed) in bundles.items()}
-            assert r.receive(states[i], setup, keys, dealt, sealed_for_i) == {}
+            assert r.receive(states[i], setup, keys, dealt, {d: sealed for d, (_, sealed) in bundles.items()}) == {}
         gone |= drops["mask"]
         for i in sorted(set(dealt) - gone):
             masked = r.masked_vector(states[i], setup, keys, dealt, self.inputs[i])
@@ -169,16 +185,11 @@ class SecureRound:
                 commit_order(i, self.store.put(masked))
         self.swarm.pass_commit_window(1)
         self.swarm.peers[0].close_round(1)
-        steps = chain_steps(reader, 1, self.members)
-        masked_frames = {i: self.store.get(d.hex()) for i, d in steps.digests[Step.MASKED].items()}
+        posted = chain_steps(reader, 1, self.members).digests[Step.MASKED]
+        masked_frames = {i: self.store.get(d.hex()) for i, d in posted.items()}
         vectors, self.masked_faults = survivors(setup, dealt, masked_frames)
         gone |= drops["ack"]
-        for i in sorted(set(keys) - gone):  # each acknowledges the sound frames it was served
-            held = {s for s in vectors if served is None or s not in served or i in served[s]}
-            self.swarm.peers[i].acknowledge(1, ack_bitmap(held, self.n))
-        self.pass_attest_part(4)
-        self.steps = chain_steps(reader, 1, self.members)
-        self.alive = set(agreed_survivors(self.steps, setup.threshold) & set(dealt))
+        self.alive = set(self.acknowledge(Step.MASKED, set(vectors), set(keys) - gone, only(Step.MASKED)) & set(dealt))
         gone |= drops["reveal"]
         for i in sorted(set(keys) - gone):
             frame = r.reveal(states[i], setup, dealt, self.alive)
@@ -209,12 +220,14 @@ def test_a_secure_round_on_chain_verifies_with_a_member_dropped_after_dealing(au
     assert check.dropped == (game.members.addresses[4],) and check.faults == {}
 
 
-@pytest.mark.parametrize("step", ["keys", "deal", "mask", "ack", "reveal"])
+@pytest.mark.parametrize("step", ["keys", "keys_ack", "deal", "deal_ack", "mask", "ack", "reveal"])
 def test_a_third_of_the_members_gone_at_any_step_and_the_round_verifies(automine_chain, kit, step):
     game = SecureRound(kit, automine_chain, 6)  # t = 4: two of six may go, whichever step they leave at
     game.play(drop_before={step: {1, 4}})
     check = game.verify()
     assert check.failure is None, check.failure
+    assert game.u1 == ({0, 2, 3, 5} if step == "keys" else set(range(6)))  # four acknowledgers are t
+    assert game.u2 == ({0, 2, 3, 5} if step in ("keys", "keys_ack", "deal") else set(range(6)))
     assert game.alive == ({0, 2, 3, 5} if step not in ("ack", "reveal") else set(range(6)))
     np.testing.assert_array_equal(check.total, game.plain_sum())
     assert check.faults == {}
@@ -231,7 +244,7 @@ def test_a_masked_frame_committed_then_served_to_some_members_only_splits_no_set
     game.play(served={withholder: served}, drop_before={"ack": {withholder}})
     in_u3 = len(served) >= game.setup.threshold
     assert game.alive == (set(range(6)) if in_u3 else set(range(5)))
-    assert {i for i, senders in game.steps.acks.items() if withholder in senders} == served
+    assert set(game.steps.holders(Step.MASKED, withholder)) == served
     if not in_u3:  # the archive holds no copy of a frame fewer than t members acknowledged
         del game.store.blobs[game.steps.digests[Step.MASKED][withholder].hex()]
     check = game.verify()
@@ -239,6 +252,27 @@ def test_a_masked_frame_committed_then_served_to_some_members_only_splits_no_set
     np.testing.assert_array_equal(check.total, game.plain_sum())
     assert check.faults == {}
     assert check.dropped == (() if in_u3 else (game.members.addresses[withholder],))
+
+
+@pytest.mark.parametrize("step", [Step.KEYS, Step.DEALING])
+@pytest.mark.parametrize("served", [{0, 1, 2}, {0, 1, 2, 3}])
+def test_a_keys_or_dealing_blob_served_to_some_members_only_splits_no_set(automine_chain, kit, step, served):
+    """Member 5 posts its KEYS (or DEALING) digest and serves the blob to `served` only: held by
+    fewer than t = 4 it is out of U1 (U2) for everyone, and the archive needs no copy of it; held
+    by t it is in for everyone (a member lacking it would fetch it from its acknowledgers)."""
+    game = SecureRound(kit, automine_chain, 6)
+    sender = 5
+    game.play(served={sender: served}, served_step=step, drop_before={"mask": {sender}})
+    chosen = game.u1 if step is Step.KEYS else game.u2
+    assert (sender in chosen) == (len(served) >= game.setup.threshold)
+    assert set(game.steps.holders(step, sender)) == served
+    if sender not in chosen:
+        del game.store.blobs[game.steps.digests[step][sender].hex()]
+    check = game.verify()
+    assert check.failure is None, check.failure
+    assert game.alive == set(range(5))
+    np.testing.assert_array_equal(check.total, game.plain_sum())
+    assert check.faults == {}
 
 
 def test_a_copied_masked_digest_committed_first_does_not_push_its_sender_out(automine_chain, kit):
@@ -325,7 +359,10 @@ def test_verify_names_a_wrong_share_and_a_frame_the_archive_changed(automine_cha
     assert "REVEAL digest" in check.faults[game.members.addresses[1]]
 
 
-def test_post_frame_is_taken_only_in_its_steps_window(automine_chain, kit):
+def test_each_posting_is_taken_only_in_its_steps_window(automine_chain, kit):
+    """KEYS, its acknowledgments, DEALING, its acknowledgments (eighths of the commit window), the
+    MASKED acknowledgments and REVEAL (quarters of the attestation window): each refused before
+    its window and after it, and a repeat refused; each set counted by t."""
     swarm = kit.Swarm(automine_chain, 3, **WINDOWS)
     swarm.register(2)
     member, outsider = swarm.peers[0], swarm.peers[2]
@@ -334,51 +371,64 @@ def test_post_frame_is_taken_only_in_its_steps_window(automine_chain, kit):
     kit.register_signed(outsider, kit.identity(2))  # a member from here on: three commit (the quorum)
     with pytest.raises(InvalidStep):
         member.post_frame(1, Step.MASKED, kit.digest("m"))  # the masked vector's digest is the commit
-    with pytest.raises(StepWindowClosed, match="step 1's window has not begun"):
-        member.post_frame(1, Step.DEALING, kit.digest("d"))  # KEYS window still running
-    with pytest.raises(StepWindowClosed):
-        member.post_frame(1, Step.REVEAL, kit.digest("r"))  # the round is open
-    with pytest.raises(StepWindowClosed):
-        member.acknowledge(1, b"\x01")  # the round is open
-    member.post_frame(1, Step.KEYS, kit.digest("k0"))
-    with pytest.raises(AlreadyPosted):  # one posting per member and step: no stream of them to re-read
-        member.post_frame(1, Step.KEYS, kit.digest("k1"))
-    info, p = swarm.reader.round_info(1), swarm.params
-    swarm.pass_window(info.opened_block + p["commit_window"] // 4, info.opened_at + p["commit_window_seconds"] // 4)
-    with pytest.raises(StepWindowClosed, match=r"step 0's window is over \(it lasted through block \d+"):
-        member.post_frame(1, Step.KEYS, kit.digest("late"))
-    member.post_frame(1, Step.DEALING, kit.digest("d0"))
+    with pytest.raises(InvalidStep):
+        member.acknowledge(1, Step.REVEAL, b"\x01")  # nothing acknowledges the reveals
+    game = SecureRound.__new__(SecureRound)  # its window arithmetic only
+    game.swarm = swarm
+    order = [Step.KEYS, Step.KEYS_ACK, Step.DEALING, Step.DEALING_ACK]
+
+    def post(step: Step, who=member, tag="") -> None:
+        if step in (Step.KEYS, Step.DEALING):
+            who.post_frame(1, step, kit.digest(f"{step.name}{tag}"))
+        else:
+            who.acknowledge(1, step - 4, ack_bitmap({0, 1}, 3))
+
+    for k, step in enumerate(order):
+        for later in order[k + 1 :]:
+            with pytest.raises(StepWindowClosed, match=f"step {int(later)}'s window has not begun"):
+                post(later)
+        with pytest.raises(StepWindowClosed):  # the round is open: REVEAL and the MASKED acknowledgments wait
+            post(Step.MASKED_ACK) if k % 2 else member.post_frame(1, Step.REVEAL, kit.digest("r"))
+        post(step)
+        with pytest.raises(AlreadyPosted):  # one posting per member and step: no stream of them to re-read
+            post(step, tag="again")
+        post(step, swarm.peers[1])
+        game.pass_step(step)
+        with pytest.raises(StepWindowClosed, match=rf"step {int(step)}'s window is over \(it lasted through block"):
+            post(step, outsider)
     members = round_members(swarm.reader, 1)
     steps = chain_steps(swarm.reader, 1, members)
-    assert steps.digests[Step.KEYS] == {0: kit.digest("k0")} and steps.digests[Step.DEALING] == {0: kit.digest("d0")}
-    swarm.pass_window(info.opened_block + p["commit_window"] // 2, info.opened_at + p["commit_window_seconds"] // 2)
-    with pytest.raises(StepWindowClosed):
-        member.post_frame(1, Step.DEALING, kit.digest("late"))
+    assert steps.digests[Step.KEYS] == {0: kit.digest("KEYS"), 1: kit.digest("KEYS")}
+    assert steps.acks[Step.KEYS] == steps.acks[Step.DEALING] == {0: frozenset({0, 1}), 1: frozenset({0, 1})}
+    assert agreed(steps, Step.KEYS, 2) == agreed(steps, Step.DEALING, 2) == {0, 1}
+    assert agreed(steps, Step.KEYS, 3) == set()  # two acknowledgers, t = 3: nobody
     for i in range(3):
         swarm.peers[i].commit(1, kit.digest(f"masked{i}"), 10, 1_000_000, kit.MECHANISM)
     swarm.pass_commit_window(1)
     member.close_round(1)
-    with pytest.raises(RoundNotOpen):  # KEYS and DEALING: their phase is over
-        member.post_frame(1, Step.DEALING, kit.digest("closed"))
+    with pytest.raises(RoundNotOpen):  # KEYS, DEALING and their acknowledgments: their phase is over
+        post(Step.DEALING_ACK, outsider)
     with pytest.raises(StepWindowClosed, match="not begun"):
         member.post_frame(1, Step.REVEAL, kit.digest("r"))  # the ACK window runs first
     with pytest.raises(MalformedBitmap, match="bitmap of 513 bytes, expected 512 .* an acknowledgment's: at most"):
-        member.acknowledge(1, bytes(513))  # more members than a frame can address
-    member.acknowledge(1, ack_bitmap({0, 1}, 3))
+        member.acknowledge(1, Step.MASKED, bytes(513))  # more members than a frame can address
+    member.acknowledge(1, Step.MASKED, ack_bitmap({0, 1}, 3))
     with pytest.raises(AlreadyPosted):
-        member.acknowledge(1, ack_bitmap({0}, 3))
-    swarm.peers[1].acknowledge(1, b"\x0f")  # a bit past the last member: not a bitmap over the members
-    info = swarm.reader.round_info(1)
-    swarm.pass_window(info.closed_block + p["attest_window"] // 4, info.closed_at + p["attest_window_seconds"] // 4)
+        member.acknowledge(1, Step.MASKED, ack_bitmap({0}, 3))
+    swarm.peers[1].acknowledge(1, Step.MASKED, b"\x0f")  # a bit past the last member: not a bitmap over the members
+    game.pass_step(Step.MASKED_ACK)
     with pytest.raises(StepWindowClosed):
-        member.acknowledge(1, b"\x03")
+        member.acknowledge(1, Step.MASKED, b"\x03")
     member.post_frame(1, Step.REVEAL, kit.digest("r0"))
     with pytest.raises(AlreadyPosted):
         member.post_frame(1, Step.REVEAL, kit.digest("r1"))
     steps = chain_steps(swarm.reader, 1, members)
-    assert steps.acks == {0: frozenset({0, 1})} and "not a bitmap" in steps.repeated[1]
+    assert steps.acks[Step.MASKED] == {0: frozenset({0, 1})} and "not a bitmap" in steps.repeated[1]
     assert steps.digests[Step.REVEAL] == {0: kit.digest("r0")}
-    assert agreed_survivors(steps, 1) == {0, 1} and agreed_survivors(steps, 2) == set()
+    assert agreed(steps, Step.MASKED, 1) == {0, 1} and agreed(steps, Step.MASKED, 2) == set()
+    game.pass_step(Step.REVEAL)
+    with pytest.raises(StepWindowClosed, match="is over"):
+        outsider.post_frame(1, Step.REVEAL, kit.digest("late"))
 
 
 def test_only_a_swarm_deployed_for_secure_aggregation_takes_postings(automine_chain, kit):
@@ -412,14 +462,17 @@ def test_the_session_binds_the_chain_and_the_ledger(automine_chain, kit):
 
 def test_members_leave_out_the_addresses_disallowed_by_the_end_of_the_keys_window(automine_chain, kit):
     allowlist = [Account.from_key(k).address for k in automine_chain.private_keys[:5]]
-    swarm = kit.Swarm(automine_chain, 5, **WINDOWS, allowlist=allowlist)
+    # a KEYS window (an eighth of the commit window) of 15 blocks: the registrations and allowlist changes fit in it
+    swarm = kit.Swarm(automine_chain, 5, **(WINDOWS | {"commit_window": 120}), allowlist=allowlist)
     swarm.register(5)
     addresses = [a.address for a in swarm.accounts]
     swarm.deployer.disallow(addresses[1])
     swarm.deployer.disallow(addresses[2])
     swarm.deployer.allow([addresses[2]])  # re-allowed inside the window: a member again
     info, p = swarm.reader.round_info(1), swarm.params
-    swarm.pass_window(info.opened_block + p["commit_window"] // 4, info.opened_at + p["commit_window_seconds"] // 4)
+    swarm.pass_window(
+        *window_end(Step.KEYS, (info.opened_block, info.opened_at), p["commit_window"], p["commit_window_seconds"])
+    )
     swarm.deployer.disallow(addresses[4])  # after the KEYS window: still a member of round 1
     assert round_members(swarm.reader, 1).addresses == (addresses[0], addresses[2], addresses[3], addresses[4])
     assert swarm.reader.registered_count() == 3  # what closeRound counts now (1 and 4 out)
@@ -482,54 +535,93 @@ async def off(fn, *args, **kwargs):
     return await trio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
-def play_member(game: SecureRound, me: int, *, counted_members=1, withhold=None, call=off):
-    """Member `me` plays round 1 with SecureMember while the test plays the others' KEYS (and,
-    with `withhold` DEALING, their dealings), passing each window once `me` posted its frame;
-    `withhold`: the step whose blob of member 0 nobody serves `me`. The member's outcome."""
-    swarm, reader = game.swarm, game.swarm.reader
+async def others_open(game: SecureRound, me: int, mine, until, *, withhold=None, host=None, served_by=()):
+    """The members other than `me` play KEYS and DEALING with their acknowledgments (each of them
+    holds every frame), each window passed once `me` acted in it or stopped (`until` returns
+    then). `withhold`: the step whose blob of member 0 nobody serves `me`, except, once that
+    step's acknowledgments are in, the members in `served_by` (acknowledgers). Their states,
+    U1's keys, U2's dealings and the bundles."""
+    reader, setup, others = game.swarm.reader, game.setup, [i for i in range(game.n) if i != me]
+
+    def synced() -> None:
+        game.store.blobs |= {d: mine.get(d) for d in mine.digests()}
+
+    def steps():
+        return chain_steps(reader, 1, game.members)
+
+    def post(i: int, step: Step, raw: bytes) -> None:
+        if i == 0 and step is withhold:
+            host.withheld.add(hashlib.sha256(raw).hexdigest())
+            host.served_by[hashlib.sha256(raw).hexdigest()] = set()
+        game.post(i, step, raw)
+
+    async def acknowledged(step: Step) -> dict[int, bytes]:
+        posted = steps().digests[step]
+        for i in others:
+            game.swarm.peers[i].acknowledge(1, step, ack_bitmap(set(posted), game.n))
+        for digest in host.withheld if host else ():
+            host.served_by[digest] = {peer_id_from_bytes(game.members.peer_ids[i]) for i in served_by}
+        await until(lambda: me in steps().acks[step])
+        await off(game.pass_step, Step(step + 4))
+        chosen = agreed(steps(), step, setup.threshold)
+        return {i: game.store.get(posted[i].hex()) for i in chosen}
+
+    states = {}
+    for i in others:
+        states[i], frame = r.start(setup, i, signing_key(game.kit, i))
+        post(i, Step.KEYS, frame)
+    await until(lambda: me in steps().digests[Step.KEYS])
+    synced()
+    await off(game.pass_step, Step.KEYS)
+    keys, _ = r.key_set(setup, await acknowledged(Step.KEYS))
+    for i in others:
+        post(i, Step.DEALING, m.dealing_bundle(*r.deal(states[i], setup, keys)))
+    await until(lambda: me in steps().digests[Step.DEALING])
+    synced()
+    await off(game.pass_step, Step.DEALING)
+    bundles = {i: m.split_bundle(raw, i) for i, raw in (await acknowledged(Step.DEALING)).items()}
+    dealt, _ = r.dealt_set(setup, keys, {i: dealing for i, (dealing, _) in bundles.items()})
+    return states, keys, dealt, bundles
+
+
+class Stop(Exception):
+    """The test's commit: the member got as far as its MASKED frame."""
+
+
+def play_member(game: SecureRound, me: int, *, counted_members=1, withhold=None, served_by=(), call=off):
+    """Member `me` plays round 1 with SecureMember through KEYS and DEALING (`others_open`), its
+    commit stopping it (`Stop`, so `sat_out` starts with "R2: commit refused"); `withhold`: the
+    step whose blob of member 0 nobody serves `me` (but the acknowledgers in `served_by` once
+    the step's acknowledgments are in). The member's outcome."""
+    swarm = game.swarm
     host = StoreTransport(game.store, game.members.peer_ids[me])
     mine = MemoryBlobStore()
     settings = SecureSettings(BITS, DIM, counted_members, fetch_timeout=1.0, poll=0.05)
     member = SecureMember(
         swarm.peers[me], host, mine, signing_key(game.kit, me), settings, call=call, head=head_of(swarm)
     )
-    others = [i for i in range(game.n) if i != me]
+    done = trio.Event()
 
-    def post(i: int, step: Step, raw: bytes) -> None:
-        if i == 0 and step is withhold:
-            host.withheld.add(hashlib.sha256(raw).hexdigest())
-        game.post(i, step, raw)
-
-    async def until_posted(step: Step) -> None:
-        while me not in (await off(chain_steps, reader, 1, game.members)).digests[step]:
+    async def until(done_yet) -> None:
+        while not done.is_set() and not await off(done_yet):
             await trio.sleep(0.05)
 
-    async def others_play() -> None:
-        states = {}
-        for i in others:
-            states[i], frame = r.start(game.setup, i, signing_key(game.kit, i))
-            post(i, Step.KEYS, frame)
-        await until_posted(Step.KEYS)
-        game.store.blobs |= {d: mine.get(d) for d in mine.digests()}
-        await off(game.pass_part, 4)
-        if withhold is not Step.DEALING:
-            return
-        steps = chain_steps(reader, 1, game.members)
-        keys, _ = r.key_set(game.setup, {i: game.store.get(d.hex()) for i, d in steps.digests[Step.KEYS].items()})
-        for i in others:
-            post(i, Step.DEALING, m.dealing_bundle(*r.deal(states[i], game.setup, keys)))
-        await until_posted(Step.DEALING)
-        await off(game.pass_part, 2)
-
     async def commit(digest: bytes) -> None:
-        raise AssertionError("no member that sits out commits")
+        raise Stop("the member reached its commit")
 
     async def main():
         with trio.fail_after(120):  # the windows pass when the test mines, not by waiting
             async with trio.open_nursery() as nursery:
                 if call is off:
-                    nursery.start_soon(others_play)
-                return await member.play(1, game.inputs[me], commit)
+                    nursery.start_soon(
+                        functools.partial(
+                            others_open, game, me, mine, until, withhold=withhold, host=host, served_by=served_by
+                        )
+                    )
+                try:
+                    return await member.play(1, game.inputs[me], commit)
+                finally:
+                    done.set()
 
     return trio.run(main)
 
@@ -543,12 +635,23 @@ def head_of(swarm):
 
 
 @pytest.mark.parametrize("step", [Step.KEYS, Step.DEALING])
-def test_a_member_lacking_a_blob_the_chain_names_sits_out(automine_chain, kit, step):
-    game = SecureRound(kit, automine_chain, 4)
-    out = play_member(game, 3, withhold=step)
+@pytest.mark.parametrize("served", [False, True])
+def test_a_member_lacking_a_blob_of_u1_or_u2_fetches_it_from_its_acknowledgers_or_sits_out(
+    automine_chain, kit, step, served
+):
+    """Member 3 never gets member 0's KEYS (DEALING) blob, which the other three acknowledged (it
+    is in U1, U2 for everyone). Served by its acknowledgers 1 and 2 (not its sender) once the
+    acknowledgment window passed, member 3 goes on to its commit; served by nobody, it sits out."""
+    game = SecureRound(kit, automine_chain, 4)  # t = 3
+    out = play_member(game, 3, withhold=step, served_by={1, 2} if served else set())
+    steps = chain_steps(game.swarm.reader, 1, game.members)
+    assert 3 in steps.digests[step] and 0 not in steps.acks[step][3]  # it posted its own, lacking 0's
+    assert 0 in agreed(steps, step, game.setup.threshold)
     assert out.result is None and out.sat_out is not None
-    assert out.sat_out.startswith(f"{step.name}: no blob") and "[0]" in out.sat_out
-    assert 3 in chain_steps(game.swarm.reader, 1, game.members).digests[step]  # it posted its own, then stopped
+    if served:
+        assert out.sat_out.startswith("R2: commit refused: the member reached its commit"), out.sat_out
+    else:
+        assert out.sat_out.startswith(f"{step.name}: no blob") and "[0]" in out.sat_out
 
 
 def test_a_member_whose_round_cannot_be_set_up_sits_out(automine_chain, kit):
@@ -585,7 +688,7 @@ def play_through_reveal(game: SecureRound, me: int, *, withheld: int | None = No
     asks_after_ack: list[bool] = []
 
     async def call(fn, *args, **kwargs):
-        if late_ack and fn == swarm.peers[me].acknowledge:
+        if late_ack and fn == swarm.peers[me].acknowledge and args[1] == Step.MASKED:
             await ack_passed.wait()
         return await off(fn, *args, **kwargs)
 
@@ -596,7 +699,7 @@ def play_through_reveal(game: SecureRound, me: int, *, withheld: int | None = No
 
     def on_withheld(digest: str) -> None:
         steps = chain_steps(reader, 1, game.members)
-        if me in steps.acks:
+        if me in steps.acks[Step.MASKED]:
             asks_after_ack.append(me in steps.digests[Step.REVEAL])
 
     host.on_withheld = on_withheld
@@ -605,53 +708,34 @@ def play_through_reveal(game: SecureRound, me: int, *, withheld: int | None = No
         while not done.is_set() and not await off(done_yet):
             await trio.sleep(0.05)
 
-    def synced() -> None:
-        game.store.blobs |= {d: mine.get(d) for d in mine.digests()}
-
     def posted(step: Step) -> bool:
         return me in chain_steps(reader, 1, game.members).digests[step]
 
     async def others_play() -> None:
-        states = {}
+        states, keys, dealt, bundles = await others_open(game, me, mine, until)
         for i in others:
-            states[i], frame = r.start(setup, i, signing_key(game.kit, i))
-            game.post(i, Step.KEYS, frame)
-        await until(lambda: posted(Step.KEYS))
-        synced()
-        await off(game.pass_part, 4)
-        steps = chain_steps(reader, 1, game.members)
-        keys, _ = r.key_set(setup, {i: game.store.get(d.hex()) for i, d in steps.digests[Step.KEYS].items()})
-        for i in others:
-            game.post(i, Step.DEALING, m.dealing_bundle(*r.deal(states[i], setup, keys)))
-        await until(lambda: posted(Step.DEALING))
-        synced()
-        await off(game.pass_part, 2)
-        steps = chain_steps(reader, 1, game.members)
-        bundles = {i: m.split_bundle(game.store.get(d.hex()), i) for i, d in steps.digests[Step.DEALING].items()}
-        dealt, _ = r.dealt_set(setup, keys, {i: dealing for i, (dealing, _) in bundles.items()})
-        for i in others:
-            assert r.receive(states[i], setup, keys, dealt, {d: sealed[i] for d, (_, sealed) in bundles.items()}) == {}
+            assert r.receive(states[i], setup, keys, dealt, {d: sealed for d, (_, sealed) in bundles.items()}) == {}
             digest = game.store.put(r.masked_vector(states[i], setup, keys, dealt, game.inputs[i]))
             if i == withheld:
                 host.withheld.add(digest.hex())
             swarm.peers[i].commit(1, digest, 10, 1_000_000, game.kit.MECHANISM)
         await until(lambda: any(c.peer == swarm.accounts[me].address for c in reader.commitments(1)))
-        synced()
+        game.store.blobs |= {d: mine.get(d) for d in mine.digests()}
         await off(swarm.pass_commit_window, 1)
         await off(swarm.peers[0].close_round, 1)
         for i in others:
-            swarm.peers[i].acknowledge(1, ack_bitmap(set(range(game.n)), game.n))
+            swarm.peers[i].acknowledge(1, Step.MASKED, ack_bitmap(set(range(game.n)), game.n))
         if not late_ack:
-            await until(lambda: me in chain_steps(reader, 1, game.members).acks)
-        await off(game.pass_attest_part, 4)
+            await until(lambda: me in chain_steps(reader, 1, game.members).acks[Step.MASKED])
+        await off(game.pass_step, Step.MASKED_ACK)
         ack_passed.set()
-        game.alive = set(agreed_survivors(chain_steps(reader, 1, game.members), setup.threshold))
+        game.alive = set(agreed(chain_steps(reader, 1, game.members), Step.MASKED, setup.threshold))
         for digest in host.withheld:
             host.served_by[digest] = {peer_id_from_bytes(game.members.peer_ids[i]) for i in served_by}
         for i in others:
             game.post(i, Step.REVEAL, r.reveal(states[i], setup, dealt, game.alive))
         await until(lambda: posted(Step.REVEAL))
-        await off(game.pass_attest_part, 2)
+        await off(game.pass_step, Step.REVEAL)
 
     async def commit(digest: bytes) -> None:
         await off(swarm.peers[me].commit, 1, digest, 10, 1_000_000, game.kit.MECHANISM)
@@ -694,7 +778,7 @@ def test_a_member_whose_acknowledgment_is_refused_still_reveals(automine_chain, 
     all five, and member 3's shares are needed, so it reveals and gets the sum."""
     game = SecureRound(kit, automine_chain, 5)
     out, _ = play_through_reveal(game, 3, late_ack=True)
-    assert 3 not in chain_steps(game.swarm.reader, 1, game.members).acks
+    assert 3 not in chain_steps(game.swarm.reader, 1, game.members).acks[Step.MASKED]
     assert out.sat_out is None and out.result is not None
     np.testing.assert_array_equal(out.result.total, game.plain_sum())
 
