@@ -168,6 +168,19 @@ def _index(data: bytes) -> int:
     return int.from_bytes(data, "big")
 
 
+def _counted(frame: Frame, fixed: int, item: int) -> int:
+    """The count of a body laid out as `fixed` bytes, a 2-byte count, then that many items of
+    `item` bytes (at most MAX_MEMBERS), checked against the body's length before anything else
+    is read from it; BadMessage naming the sender otherwise."""
+    p, kind = frame.payload, frame.kind.name
+    if len(p) < fixed + 2:
+        raise BadMessage(frame.sender, f"{kind} body too short")
+    count = _index(p[fixed : fixed + 2])
+    if count > MAX_MEMBERS or len(p) != fixed + 2 + count * item:
+        raise BadMessage(frame.sender, f"{kind} body has the wrong length")
+    return count
+
+
 # --------------------------------------------------------------------------------------- KEYS
 
 
@@ -204,11 +217,7 @@ def keys_frame_size(covered: int) -> int:
 
 def read_keys(frame: Frame) -> Keys:
     p = frame.payload
-    if len(p) < _KEYS_FIXED:
-        raise BadMessage(frame.sender, "KEYS body too short")
-    count = _index(p[2 * KEY_BYTES : _KEYS_FIXED])
-    if count > MAX_MEMBERS or len(p) != _KEYS_FIXED + count * KEY_BYTES:
-        raise BadMessage(frame.sender, "KEYS body has the wrong length")
+    _counted(frame, 2 * KEY_BYTES, KEY_BYTES)
     pairs = tuple(p[at : at + KEY_BYTES] for at in range(_KEYS_FIXED, len(p), KEY_BYTES))
     return Keys(p[:KEY_BYTES], p[KEY_BYTES : 2 * KEY_BYTES], pairs)
 
@@ -300,11 +309,7 @@ def dealing_message(
 
 def read_dealing(frame: Frame) -> Dealing:
     p = frame.payload
-    if len(p) < DIGEST_BYTES + 2:
-        raise BadMessage(frame.sender, "DEALING body too short")
-    count = _index(p[DIGEST_BYTES : DIGEST_BYTES + 2])
-    if count > MAX_MEMBERS or len(p) != DIGEST_BYTES + 2 + count * _COMMITTED_HOLDER:
-        raise BadMessage(frame.sender, "DEALING body has the wrong length")
+    count = _counted(frame, DIGEST_BYTES, _COMMITTED_HOLDER)
     commitments: dict[int, tuple[bytes, bytes]] = {}
     for i in range(count):
         at = DIGEST_BYTES + 2 + i * _COMMITTED_HOLDER
@@ -473,11 +478,7 @@ def read_reveal(frame: Frame, max_openings: int = MAX_MEMBERS) -> list[Opening]:
     """The openings a survivor revealed (each still to be checked against its dealer's commitment);
     more than `max_openings` (the round's dealers) are refused before any is parsed."""
     p = frame.payload
-    if len(p) < 2:
-        raise BadMessage(frame.sender, "REVEAL body too short")
-    count = _index(p[:2])
-    if count > MAX_MEMBERS or len(p) != 2 + count * _REVEALED:
-        raise BadMessage(frame.sender, "REVEAL body has the wrong length")
+    count = _counted(frame, 0, _REVEALED)
     if count > max_openings:
         raise BadMessage(frame.sender, f"REVEAL carries {count} openings, the round has {max_openings} dealers")
     openings, holder = [], frame.sender
@@ -507,11 +508,7 @@ def read_complaint(frame: Frame, max_dealers: int = MAX_MEMBERS) -> dict[int, by
     """Dealer -> the revealed private key, each still to be checked against the sender's KEYS
     frame; more dealers than `max_dealers` (the round's) are refused before any is parsed."""
     p = frame.payload
-    if len(p) < 2:
-        raise BadMessage(frame.sender, "COMPLAINT body too short")
-    count = _index(p[:2])
-    if count > MAX_MEMBERS or len(p) != 2 + count * _COMPLAINED:
-        raise BadMessage(frame.sender, "COMPLAINT body has the wrong length")
+    count = _counted(frame, 0, _COMPLAINED)
     if count > max_dealers:
         raise BadMessage(frame.sender, f"COMPLAINT names {count} dealers, the round has {max_dealers}")
     revealed = {_index(p[at : at + 2]): p[at + 2 : at + _COMPLAINED] for at in range(2, len(p), _COMPLAINED)}

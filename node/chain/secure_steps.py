@@ -37,6 +37,7 @@ from mechanisms.secagg.round import RoundSetup
 from mechanisms.secagg.unmask import RoundArchive
 from node.chain.client import LedgerClient
 from node.chain.registration import Registration, resolve
+from node.protocol import wire
 from node.protocol.secure_windows import ACKNOWLEDGED, Step, window_end
 
 
@@ -71,14 +72,11 @@ class ChainSteps:
 
 
 def ack_bitmap(senders: frozenset[int] | set[int], n: int) -> bytes:
-    """The acknowledgment of the frames of `senders` among n members: member i is byte i // 8,
-    bit i % 8 (the inclusion bitmaps' layout), ceil(n / 8) bytes."""
-    bitmap = bytearray((n + 7) // 8)
-    for i in senders:
-        if not 0 <= i < n:
-            raise ValueError(f"member {i} is not one of {n}")
-        bitmap[i // 8] |= 1 << (i % 8)
-    return bytes(bitmap)
+    """The acknowledgment of the frames of `senders` among n members, in the inclusion bitmaps'
+    layout (`wire.encode_bitmap`: ceil(n / 8) bytes, member i bit i % 8 of byte i // 8)."""
+    if any(not 0 <= i < n for i in senders):
+        raise ValueError(f"members {sorted(i for i in senders if not 0 <= i < n)} are not among {n}")
+    return wire.encode_bitmap([i in senders for i in range(n)])
 
 
 def read_ack(raw: bytes, n: int) -> frozenset[int] | None:
@@ -86,7 +84,7 @@ def read_ack(raw: bytes, n: int) -> frozenset[int] | None:
     past member n - 1."""
     if len(raw) != (n + 7) // 8 or (n % 8 and raw[-1] >> (n % 8)):
         return None
-    return frozenset(i for i in range(n) if raw[i // 8] >> (i % 8) & 1)
+    return frozenset(i for i, acknowledged in enumerate(wire.decode_bitmap(raw, n)) if acknowledged)
 
 
 def agreed(steps: ChainSteps, step: Step, threshold: int) -> frozenset[int]:

@@ -19,13 +19,7 @@ from node.learning.models import init_model
 from node.learning.train import ScatterLinearStep, opacus_steps, poisson_batches, train_local
 from node.protocol.blob import flatten
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def scatter_linear(seed: int = 1) -> torch.nn.Module:

@@ -17,13 +17,7 @@ TEST = load_dataset("digits", split="test")
 CHANCE = 0.1
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small models train ~10x faster on one thread than on two contended ones (measured)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def fresh(name="digits-cnn", seed=0):
