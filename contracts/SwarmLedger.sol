@@ -97,7 +97,7 @@ contract SwarmLedger {
         uint32 maxSamples; // cap on a commit's numSamples (the FedAvg weight); 0 = 2^32 - 1
         uint32 commitWindowSeconds; // seconds the commit window also lasts, by block.timestamp (>= 1)
         uint32 attestWindowSeconds; // seconds the attestation window also lasts, by block.timestamp (>= 1)
-        bool secureAggregation; // rounds are secure-aggregation rounds: postFrame and acknowledge taken, commits not deduplicated
+        bool secureAggregation; // rounds are secure-aggregation rounds: postFrame, acknowledge and complain taken, commits not deduplicated
     }
 
     /// @notice What a view returns about one round.
@@ -237,6 +237,9 @@ contract SwarmLedger {
     error AlreadyPosted(uint64 round, uint8 step, address peer);
     /// @notice This swarm was not deployed for secure aggregation (`Settings.secureAggregation`).
     error NotSecureAggregation();
+    /// @notice A COMPLAINT frame of `length` bytes: it must be 1 to `maxLength` bytes (the
+    /// largest COMPLAINT frame the protocol's messages allow).
+    error InvalidComplaint(uint64 round, uint256 length, uint256 maxLength);
 
     // ------------------------------------------------------------------ events
 
@@ -278,6 +281,10 @@ contract SwarmLedger {
     /// whose bits `fetched` sets (member i: byte i / 8, bit i % 8, as inclusion bitmaps), posted in
     /// that step's acknowledgment window of secure round `round`.
     event Acknowledged(uint64 indexed round, address indexed peer, uint8 step, bytes fetched);
+    /// @notice `peer` complained, in the complaint window of secure round `round`, against the
+    /// dealers its signed COMPLAINT `frame` names (each with the peer's private key of that pair:
+    /// anyone judges it against the dealer's bundle). The frame itself is the record.
+    event Complained(uint64 indexed round, address indexed peer, bytes frame);
 
     // ------------------------------------------------------------------ storage
 
@@ -307,8 +314,9 @@ contract SwarmLedger {
     /// @dev Round-table slots each registration creates.
     uint256 private constant SLOTS_PER_REGISTRATION = 2;
     uint256 private constant MASK74 = (1 << 74) - 1;
-    /// @dev Secure-aggregation steps (postFrame's 0, 1 and 3, the commit's 2) and the acknowledgments
-    /// of steps 0, 1 and 2 (acknowledge's step + 4 for a frame step s: bit s + 4 of a `_posted` slot).
+    /// @dev Secure-aggregation steps (postFrame's 0, 1 and 3, the commit's 2), the acknowledgments
+    /// of steps 0, 1 and 2 (acknowledge's step + 4 for a frame step s: bit s + 4 of a `_posted` slot)
+    /// and the complaints (complain: bit 7).
     uint8 private constant KEYS = 0;
     uint8 private constant DEALING = 1;
     uint8 private constant MASKED = 2;
@@ -316,8 +324,12 @@ contract SwarmLedger {
     uint8 private constant ACK_KEYS = 4;
     uint8 private constant ACK_DEALING = 5;
     uint8 private constant ACK_MASKED = 6;
+    uint8 private constant COMPLAINT = 7;
     /// @dev An acknowledgment's bitmap: 4,096 members at most (what a frame can address).
     uint256 private constant MAX_ACK_BYTES = 512;
+    /// @dev The largest COMPLAINT frame (mechanisms/secagg/messages.py `max_frame_bytes`): header,
+    /// session and sender, a count, 4,096 entries of a dealer and a 32-byte key, a signature.
+    uint256 private constant MAX_COMPLAINT_BYTES = 139375;
 
     Live private _live;
     mapping(address => Peer) private _peers;
@@ -767,9 +779,9 @@ contract SwarmLedger {
      * (`acknowledge`), so every member and any auditor see the same sets. Registered, not
      * removed, senders of a swarm deployed for secure aggregation only, once per (round, step)
      * (AlreadyPosted), each in its step's window (`_stepWindow`): KEYS (step 0) and DEALING
-     * (step 1) while the round is open, each followed by its acknowledgment window; MASKED as the
-     * sender's ordinary commit (after the DEALING acknowledgments, for members that follow the
-     * protocol); REVEAL (step 3) after the MASKED acknowledgments, once the round closed. The
+     * (step 1) while the round is open, each followed by its acknowledgment window, then the
+     * complaint window (`complain`); MASKED as the sender's ordinary commit (after the complaint
+     * window, for members that follow the protocol); REVEAL (step 3) after the MASKED acknowledgments, once the round closed. The
      * event is the record; the one slot written per member (`_posted`) only refuses a repeat.
      * @param round the current round
      * @param step 0 KEYS, 1 DEALING, 3 REVEAL
@@ -802,6 +814,27 @@ contract SwarmLedger {
     }
 
     /**
+     * @notice Complain, in the complaint window of secure round `round` (after the DEALING
+     * acknowledgments, before the MASKED commits of members that follow the protocol), against
+     * the dealers whose sealed shares for the sender do not open or do not match their
+     * commitments: `frame` is the sender's signed COMPLAINT frame, revealing per such dealer the
+     * sender's private key of that pair. The frame itself goes on chain, not a digest: a
+     * complainer that dies after complaining leaves a complaint everyone can judge, and the
+     * verifier reads it from the logs. Costs gas only in a round with a bad dealer. Once per
+     * round (AlreadyPosted), registered, not removed, senders of a swarm deployed for secure
+     * aggregation only.
+     * @param round the current round
+     * @param frame the COMPLAINT frame, 1 to 139,375 bytes (InvalidComplaint otherwise)
+     */
+    function complain(uint64 round, bytes calldata frame) external {
+        if (frame.length == 0 || frame.length > MAX_COMPLAINT_BYTES) {
+            revert InvalidComplaint(round, frame.length, MAX_COMPLAINT_BYTES);
+        }
+        _posting(round, COMPLAINT);
+        emit Complained(round, msg.sender, frame);
+    }
+
+    /**
      * @dev The window of secure-aggregation posting `step` (a frame step, or ACK_* for an
      * acknowledgment), in eighths of its phase's window: from the end of eighth `from` through
      * the end of eighth `through` of the commit window (`closed` false: the round is open) or
@@ -813,6 +846,7 @@ contract SwarmLedger {
         if (step == ACK_KEYS) return (false, 1, 2);
         if (step == DEALING) return (false, 2, 3);
         if (step == ACK_DEALING) return (false, 3, 4);
+        if (step == COMPLAINT) return (false, 4, 5);
         if (step == ACK_MASKED) return (true, 0, 2);
         return (true, 2, 4); // REVEAL
     }

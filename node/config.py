@@ -380,9 +380,9 @@ SECURE_WINDOW_MARGIN = 2
 
 def _check_secure_windows(c: Config) -> None:
     """Each step's window of a secure round (`node.protocol.secure_windows`: eighths of the commit
-    window for KEYS, DEALING and their acknowledgments, of the attestation window for the MASKED
-    acknowledgments and REVEAL, as the ledger divides them) longer than chain.confirmations +
-    SECURE_WINDOW_MARGIN blocks, or no member could act in it in time."""
+    window for KEYS, DEALING, their acknowledgments and the complaints, of the attestation window
+    for the MASKED acknowledgments and REVEAL, as the ledger divides them) longer than
+    chain.confirmations + SECURE_WINDOW_MARGIN blocks, or no member could act in it in time."""
     chain, least = c.chain, c.chain.confirmations + SECURE_WINDOW_MARGIN
     for step, window in WINDOWS.items():
         blocks = step_blocks(step, chain.commit_window, chain.attest_window)

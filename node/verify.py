@@ -728,8 +728,10 @@ def verify_secure_round(
     ledger: LedgerClient, round: int, archive: RangedBlobSource, *, bits: int, dim: int, counted_members: int
 ) -> SecureRoundCheck:
     """The members and each step's set from the chain (`node.chain.secure_steps`, as the members
-    read them), every frame fetched from `archive` and checked against its digest, then
-    `unmask.verify_round`, the function members unmask with. A frame the archive lacks or holds
+    read them), every frame fetched from `archive` and checked against its digest, the COMPLAINT
+    frames from the chain itself, then `unmask.verify_round`, the function members unmask with
+    (it settles the complaints with `complaints.settle`, as the members do: a dealer a complaint
+    holds against, and a false complainer, are named). A frame the archive lacks or holds
     other bytes for names its sender (left out of that step's set); a blob over its step's bound
     is never read whole. U1, U2 and U3 are the chain's (`secure_steps.agreed`, the members' code);
     an archive lacking a KEYS frame of U1 or a dealing bundle of U2 is a `failure` ("archive

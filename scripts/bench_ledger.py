@@ -33,6 +33,8 @@ from scripts.benchdoc import machine_line, table, write_section  # noqa: E402
 # A realistic canonical mechanism JSON (PNPM); commit gas grows ~25 gas per byte of it.
 MECHANISM = json.dumps({"name": "pnpm", "eps": 1.0, "c": 3.0, "target": "weights"}, separators=(",", ":")).encode()
 TARGETS = {"commit": 80_000, "attest": 60_000, "per_peer_round": 100_000}
+# COMPLAINT frames (mechanisms/secagg/messages.py): against one dealer, and the largest (4,096)
+COMPLAINT_ONE, COMPLAINT_MAX = 145, 139_375
 
 
 def digest(label: str) -> bytes:
@@ -159,7 +161,11 @@ def run_secure(anvil, n: int = 4) -> dict:
         posts["dealing"] = [p.post_frame(r, Step.DEALING, digest(f"d{r}-{i}"))["gasUsed"] for i, p in enumerate(peers)]
         into(Step.DEALING_ACK, opened)
         posts["ack"] += [p.acknowledge(r, Step.DEALING, everyone)["gasUsed"] for p in peers]
-        anvil.mine(max(0, opened + window // 2 + 1 - anvil.block_number()))
+        into(Step.COMPLAINT, opened)  # a round with a bad dealer only: outside the round's total
+        complaints = [peers[1].complain(r, b"\xa5" * COMPLAINT_ONE)["gasUsed"]]
+        if r == 2:
+            complaints.append(peers[2].complain(r, b"\xa5" * COMPLAINT_MAX)["gasUsed"])
+        anvil.mine(max(0, opened + window * WINDOWS[Step.COMPLAINT].through // 8 + 1 - anvil.block_number()))
         commits = [
             p.commit(r, digest(f"m{r}-{i}"), 1000 + i, 0, MECHANISM, r * 2_000_000)["gasUsed"]
             for i, p in enumerate(peers)
@@ -176,6 +182,8 @@ def run_secure(anvil, n: int = 4) -> dict:
         "acknowledge": max(posts["ack"]),
         "first_post": first_post,
         "commit": max(commits),
+        "complain_one": complaints[0],
+        "complain_max": complaints[1],
         "secure_per_peer_round": (sum(sum(g) for g in posts.values()) + sum(commits) + sum(attests)) / n,
         "close_after_all": peers[0].gas_used["closeRound"],
     }
@@ -270,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
             f"refuses a repeat (its first posting ever creates the slot: {secure['first_post']:,} gas); its "
             f"commit skips the duplicate-digest table ({secure['commit']:,} gas at most). A round of "
             f"{secure['n']} members costs {secure_total:,.0f} gas per member, closeRound included (the MASKED "
-            "frame's digest is the ordinary commit).",
+            "frame's digest is the ordinary commit). Only in a round with a bad dealer, a holder it sealed bad "
+            f"shares to posts its COMPLAINT frame itself with `complain`: {secure['complain_one']:,} gas against "
+            f"one dealer ({COMPLAINT_ONE} bytes), {secure['complain_max']:,} for the largest frame "
+            f"({COMPLAINT_MAX:,} bytes, 4,096 dealers).",
             "",
             "A commit whose first bucket of the round table is full reads the next one, about 2,540 gas more "
             'each (docs/LEDGER.md "Gas"); the columns show the digests of this run.',

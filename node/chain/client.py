@@ -326,6 +326,18 @@ class LedgerClient:
         unchecked: `node.chain.secure_steps.chain_steps` reads them)."""
         return self._logs("FramePosted", from_block, to_block, {"round": round})
 
+    def complain(self, round: int, frame: bytes) -> TxReceipt:
+        """Post this account's COMPLAINT frame for secure `round`, on chain itself (the complaint
+        window decides whether the chain takes it: `node.chain.secure_steps`)."""
+        return self._transact("complain", round, bytes(frame))
+
+    def complaints(self, round: int, from_block: int, to_block: int, *, max_frame: int) -> list[dict[str, Any]]:
+        """The Complained events of `round` in from_block..to_block, in chain order (decoded,
+        unchecked), less those whose frame is over `max_frame` bytes, which the contract never
+        emits: their size is checked before they are decoded."""
+        events = self._logs("Complained", from_block, to_block, {"round": round}, max_bytes=max_frame)
+        return [e for e in events if len(e["args"]["frame"]) <= max_frame]
+
     def close_round(self, round: int) -> TxReceipt:
         """Close the round (anyone) once its window has passed with quorum. Most tries are refused
         (every member tries again after each commit it sees, node/peer/watch.py): the refusal
@@ -706,9 +718,19 @@ class LedgerClient:
             for e in self._logs("AllowlistChanged", start, end, None)
         ]
 
-    def _logs(self, event: str, from_block: int, to_block: int, filters: dict[str, Any] | None) -> list[dict[str, Any]]:
+    def _logs(
+        self,
+        event: str,
+        from_block: int,
+        to_block: int,
+        filters: dict[str, Any] | None,
+        *,
+        max_bytes: int | None = None,
+    ) -> list[dict[str, Any]]:
         """`event`'s logs in from_block..to_block whose indexed arguments equal `filters`, in chain
-        order: raw and decoded by `node.chain.codec` where there is a raw reader, else by web3."""
+        order: raw and decoded by `node.chain.codec` where there is a raw reader, else by web3.
+        `max_bytes`: a raw log whose data is longer than one `bytes` argument of that many bytes
+        ABI-encodes to is dropped before it is decoded (the caller checks what web3 decoded)."""
         raw = self._raw_rpc()
         found: list[dict[str, Any]] = []
         for start in range(from_block, to_block + 1, LOG_CHUNK_BLOCKS):
@@ -716,6 +738,8 @@ class LedgerClient:
             if raw is not None:
                 query = self._events.query(event, self.address, start, end, filters)
                 answer = self._read(partial(self._raw_call, raw, "eth_getLogs", [query]), f"get_logs {event}")
+                if max_bytes is not None and isinstance(answer, list):
+                    answer = [log for log in answer if not _over(log, max_bytes)]
                 found += self._events.decode(event, answer)
                 continue
             getter = getattr(self.contract.events, event).get_logs
@@ -778,6 +802,13 @@ class LedgerClient:
             }
             for reg in registrations
         ]
+
+
+def _over(log: Any, max_bytes: int) -> bool:
+    """Whether a raw log's data is longer than one ABI-encoded `bytes` of `max_bytes` (its offset,
+    its length, its bytes padded to 32), in hex."""
+    data = log.get("data") if isinstance(log, dict) else None
+    return isinstance(data, str) and len(data) > 2 + 2 * (64 + -(-max_bytes // 32) * 32)
 
 
 def _params_json(p: SwarmParams) -> dict[str, Any]:

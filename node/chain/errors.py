@@ -114,5 +114,8 @@ class StepWindowClosed(ContractRefusal):
 
 AlreadyPosted = _refusal("AlreadyPosted", "{peer} already posted for step {step} of round {round}")
 NotSecureAggregation = _refusal("NotSecureAggregation", "this swarm was not deployed for secure aggregation")
+InvalidComplaint = _refusal(
+    "InvalidComplaint", "round {round}: a COMPLAINT frame of {length} bytes (it must be 1 to {maxLength})"
+)
 
 REFUSALS: dict[str, type[ContractRefusal]] = {cls.__name__: cls for cls in ContractRefusal.__subclasses__()}

@@ -9,9 +9,16 @@ from p2p.store import DiskBlobStore
 
 # the secure member's (node/peer/secure.py), named here so that checking a --fault imports nothing heavy:
 # a share of the lowest dealer's secret moved by one in this member's REVEAL, a MASKED frame one
-# coordinate short, each signed by the member itself, or a MASKED frame committed and then never
-# served (nor anything after it)
-SECURE_FAULTS = ("secagg-wrong-share", "secagg-bad-masked", "secagg-withhold-masked")
+# coordinate short, each signed by the member itself, a MASKED frame committed and then never
+# served (nor anything after it), garbage sealed to floor(n/3) holders and the REVEAL withheld
+# (the dealer masks anyway, against the U2 it dealt to), or a complaint against an honest dealer
+SECURE_FAULTS = (
+    "secagg-wrong-share",
+    "secagg-bad-masked",
+    "secagg-withhold-masked",
+    "secagg-bad-seal",
+    "secagg-false-complaint",
+)
 FAULTS = ("wrong-bytes", "withhold", "scale:K", *SECURE_FAULTS)
 STORE_FAULTS = ("wrong-bytes", "withhold")  # served through a `FaultyStore`
 

@@ -17,8 +17,12 @@ and checked against its digest before anything parses it, and goes on with
   dealing bundle (the DEALING frame and every holder's SEALED frame: `messages.dealing_bundle`).
 - DEALING window passed: the bundles fetched, the sound ones acknowledged; that window passed:
   U2 the same way, what of it is lacking fetched from its acknowledgers; open the shares sealed
-  for this member; the MASKED frame, committed (`commit`, the caller's: it records the privacy
-  spend) then announced.
+  for this member, and complain on chain (`complain`, in the complaint window) against the dealers
+  whose shares do not open or match.
+- Complaint window passed: the chain's complaints settled (`complaints.settle`, what `swarm
+  verify` runs too) on the bundles of U2: a dealer a complaint holds against leaves U2, a false
+  complainer is named; the MASKED frame against that U2, committed (`commit`, the caller's: it
+  records the privacy spend) then announced.
 - Round closed: the committed MASKED frames fetched, and the ones that open acknowledged.
 - MASKED acknowledgment window passed: U3, the same way; the REVEAL frame for exactly that U3,
   posted at once; then a frame of U3 this member lacks, fetched from the members that
@@ -50,6 +54,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mechanisms.secagg import messages as m
 from mechanisms.secagg import round as sr
+from mechanisms.secagg.complaints import complain, settle
 from mechanisms.secagg.masks import Ints
 from mechanisms.secagg.shamir import PRIME
 from mechanisms.secagg.unmask import RoundResult, survivors, unmask_round
@@ -203,22 +208,50 @@ class SecureMember:
 
     async def _deal(self, p: _Round) -> None:
         """R1: our dealing bundle; then, once the DEALING window passed, the bundles we hold
-        acknowledged, and once that window passed, U2 (fetching what of it we lack) and our shares."""
+        acknowledged, and once that window passed, U2 (fetching what of it we lack) and our shares,
+        complaining against the dealers whose shares do not open or match; once the complaint
+        window passed, U2 as the chain's complaints leave it (`complaints.settle`, as verify)."""
         try:
             dealing, sealed = sr.deal(p.state, p.setup, p.keys)
         except sr.RoundFailed as exc:
             raise _SitOut(f"R1: {exc}") from None
+        if self.s.fault == "secagg-bad-seal":
+            sealed = _bad_seals(p.setup, p.state.index, sealed, self.key)
         await self._publish(p.r, Step.DEALING, m.dealing_bundle(dealing, sealed))
         at = await self._until_settled(*_window_end(Step.DEALING, p.params, p.info))
         held = await self._fetch_step(p, Step.DEALING, at)
         sound, _ = sr.dealt_set(p.setup, p.keys, m.split_bundles(held)[0])
-        commit_ends = p.info.opened_at + p.params.commit_window_seconds
-        bundles = await self._agreed_frames(p, Step.DEALING, held, set(sound), commit_ends)
+        complaint_ends = _window_end(Step.COMPLAINT, p.params, p.info)[1]
+        bundles = await self._agreed_frames(p, Step.DEALING, held, set(sound), complaint_ends)
         dealings, dealt_sealed, faults = m.split_bundles(bundles)
         p.dealt, dealing_faults = sr.dealt_set(p.setup, p.keys, dealings)
-        p.out.faults |= faults | dealing_faults | sr.receive(p.state, p.setup, p.keys, p.dealt, dealt_sealed)
+        sealed_badly = sr.receive(p.state, p.setup, p.keys, p.dealt, dealt_sealed)
+        p.out.faults |= faults | dealing_faults | sealed_badly
+        await self._complain(p, sorted(sealed_badly))
+        at = await self._until_settled(*_window_end(Step.COMPLAINT, p.params, p.info))
+        complaints = (await self.call(chain_steps, self.ledger, p.r, p.members, at=at)).complaints
+        settled, named = settle(p.setup, p.keys, p.dealt, complaints, dealt_sealed)
+        p.out.faults |= named
+        if self.s.fault != "secagg-bad-seal":  # that dealer masks against the U2 it dealt to, as if none held
+            p.dealt = settled
         if p.state.index not in p.dealt:
             raise _SitOut("R2: our dealing is not in U2")
+
+    async def _complain(self, p: _Round, against: list[int]) -> None:
+        """Our COMPLAINT against the dealers of U2 whose shares for us did not open or match, on
+        chain in the complaint window (none if there are none); a refusal only logs: the others
+        settle without it, and we lack those dealers' shares either way."""
+        frame = None
+        if against:
+            frame = complain(p.state, p.setup, against)
+        if self.s.fault == "secagg-false-complaint":
+            frame = _false_complaint(p.setup, p.state, against, self.key)
+        if frame is None:
+            return
+        try:
+            await self.call(self.ledger.complain, p.r, frame)
+        except Exception as exc:
+            log.warning("round %d: complaint against members %s refused, going on: %s", p.r, against, exc)
 
     async def _agreed_frames(
         self, p: _Round, step: Step, held: dict[int, bytes], sound: set[int], fetch_ends: int
@@ -273,7 +306,7 @@ class SecureMember:
         # the frames must come before the ACK window ends: what is not here by then is not acknowledged
         fetched = await self._fetch_step(p, Step.MASKED, at)
         p.vectors, faults = survivors(p.setup, p.dealt, fetched)
-        p.out.faults |= faults
+        _name(p.out.faults, faults)
         if p.state.index not in p.vectors:  # never for a member that follows the protocol: say what it saw
             log.warning(
                 "round %d: our own MASKED frame is not among the %d we acknowledge (fetched %s at block %d: %s)",
@@ -297,6 +330,8 @@ class SecureMember:
         at = await self._until_settled(*_window_end(Step.MASKED_ACK, p.params, p.info, p.closed))
         steps = await self.call(chain_steps, self.ledger, p.r, p.members, at=at)
         u3 = agreed(steps, Step.MASKED, p.setup.threshold) & set(p.dealt)
+        if self.s.fault == "secagg-bad-seal":
+            raise _SitOut("R3: withholding our REVEAL (testing fault)")
         try:
             reveal = sr.reveal(p.state, p.setup, p.dealt, u3)
         except sr.RevealRefused as exc:
@@ -313,7 +348,7 @@ class SecureMember:
             got = (await self._fetch(p.r, Step.MASKED, p.members, digests, holders, timeout=timeout)).got
             vectors, faults = survivors(p.setup, p.dealt, got)
             p.vectors |= vectors
-            p.out.faults |= faults
+            _name(p.out.faults, faults)
         at = await self._until_settled(*reveal_end)
         posted = (await self.call(chain_steps, self.ledger, p.r, p.members, at=at)).digests[Step.REVEAL]
         reveals = (await self._fetch(p.r, Step.REVEAL, p.members, posted, {})).got
@@ -426,6 +461,13 @@ class SecureMember:
         return _Fetched(got, set(digests) - set(got))
 
 
+def _name(faults: dict[int, str], more: Mapping[int, str]) -> None:
+    """Add `more` to the members named so far, a member's later fault after its earlier one (a
+    dealer a complaint convicted that masked anyway is named for both)."""
+    for member, reason in more.items():
+        faults[member] = f"{faults[member]}; {reason}" if member in faults else reason
+
+
 def _window_end(step: Step, params: SwarmParams, info: RoundInfo, closed: tuple[int, int] = (0, 0)) -> tuple[int, int]:
     """The last block and the end (chain time) of `step`'s window in round `info` (a step of the
     closed round: from `closed`, its closing block and time)."""
@@ -438,6 +480,32 @@ def _short_masked(setup: sr.RoundSetup, me: int, frame: bytes, key: Ed25519Priva
     """`--fault secagg-bad-masked`: our MASKED frame one coordinate short, signed by us."""
     y = m.read_masked(m.open_frame(frame, m.Kind.MASKED, setup.session, setup.signing), setup.bits, setup.dim)
     return m.masked_message(setup.session, me, y[:-1], setup.bits, key)
+
+
+def _bad_seals(setup: sr.RoundSetup, me: int, sealed: dict[int, bytes], key: Ed25519PrivateKey) -> dict[int, bytes]:
+    """`--fault secagg-bad-seal`: garbage sealed to floor(n/3) holders, the lowest indices other
+    than ours (their ciphertext's first byte flipped, signed by us: it opens, and does not decrypt)."""
+    victims = [h for h in sorted(sealed) if h != me][: len(setup.signing) // 3]
+    bad = dict(sealed)
+    for h in victims:
+        frame = m.open_frame(sealed[h], m.Kind.SEALED, setup.session, setup.signing)
+        payload = bytearray(frame.payload)
+        payload[2 + m.NONCE_BYTES] ^= 0xFF  # past the holder's index and the nonce: the ciphertext
+        bad[h] = m.seal_frame(m.Kind.SEALED, setup.session, me, bytes(payload), key)
+    return bad
+
+
+def _false_complaint(
+    setup: sr.RoundSetup, state: sr.MemberState, against: list[int], key: Ed25519PrivateKey
+) -> bytes | None:
+    """`--fault secagg-false-complaint`: our COMPLAINT against `against` and also against every
+    other dealer whose shares for us opened and matched (their pair keys revealed): whichever of
+    them `settle` judges first names us."""
+    honest = [d for d in state.held if d != state.index]
+    if not honest:
+        return None
+    revealed = {d: state.pair_keys[d] for d in [*against, *honest]}
+    return m.complaint_message(setup.session, state.index, revealed, key)
 
 
 def _forged_reveal(setup: sr.RoundSetup, me: int, frame: bytes, key: Ed25519PrivateKey) -> bytes:

@@ -14,8 +14,9 @@ from typing import NamedTuple
 
 
 class Step(enum.IntEnum):
-    """The contract's step numbers: frames (`postFrame`; MASKED is the commit, never posted) and
-    acknowledgments (`acknowledge(round, s, bitmap)` for frame step s, recorded as s + 4)."""
+    """The contract's step numbers: frames (`postFrame`; MASKED is the commit, never posted),
+    acknowledgments (`acknowledge(round, s, bitmap)` for frame step s, recorded as s + 4) and the
+    complaints (`complain(round, frame)`: the frame itself on chain)."""
 
     KEYS = 0
     DEALING = 1
@@ -24,6 +25,7 @@ class Step(enum.IntEnum):
     KEYS_ACK = 4
     DEALING_ACK = 5
     MASKED_ACK = 6
+    COMPLAINT = 7
 
 
 ACKNOWLEDGED = {Step.KEYS: Step.KEYS_ACK, Step.DEALING: Step.DEALING_ACK, Step.MASKED: Step.MASKED_ACK}
@@ -49,13 +51,15 @@ class Window(NamedTuple):
         )
 
 
-# the MASKED commit takes the rest of the commit window (from eighth 4 on, for members that follow
-# the protocol), and the attestations the rest of the attestation window
+# the MASKED commit takes the rest of the commit window (from eighth 5 on, for members that follow
+# the protocol: they mask against U2 as the complaints left it), and the attestations the rest of
+# the attestation window
 WINDOWS: dict[Step, Window] = {
     Step.KEYS: Window(False, 0, 1),
     Step.KEYS_ACK: Window(False, 1, 2),
     Step.DEALING: Window(False, 2, 3),
     Step.DEALING_ACK: Window(False, 3, 4),
+    Step.COMPLAINT: Window(False, 4, 5),
     Step.MASKED_ACK: Window(True, 0, 2),
     Step.REVEAL: Window(True, 2, 4),
 }

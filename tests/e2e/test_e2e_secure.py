@@ -20,8 +20,8 @@ from node.chain.client import LedgerClient, connect
 pytestmark = pytest.mark.slow
 
 DEMO = Path(__file__).resolve().parents[2] / "examples" / "secure-demo.toml"
-# 2 rounds of 64 s commit windows (KEYS, its acknowledgments, DEALING and its acknowledgments 8 s each:
-# the commits begin at 32 s) and 30 s attestation windows
+# 2 rounds of 64 s commit windows (KEYS, its acknowledgments, DEALING, its acknowledgments and the
+# complaints 8 s each: the commits begin at 40 s) and 30 s attestation windows
 SMALLER = [
     "swarm.rounds=2",
     "data.limit=5000",

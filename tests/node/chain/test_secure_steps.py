@@ -3,7 +3,8 @@ back from the chain (node.chain.secure_steps), the members' Ed25519 keys bound b
 registrations (less the disallowed), and `verify_secure_round` recomputing the sum from the
 chain's digests and an archive of frames, with a third of the members gone at any step, naming a
 member whose share or frame does not fit, reading no blob past its step's bound, and reporting a
-round it cannot check. A member (`SecureMember.play`, in-process: the blobs move between stores,
+round it cannot check; `complain` in its window with the frame on chain, and verify settling the
+chain's complaints as the members do. A member (`SecureMember.play`, in-process: the blobs move between stores,
 the chain is real) sits the round out, never raising, when it lacks a KEYS or DEALING blob the
 chain names, when its round cannot be set up, and when a chain read fails; it reveals before it
 fetches a MASKED frame of U3 it lacks (from its acknowledgers), and reveals when its own
@@ -22,6 +23,7 @@ from eth_account import Account
 
 from mechanisms.secagg import messages as m
 from mechanisms.secagg import round as r
+from mechanisms.secagg.complaints import complain, settle
 from mechanisms.secagg.masks import session_id
 from mechanisms.secagg.member import sum_residues
 from mechanisms.secagg.shamir import PRIME
@@ -30,6 +32,7 @@ from node.chain.client import LedgerClient
 from node.chain.errors import (
     AlreadyPosted,
     DuplicateDigest,
+    InvalidComplaint,
     InvalidStep,
     MalformedBitmap,
     NotRegistered,
@@ -43,6 +46,7 @@ from node.chain.secure_steps import (
     ack_bitmap,
     agreed,
     chain_steps,
+    first_complaints,
     read_ack,
     round_members,
     round_session,
@@ -142,11 +146,16 @@ class SecureRound:
         served: dict[int, set[int]] | None = None,
         served_step: Step = Step.MASKED,
         commit_order=None,
+        seal_hook=None,
+        false_complainer: int | None = None,
     ) -> None:
         """drop_before["keys" | "keys_ack" | "deal" | "deal_ack" | "mask" | "ack" | "reveal"]: the
         members that send nothing from that step on; served[s]: the only members that got member
         s's frame of `served_step` (it served nobody else); commit_order(i, digest): commits
-        member i's MASKED digest (default: i commits it)."""
+        member i's MASKED digest (default: i commits it); seal_hook(i, sealed): the SEALED frames
+        dealer i puts in its bundle; `false_complainer` complains against dealer 0 besides its
+        true complaints. Holders complain on chain against the dealers whose shares fail, and
+        everyone masks against U2 as `settle` leaves it (`self.complaint_faults`)."""
         steps = ("keys", "keys_ack", "deal", "deal_ack", "mask", "ack", "reveal")
         drops = {step: set() for step in steps} | (drop_before or {})
 
@@ -167,15 +176,26 @@ class SecureRound:
         gone |= drops["deal"]
         for i in set(keys) - gone:
             dealing, sealed = r.deal(states[i], setup, keys)
-            self.post(i, Step.DEALING, m.dealing_bundle(dealing, sealed))
+            self.post(i, Step.DEALING, m.dealing_bundle(dealing, seal_hook(i, sealed) if seal_hook else sealed))
         self.pass_step(Step.DEALING)
         posted = chain_steps(reader, 1, self.members).digests[Step.DEALING]
         gone |= drops["deal_ack"]
         self.u2 = self.acknowledge(Step.DEALING, set(posted), set(range(self.n)) - gone, only(Step.DEALING))
         bundles = {i: m.split_bundle(self.store.get(posted[i].hex()), i) for i in self.u2}
         dealt, _ = r.dealt_set(setup, keys, {i: dealing for i, (dealing, _) in bundles.items()})
-        for i in set(keys) - gone:
-            assert r.receive(states[i], setup, keys, dealt, {d: sealed for d, (_, sealed) in bundles.items()}) == {}
+        sealed_by = {d: sealed for d, (_, sealed) in bundles.items()}
+        for i in sorted(set(keys) - gone):
+            bad = r.receive(states[i], setup, keys, dealt, sealed_by)
+            if i == false_complainer:
+                revealed = {d: states[i].pair_keys[d] for d in {*bad, 0}}
+                self.swarm.peers[i].complain(
+                    1, m.complaint_message(setup.session, i, revealed, signing_key(self.kit, i))
+                )
+            elif bad:
+                self.swarm.peers[i].complain(1, complain(states[i], setup, bad))
+        self.pass_step(Step.COMPLAINT)
+        complaints = chain_steps(reader, 1, self.members).complaints
+        dealt, self.complaint_faults = settle(setup, keys, dealt, complaints, sealed_by)
         gone |= drops["mask"]
         for i in sorted(set(dealt) - gone):
             masked = r.masked_vector(states[i], setup, keys, dealt, self.inputs[i])
@@ -431,11 +451,71 @@ def test_each_posting_is_taken_only_in_its_steps_window(automine_chain, kit):
         outsider.post_frame(1, Step.REVEAL, kit.digest("late"))
 
 
+MAX_COMPLAINT = m.max_frame_bytes(m.Kind.COMPLAINT)
+
+
+def test_a_complaint_is_taken_on_chain_itself_only_in_its_window(automine_chain, kit):
+    """`complain(round, frame)`: the COMPLAINT frame itself in the event, between the DEALING
+    acknowledgments and the commits; refused before its window and after it, repeated, empty or
+    over the largest COMPLAINT frame, or from an address that is not registered. The reader keeps
+    the first frame of each member of the round: a complaint from an address registered after the
+    KEYS window (no member of the round) is ignored."""
+    swarm = kit.Swarm(automine_chain, 4, **WINDOWS)
+    swarm.register(2)
+    game = SecureRound.__new__(SecureRound)  # its window arithmetic only
+    game.swarm = swarm
+    member, other, late = swarm.peers[0], swarm.peers[1], swarm.peers[2]
+    with pytest.raises(NotRegistered):
+        late.complain(1, b"complaint")
+    for step in (Step.KEYS, Step.KEYS_ACK, Step.DEALING):
+        game.pass_step(step)
+        with pytest.raises(StepWindowClosed, match="step 7's window has not begun"):
+            member.complain(1, b"early")
+    kit.register_signed(late, kit.identity(2))  # registered after the KEYS window: no member of round 1
+    game.pass_step(Step.DEALING_ACK)
+    with pytest.raises(InvalidComplaint, match=f"{MAX_COMPLAINT + 1} bytes .* 1 to {MAX_COMPLAINT}"):
+        member.complain(1, b"\xa5" * (MAX_COMPLAINT + 1))
+    with pytest.raises(InvalidComplaint, match="of 0 bytes"):
+        member.complain(1, b"")
+    largest = bytes(range(256)) * (MAX_COMPLAINT // 256) + b"\x07" * (MAX_COMPLAINT % 256)
+    member.complain(1, largest)  # at the bound
+    with pytest.raises(AlreadyPosted):
+        member.complain(1, b"again")
+    late.complain(1, b"not a member's")
+    game.pass_step(Step.COMPLAINT)
+    with pytest.raises(StepWindowClosed, match="step 7's window is over"):
+        other.complain(1, b"late")
+    events = swarm.reader.complaints(1, 0, swarm.reader.block_number(), max_frame=MAX_COMPLAINT)
+    assert [(e["args"]["peer"], e["args"]["frame"]) for e in events] == [
+        (member.account.address, largest),
+        (late.account.address, b"not a member's"),
+    ]
+    members = round_members(swarm.reader, 1)
+    assert len(members.addresses) == 2 and chain_steps(swarm.reader, 1, members).complaints == {0: largest}
+    # a log over the bound (no ledger emits one: a lying endpoint) is dropped before it is decoded
+    assert swarm.reader.complaints(1, 0, swarm.reader.block_number(), max_frame=MAX_COMPLAINT - 1) == events[1:]
+
+
+def test_the_complaint_reader_keeps_the_first_frame_of_each_member():
+    key = Ed25519PrivateKey.generate().public_key()
+    addresses = tuple(Account.create().address for _ in range(3))
+    members = RoundMembers(addresses[:2], (b"", b""), {0: key, 1: key})
+
+    def event(address: str, frame: bytes) -> dict:
+        return {"args": {"peer": address, "frame": frame}}
+
+    events = [event(addresses[1], b"first"), event(addresses[2], b"outsider"), event(addresses[1], b"second")]
+    events += [event(addresses[0], b"x" * 11), event(addresses[0], b"within")]
+    assert first_complaints(events, members, bound=10) == {1: b"first", 0: b"within"}
+
+
 def test_only_a_swarm_deployed_for_secure_aggregation_takes_postings(automine_chain, kit):
     swarm = kit.Swarm(automine_chain, 2, **(WINDOWS | {"secure_aggregation": False}))
     swarm.register(2)
     with pytest.raises(NotSecureAggregation):
         swarm.peers[0].post_frame(1, Step.KEYS, kit.digest("k"))
+    with pytest.raises(NotSecureAggregation):
+        swarm.peers[0].complain(1, b"complaint")
     swarm.peers[0].commit(1, kit.digest("u"), 10, 1_000_000, kit.MECHANISM)
     with pytest.raises(DuplicateDigest):  # outside secure aggregation a copied update is still refused
         swarm.peers[1].commit(1, kit.digest("u"), 10, 1_000_000, kit.MECHANISM)
@@ -476,6 +556,40 @@ def test_members_leave_out_the_addresses_disallowed_by_the_end_of_the_keys_windo
     swarm.deployer.disallow(addresses[4])  # after the KEYS window: still a member of round 1
     assert round_members(swarm.reader, 1).addresses == (addresses[0], addresses[2], addresses[3], addresses[4])
     assert swarm.reader.registered_count() == 3  # what closeRound counts now (1 and 4 out)
+
+
+def bad_seals(dealer: int, holders: set[int], setup: r.RoundSetup, kit):
+    """A seal_hook: `dealer`'s SEALED frames for `holders`, their ciphertext altered, re-signed."""
+
+    def hook(i: int, sealed: dict[int, bytes]) -> dict[int, bytes]:
+        if i != dealer:
+            return sealed
+        bad = dict(sealed)
+        for h in holders:
+            payload = bytearray(m.open_frame(sealed[h], m.Kind.SEALED, setup.session, setup.signing).payload)
+            payload[2 + m.NONCE_BYTES] ^= 0xFF
+            bad[h] = m.seal_frame(m.Kind.SEALED, setup.session, dealer, bytes(payload), signing_key(kit, dealer))
+        return bad
+
+    return hook
+
+
+def test_verify_settles_the_complaints_on_chain_as_the_members_do(automine_chain, kit):
+    """Dealer 5 of six seals garbage to holders 0 and 1 and withholds its REVEAL; member 4 also
+    complains against honest dealer 0. The complaints on chain drop dealer 5 from U2 for every
+    member, and `verify_secure_round` recomputes the sum of the five others from the chain's
+    complaints and the archive's bundles, naming dealer 5 and complainer 4 as the members did."""
+    game = SecureRound(kit, automine_chain, 6)  # t = 4
+    game.play(seal_hook=bad_seals(5, {0, 1}, game.setup, kit), false_complainer=4, drop_before={"reveal": {5}})
+    assert set(game.steps.complaints) == {0, 1, 4} and game.alive == {0, 1, 2, 3, 4}
+    assert "the complaint of member 0 holds" in game.complaint_faults[5]
+    assert "complained against member 0" in game.complaint_faults[4]
+    check = game.verify()
+    assert check.failure is None, check.failure
+    np.testing.assert_array_equal(check.total, game.plain_sum())
+    addresses = game.members.addresses
+    assert check.faults == {addresses[i]: game.complaint_faults[i] for i in (4, 5)}
+    assert check.dropped == ()
 
 
 def test_verify_reads_no_archive_blob_past_its_steps_bound(automine_chain, kit):
@@ -581,6 +695,7 @@ async def others_open(game: SecureRound, me: int, mine, until, *, withhold=None,
     await off(game.pass_step, Step.DEALING)
     bundles = {i: m.split_bundle(raw, i) for i, raw in (await acknowledged(Step.DEALING)).items()}
     dealt, _ = r.dealt_set(setup, keys, {i: dealing for i, (dealing, _) in bundles.items()})
+    await off(game.pass_step, Step.COMPLAINT)  # nobody complains: every dealer here is honest
     return states, keys, dealt, bundles
 
 

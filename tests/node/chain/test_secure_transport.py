@@ -3,10 +3,13 @@ Anvil that builds a block every second (node.peer.secure): every frame published
 blobs, every digest posted in its step's window. One member posting its KEYS digest and dying
 before it served the frame: out of U1 for everyone, the round goes on without it. One member
 committing its MASKED digest and then serving nobody the frame (nor doing anything after), one
-revealing a wrong share, one sending a malformed masked vector. The acknowledgments on chain
-leave the withheld frame out of U3 for everyone; every other member gets the sum of the
-survivors' inputs and names the two faulty members; `swarm verify`'s check agrees from the
-members' stores alone."""
+dealer sealing garbage to two holders and withholding its REVEAL (it masks and commits anyway),
+one complaining against honest dealers. The acknowledgments on chain leave the withheld frame out
+of U3 for everyone, the complaints on chain the bad dealer out of U2; every other member gets the
+sum of the survivors' inputs and names the bad dealer and the false complainer; `swarm verify`'s
+check agrees from the members' stores and the chain alone. (A wrong share is named over the chain
+in test_secure_steps.py: with two members revealing nothing here, t = 4 revealers are all there
+are, and one wrong share would leave its dealer's secret short.)"""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from p2p.store import MemoryBlobStore
 
 pytestmark = pytest.mark.anyio
 N, BITS, DIM = 6, 32, 300  # t = 4
-WITHHOLDER, WRONG_SHARE, BAD_MASKED = 5, 1, 2
+WITHHOLDER, BAD_SEAL, FALSE_COMPLAINER = 5, 2, 3
 
 
 @pytest.fixture
@@ -151,27 +154,37 @@ async def test_a_secure_round_over_libp2p_and_the_chain(testnet_chain, kit):
     windows = dict(
         min_peers=N - 1, commit_window=192, commit_window_seconds=192, attest_window=120, attest_window_seconds=120
     )
-    faults = {WRONG_SHARE: "secagg-wrong-share", BAD_MASKED: "secagg-bad-masked", WITHHOLDER: "secagg-withhold-masked"}
+    faults = {
+        BAD_SEAL: "secagg-bad-seal",
+        FALSE_COMPLAINER: "secagg-false-complaint",
+        WITHHOLDER: "secagg-withhold-masked",
+    }
     swarm, outcomes, stores, inputs = await play_over_libp2p(testnet_chain, kit, N, faults, windows)
     members = round_members(swarm.reader, 1)
     index = {i: members.index_of(swarm.accounts[i].address) for i in range(N)}  # registrations raced
-    survivors = [i for i in range(N) if i not in (WITHHOLDER, BAD_MASKED)]
+    survivors = [i for i in range(N) if i not in (WITHHOLDER, BAD_SEAL)]
     expected = sum_residues([inputs[i] for i in survivors], BITS)
-    assert "withholding" in (outcomes[WITHHOLDER].sat_out or "")
-    masked = chain_steps(swarm.reader, 1, members).digests[Step.MASKED]
+    assert "withholding our MASKED" in (outcomes[WITHHOLDER].sat_out or "")
+    assert "withholding our REVEAL" in (outcomes[BAD_SEAL].sat_out or "")
+    steps = chain_steps(swarm.reader, 1, members)
+    masked = steps.digests[Step.MASKED]
     assert index[WITHHOLDER] in masked and not any(s.has(masked[index[WITHHOLDER]].hex()) for s in stores)
-    for i in range(N - 1):
+    assert index[BAD_SEAL] in masked and index[BAD_SEAL] not in agreed(steps, Step.MASKED, 4)  # masked anyway
+    assert index[BAD_SEAL] not in steps.complaints and index[FALSE_COMPLAINER] in steps.complaints
+    for i in survivors:
         out = outcomes[i]
         assert out.result is not None, (i, out.sat_out)
         np.testing.assert_array_equal(out.result.total, expected)
         assert out.result.survivors == tuple(sorted(index[j] for j in survivors))
-        assert "does not match its commitment" in out.faults[index[WRONG_SHARE]]
-        assert "wrong size" in out.faults[index[BAD_MASKED]]
+        assert "do not decrypt" in out.faults[index[BAD_SEAL]] and "holds" in out.faults[index[BAD_SEAL]]
+        assert "complained against member" in out.faults[index[FALSE_COMPLAINER]]
 
     check = verify_secure_round(swarm.reader, 1, ArchiveStores(stores), bits=BITS, dim=DIM, counted_members=1)
     assert check.failure is None, check.failure
     np.testing.assert_array_equal(check.total, expected)
-    bad = (swarm.accounts[WRONG_SHARE].address, swarm.accounts[BAD_MASKED].address)
-    withholder = swarm.accounts[WITHHOLDER].address  # committed, served nobody its frame: in no U3
-    assert set(check.faults) == set(bad)
-    assert set(check.dropped) == {bad[1], withholder}  # their mask keys rebuilt, their vectors left out
+    named = {swarm.accounts[i].address: i for i in (BAD_SEAL, FALSE_COMPLAINER)}
+    assert set(check.faults) == set(named)
+    assert "holds" in check.faults[swarm.accounts[BAD_SEAL].address]  # out of U2: no secret of it needed
+    assert "complained against member" in check.faults[swarm.accounts[FALSE_COMPLAINER].address]
+    # the withholder committed and served nobody its frame: in no U3, its mask key rebuilt
+    assert set(check.dropped) == {swarm.accounts[WITHHOLDER].address}
