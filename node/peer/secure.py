@@ -83,6 +83,9 @@ from p2p import peer_id_from_bytes
 log = logging.getLogger("swarm.peer")
 
 
+# this member's residues, awaited when it masks (the caller computes them meanwhile)
+Residues = Callable[[], Awaitable[Ints]]
+
 # a block's (number, timestamp): the chain's latest, or the one `chain.confirmations` below it
 # that the ledger client reads at (`secure_steps.settled_block` takes the lower of the two)
 Head = Callable[[], tuple[int, int]]
@@ -154,9 +157,10 @@ class SecureMember:
         self.call, self.head = call, head
         self.address = ledger.account.address
 
-    async def play(self, r: int, residues: Ints, commit: Callable[[bytes], Awaitable[None]]) -> SecureOutcome:
-        """Round r with this member's `residues` (mod 2^bits); `commit(digest)` commits the
-        MASKED frame's digest on chain."""
+    async def play(self, r: int, residues: Residues, commit: Callable[[bytes], Awaitable[None]]) -> SecureOutcome:
+        """Round r with this member's residues (mod 2^bits), awaited only when it masks: the
+        caller trains while the KEYS and DEALING steps run, so their windows need not cover the
+        training; `commit(digest)` commits the MASKED frame's digest on chain."""
         out = SecureOutcome()
         step = "R0"
         try:
@@ -164,7 +168,7 @@ class SecureMember:
             step = "R1"
             await self._deal(played)
             step = "R2"
-            await self._mask(played, residues, commit)
+            await self._mask(played, await residues(), commit)
             step = "R3"
             await self._reveal_and_unmask(played)
         except _SitOut as exc:
@@ -396,11 +400,14 @@ class SecureMember:
 
     async def _until_closed(self, r: int) -> tuple[tuple[int, int], int]:
         """Until round r is closed (its MASKED set final) at the block the client reads at: its
-        closing block and timestamp, and that block."""
+        closing block and timestamp, and that block. A view that shows the round closed in a
+        block after `at` was answered from a later state than asked for (Anvil answers a call at
+        its head from the block it is mining): the sets read at `at` still show the round open,
+        with no MASKED digest in them, so it is read again once the client reads at the close."""
         while True:
             at = await self.call(self.ledger.block_number)
             info = await self.call(self.ledger.round_info, r, block=at)
-            if info.state is not RoundState.OPEN:
+            if info.state is not RoundState.OPEN and info.closed_block <= at:
                 return (info.closed_block, info.closed_at), at
             await trio.sleep(self.s.poll)
 

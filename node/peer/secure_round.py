@@ -4,7 +4,8 @@
 - While the round is open: the member's residues from its own records at the global model (the
   clipped gradient sum, stochastic rounding and its share of discrete Gaussian noise, mod 2^bits:
   `MemberRecords.clipped_sum` and `mechanisms.secagg.member.encode`, what `swarm simulate` runs,
-  the draws from a fresh secret generator), then `SecureMember.play`, which commits the MASKED
+  the draws from a fresh secret generator), computed while `SecureMember.play` runs the KEYS and
+  DEALING steps (their windows need not cover the training), which then commits the MASKED
   frame's digest through `commit` below: the ordinary commit, with the spend of the policy.
 - Once the REVEAL window has passed: the sum of U3 (the survivors). The next model is
   `node.protocol.secure_step.next_global` of it (the genesis' step, with momentum), over the
@@ -26,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import trio
@@ -48,7 +49,7 @@ from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.faults import SECURE_FAULTS
 from node.peer.ports import HostPort, StorePort
 from node.peer.round_outcome import Phase, RoundOutcome, gas_used, mined_in
-from node.peer.secure import SecureMember, SecureOutcome, SecureSettings
+from node.peer.secure import Residues, SecureMember, SecureOutcome, SecureSettings
 from node.peer.spending import BudgetExhausted
 from node.protocol import wire
 from node.protocol.blob import BlobError, sha256, unflatten
@@ -111,7 +112,24 @@ def open_member(
 class RoundMember(Protocol):
     """What plays a round of the protocol: `SecureMember` (a scripted one in the unit tests)."""
 
-    async def play(self, r: int, residues: Ints, commit: Callable[[bytes], Awaitable[None]]) -> SecureOutcome: ...
+    async def play(self, r: int, residues: Residues, commit: Callable[[bytes], Awaitable[None]]) -> SecureOutcome: ...
+
+
+class _Residues:
+    """The member's residues once its training has computed them: what `SecureMember.play`
+    awaits when it masks, the KEYS and DEALING steps having run meanwhile."""
+
+    def __init__(self) -> None:
+        self._ready = trio.Event()
+        self._value: Ints | None = None
+
+    def set(self, value: Ints) -> None:
+        self._value = value
+        self._ready.set()
+
+    async def wait(self) -> Ints:
+        await self._ready.wait()
+        return cast(Ints, self._value)  # set before the event
 
 
 @dataclass(frozen=True)
@@ -184,11 +202,15 @@ class SecureRounds:
             log.warning("round %d: %s", r, exc)
             await p.watcher.closed(r)
             return None
-        p._set(Phase.TRAINING)
-        started = trio.current_time()
-        residues = await p._off_loop(PROCESS_COMPUTE.timed(self._residues), global_vector)
-        out.train_seconds = trio.current_time() - started
-        p._set(Phase.COMMITTING)  # the protocol's keys and dealings, then the commit of the MASKED frame
+        p._set(Phase.TRAINING)  # the protocol's keys and dealings meanwhile, then the commit of the MASKED frame
+        residues = _Residues()
+
+        async def train() -> None:
+            started = trio.current_time()
+            residues.set(await p._off_loop(PROCESS_COMPUTE.timed(self._residues), global_vector))
+            out.train_seconds = trio.current_time() - started
+            p._set(Phase.COMMITTING)
+
         mech_json = wire.canonical(p.s.mechanism).encode()
 
         async def commit(digest: bytes) -> None:
@@ -207,7 +229,8 @@ class SecureRounds:
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(p.watcher.closed, r)  # nudges closeRound when it is due
-            outcome = await self.member.play(r, residues, commit)
+            nursery.start_soon(train)  # a failure ends the round as it did before the protocol began
+            outcome = await self.member.play(r, residues.wait, commit)
             if outcome.result is None:  # said now: the round may take its whole window to close
                 log.warning("round %d: no sum for this member (%s): no vote this round", r, outcome.sat_out)
         if not out.committed:

@@ -72,6 +72,11 @@ WINDOWS = dict(
 )
 
 
+async def given(residues):
+    """A member's residues, ready at once (what `SecureMember.play` awaits when it masks)."""
+    return residues
+
+
 class Store:
     """A blob store holding frames by their sha256 (what a peer's store serves)."""
 
@@ -734,7 +739,7 @@ def play_member(game: SecureRound, me: int, *, counted_members=1, withhold=None,
                         )
                     )
                 try:
-                    return await member.play(1, game.inputs[me], commit)
+                    return await member.play(1, functools.partial(given, game.inputs[me]), commit)
                 finally:
                     done.set()
 
@@ -860,7 +865,7 @@ def play_through_reveal(game: SecureRound, me: int, *, withheld: int | None = No
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(others_play)
                 try:
-                    return await member.play(1, game.inputs[me], commit)
+                    return await member.play(1, functools.partial(given, game.inputs[me]), commit)
                 finally:
                     done.set()
 

@@ -25,7 +25,7 @@ from node.learning.clipped_sum import MemberRecords
 from node.learning.models import init_model
 from node.peer.peer import Peer
 from node.peer.secure import SecureOutcome
-from node.peer.secure_round import Membership, member_residues, model_from_sum
+from node.peer.secure_round import Membership, SecureRounds, member_residues, model_from_sum
 from node.protocol import wire
 from node.protocol.blob import flatten, sha256, unflatten
 from node.protocol.secure_step import GlobalStep, next_global
@@ -94,15 +94,18 @@ class ScriptedMember:
     def __init__(self, ledger: FakeLedger, *, fails: bool) -> None:
         self.ledger, self.fails = ledger, fails
         self.residues: dict[int, np.ndarray] = {}
+        self.order: list[str] = []  # "play" when the protocol begins, "masks" when it has the residues
 
     async def play(self, r, residues, commit) -> SecureOutcome:
-        self.residues[r] = residues
+        self.order.append("play")
+        self.residues[r] = await residues()
+        self.order.append("masks")
         await commit(hashlib.sha256(b"masked frame of round %d" % r).digest())
         while self.ledger.round_info(r).state is RoundState.OPEN:
             await trio.sleep(0.25)
         if self.fails:
             return SecureOutcome(sat_out="unmask: RoundFailed: a secret has fewer than t good shares")
-        return SecureOutcome(result=RoundResult(residues, (0,), (), {}))
+        return SecureOutcome(result=RoundResult(self.residues[r], (0,), (), {}))
 
 
 def one_member_swarm(fails: bool) -> tuple[Peer, ScriptedMember, SecAggPolicy]:
@@ -141,6 +144,28 @@ def test_the_peer_attests_the_model_stepped_from_the_sum():
     run_virtual(main)
 
 
+def test_the_protocol_begins_while_the_member_trains(monkeypatch):
+    """The KEYS and DEALING steps need no residues: the protocol begins first and awaits them only
+    when it masks, so the windows of those steps need not cover the training."""
+    trained = SecureRounds._residues
+
+    def residues(self, global_vector):
+        order.append("trained")
+        return trained(self, global_vector)
+
+    monkeypatch.setattr(SecureRounds, "_residues", residues)
+
+    order: list[str] = []
+
+    async def main():
+        peer, member, _ = one_member_swarm(fails=False)
+        member.order = order
+        await peer.run()
+
+    run_virtual(main)
+    assert order == ["play", "trained", "masks"] * 2
+
+
 def test_a_round_without_a_sum_gets_no_vote_and_the_peer_goes_on():
     async def main():
         peer, member, _ = one_member_swarm(fails=True)
@@ -167,7 +192,7 @@ class SharedScript:
 
         class One:
             async def play(self, r, residues, commit) -> SecureOutcome:
-                script.residues.setdefault(r, {})[i] = residues
+                script.residues.setdefault(r, {})[i] = await residues()
                 await commit(hashlib.sha256(b"masked frame of member %d round %d" % (i, r)).digest())
                 while script.ledger.round_info(r).state is RoundState.OPEN or len(script.residues[r]) < 3:
                     await trio.sleep(0.25)
