@@ -327,9 +327,12 @@ contract SwarmLedger {
     uint8 private constant COMPLAINT = 7;
     /// @dev An acknowledgment's bitmap: 4,096 members at most (what a frame can address).
     uint256 private constant MAX_ACK_BYTES = 512;
-    /// @dev The largest COMPLAINT frame (mechanisms/secagg/messages.py `max_frame_bytes`): header,
-    /// session and sender, a count, 4,096 entries of a dealer and a 32-byte key, a signature.
-    uint256 private constant MAX_COMPLAINT_BYTES = 139375;
+    /// @dev A COMPLAINT frame (mechanisms/secagg/messages.py `max_complaint_bytes`): header, session
+    /// and sender, a count and a signature (111 bytes), then an entry of a dealer and a 32-byte key
+    /// (34 bytes) per dealer it names, at most one per member and 4,096 (what a frame can address).
+    uint256 private constant COMPLAINT_FIXED_BYTES = 111;
+    uint256 private constant COMPLAINT_ENTRY_BYTES = 34;
+    uint256 private constant MAX_COMPLAINT_ENTRIES = 4096;
 
     Live private _live;
     mapping(address => Peer) private _peers;
@@ -824,12 +827,14 @@ contract SwarmLedger {
      * round (AlreadyPosted), registered, not removed, senders of a swarm deployed for secure
      * aggregation only.
      * @param round the current round
-     * @param frame the COMPLAINT frame, 1 to 139,375 bytes (InvalidComplaint otherwise)
+     * @param frame the COMPLAINT frame, 1 to 111 + 34 * min(registrations ever made, 4,096) bytes
+     * (a round has no more members than that; InvalidComplaint otherwise)
      */
     function complain(uint64 round, bytes calldata frame) external {
-        if (frame.length == 0 || frame.length > MAX_COMPLAINT_BYTES) {
-            revert InvalidComplaint(round, frame.length, MAX_COMPLAINT_BYTES);
-        }
+        uint256 registrations = _counts.tableSlots / SLOTS_PER_REGISTRATION; // removals do not lower it
+        if (registrations > MAX_COMPLAINT_ENTRIES) registrations = MAX_COMPLAINT_ENTRIES;
+        uint256 maxLength = COMPLAINT_FIXED_BYTES + COMPLAINT_ENTRY_BYTES * registrations;
+        if (frame.length == 0 || frame.length > maxLength) revert InvalidComplaint(round, frame.length, maxLength);
         _posting(round, COMPLAINT);
         emit Complained(round, msg.sender, frame);
     }

@@ -58,6 +58,7 @@ from node.chain.secure_steps import (
     RoundMembers,
     Step,
     agreed,
+    chain_complaints,
     chain_steps,
     fetch_archive,
     round_members,
@@ -744,10 +745,17 @@ def verify_secure_round(
         members = round_members(ledger, round)
         session = round_session(ledger, round)
         setup = round_setup(session, members, bits, dim, counted_members=counted_members)
-        steps = chain_steps(ledger, round, members)
+        at = ledger.block_number()
+        steps = chain_steps(ledger, round, members, at=at)
+        complaints = chain_complaints(ledger, round, members, at=at)
         sets = {step: agreed(steps, step, setup.threshold) for step in (Step.KEYS, Step.DEALING, Step.MASKED)}
         fetched = fetch_archive(
-            steps, lambda digest, bound: read_within(archive, digest.hex(), bound), bits=bits, dim=dim, agreed=sets
+            steps,
+            complaints,
+            lambda digest, bound: read_within(archive, digest.hex(), bound),
+            bits=bits,
+            dim=dim,
+            agreed=sets,
         )
     except Exception as exc:
         return SecureRoundCheck(round, None, (), (), {}, _why(exc))

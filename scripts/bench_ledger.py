@@ -33,8 +33,6 @@ from scripts.benchdoc import machine_line, table, write_section  # noqa: E402
 # A realistic canonical mechanism JSON (PNPM); commit gas grows ~25 gas per byte of it.
 MECHANISM = json.dumps({"name": "pnpm", "eps": 1.0, "c": 3.0, "target": "weights"}, separators=(",", ":")).encode()
 TARGETS = {"commit": 80_000, "attest": 60_000, "per_peer_round": 100_000}
-# COMPLAINT frames (mechanisms/secagg/messages.py): against one dealer, and the largest (4,096)
-COMPLAINT_ONE, COMPLAINT_MAX = 145, 139_375
 
 
 def digest(label: str) -> bytes:
@@ -116,6 +114,7 @@ def run_secure(anvil, n: int = 4) -> dict:
     seconds are 1 and the blocks are mined past each step."""
     from eth_account import Account
 
+    from mechanisms.secagg.messages import max_complaint_bytes
     from node.chain.client import LedgerClient, connect
     from node.protocol.secure_windows import WINDOWS, Step
     from node.protocol.wire import encode_bitmap
@@ -162,9 +161,10 @@ def run_secure(anvil, n: int = 4) -> dict:
         into(Step.DEALING_ACK, opened)
         posts["ack"] += [p.acknowledge(r, Step.DEALING, everyone)["gasUsed"] for p in peers]
         into(Step.COMPLAINT, opened)  # a round with a bad dealer only: outside the round's total
-        complaints = [peers[1].complain(r, b"\xa5" * COMPLAINT_ONE)["gasUsed"]]
+        # COMPLAINT frames: against one dealer, and the largest the contract takes from n registrations
+        complaints = [peers[1].complain(r, b"\xa5" * max_complaint_bytes(1))["gasUsed"]]
         if r == 2:
-            complaints.append(peers[2].complain(r, b"\xa5" * COMPLAINT_MAX)["gasUsed"])
+            complaints.append(peers[2].complain(r, b"\xa5" * max_complaint_bytes(n))["gasUsed"])
         anvil.mine(max(0, opened + window * WINDOWS[Step.COMPLAINT].through // 8 + 1 - anvil.block_number()))
         commits = [
             p.commit(r, digest(f"m{r}-{i}"), 1000 + i, 0, MECHANISM, r * 2_000_000)["gasUsed"]
@@ -184,6 +184,8 @@ def run_secure(anvil, n: int = 4) -> dict:
         "commit": max(commits),
         "complain_one": complaints[0],
         "complain_max": complaints[1],
+        "complaint_one_bytes": max_complaint_bytes(1),
+        "complaint_max_bytes": max_complaint_bytes(n),
         "secure_per_peer_round": (sum(sum(g) for g in posts.values()) + sum(commits) + sum(attests)) / n,
         "close_after_all": peers[0].gas_used["closeRound"],
     }
@@ -280,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{secure['n']} members costs {secure_total:,.0f} gas per member, closeRound included (the MASKED "
             "frame's digest is the ordinary commit). Only in a round with a bad dealer, a holder it sealed bad "
             f"shares to posts its COMPLAINT frame itself with `complain`: {secure['complain_one']:,} gas against "
-            f"one dealer ({COMPLAINT_ONE} bytes), {secure['complain_max']:,} for the largest frame "
-            f"({COMPLAINT_MAX:,} bytes, 4,096 dealers).",
+            f"one dealer ({secure['complaint_one_bytes']} bytes), {secure['complain_max']:,} for the largest frame "
+            f"the swarm takes ({secure['complaint_max_bytes']} bytes: 111 + 34 per registration ever made, "
+            f"{secure['n']} here; at most 139,375 bytes, 4,096 dealers).",
             "",
             "A commit whose first bucket of the round table is full reads the next one, about 2,540 gas more "
             'each (docs/LEDGER.md "Gas"); the columns show the digests of this run.',

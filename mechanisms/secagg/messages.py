@@ -112,6 +112,12 @@ def max_frame_bytes(kind: Kind) -> int:
     return HEADER.size + _max_body(kind) + SIGNATURE_BYTES
 
 
+def max_complaint_bytes(members: int) -> int:
+    """The largest COMPLAINT frame among `members` (one entry per dealer, at most MAX_MEMBERS):
+    the bound the contract's `complain` takes, for the registrations ever made."""
+    return HEADER.size + _HEAD + 2 + min(members, MAX_MEMBERS) * _COMPLAINED + SIGNATURE_BYTES
+
+
 @dataclass(frozen=True)
 class Frame:
     kind: Kind

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict
 from functools import lru_cache, partial
 from importlib import resources
@@ -331,12 +331,22 @@ class LedgerClient:
         window decides whether the chain takes it: `node.chain.secure_steps`)."""
         return self._transact("complain", round, bytes(frame))
 
-    def complaints(self, round: int, from_block: int, to_block: int, *, max_frame: int) -> list[dict[str, Any]]:
-        """The Complained events of `round` in from_block..to_block, in chain order (decoded,
-        unchecked), less those whose frame is over `max_frame` bytes, which the contract never
-        emits: their size is checked before they are decoded."""
-        events = self._logs("Complained", from_block, to_block, {"round": round}, max_bytes=max_frame)
-        return [e for e in events if len(e["args"]["frame"]) <= max_frame]
+    def complaints(
+        self, round: int, from_block: int, to_block: int, *, senders: Collection[str], max_frame: int
+    ) -> list[dict[str, Any]]:
+        """The Complained events of `round` in from_block..to_block from `senders`, in chain order
+        (decoded, unchecked), less those whose frame is over `max_frame` bytes, which the contract
+        never emits. Both are checked on the raw log, before it is decoded: the indexed sender
+        against `senders` (anyone registered may complain, its frame up to the contract's bound), the data's size."""
+        topics = {_address_topic(sender) for sender in senders}
+
+        def wanted(log: Any) -> bool:
+            return _topic(log, 2) in topics and not _over(log, max_frame)
+
+        events = self._logs("Complained", from_block, to_block, {"round": round}, keep=wanted)
+        return [
+            e for e in events if _address_topic(e["args"]["peer"]) in topics and len(e["args"]["frame"]) <= max_frame
+        ]
 
     def close_round(self, round: int) -> TxReceipt:
         """Close the round (anyone) once its window has passed with quorum. Most tries are refused
@@ -725,12 +735,12 @@ class LedgerClient:
         to_block: int,
         filters: dict[str, Any] | None,
         *,
-        max_bytes: int | None = None,
+        keep: Callable[[Any], bool] | None = None,
     ) -> list[dict[str, Any]]:
         """`event`'s logs in from_block..to_block whose indexed arguments equal `filters`, in chain
         order: raw and decoded by `node.chain.codec` where there is a raw reader, else by web3.
-        `max_bytes`: a raw log whose data is longer than one `bytes` argument of that many bytes
-        ABI-encodes to is dropped before it is decoded (the caller checks what web3 decoded)."""
+        `keep`: a raw log it refuses is dropped before it is decoded (the caller checks what web3
+        decoded)."""
         raw = self._raw_rpc()
         found: list[dict[str, Any]] = []
         for start in range(from_block, to_block + 1, LOG_CHUNK_BLOCKS):
@@ -738,8 +748,8 @@ class LedgerClient:
             if raw is not None:
                 query = self._events.query(event, self.address, start, end, filters)
                 answer = self._read(partial(self._raw_call, raw, "eth_getLogs", [query]), f"get_logs {event}")
-                if max_bytes is not None and isinstance(answer, list):
-                    answer = [log for log in answer if not _over(log, max_bytes)]
+                if keep is not None and isinstance(answer, list):
+                    answer = [log for log in answer if keep(log)]
                 found += self._events.decode(event, answer)
                 continue
             getter = getattr(self.contract.events, event).get_logs
@@ -802,6 +812,19 @@ class LedgerClient:
             }
             for reg in registrations
         ]
+
+
+def _address_topic(address: str) -> str:
+    """An indexed address as a log's topic holds it: 32 bytes, zero-padded on the left, lower-case hex."""
+    return "0x" + "00" * 12 + address.lower().removeprefix("0x")
+
+
+def _topic(log: Any, position: int) -> str | None:
+    """A raw log's topic at `position`, lower-case, or None if it has none there."""
+    topics = log.get("topics") if isinstance(log, dict) else None
+    if not isinstance(topics, list) or len(topics) <= position or not isinstance(topics[position], str):
+        return None
+    return topics[position].lower()
 
 
 def _over(log: Any, max_bytes: int) -> bool:

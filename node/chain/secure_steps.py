@@ -15,7 +15,8 @@ the digests. The same functions for a member and for `swarm verify`, so they see
   MASKED frames it holds, on chain itself). U1, U2 and U3 are the senders at least t members
   acknowledged (`agreed`): a function of the chain alone, so no sender that serves its frame to
   some members only, and no acknowledger, can give two members two sets. The COMPLAINT frames
-  (`complain`, Complained events) are on chain themselves: `complaints.settle` judges them on
+  (`complain`, Complained events) are on chain themselves, read apart (`chain_complaints`, once
+  the complaint window passed: only where they are judged): `complaints.settle` judges them on
   the dealers' bundles, for members and verify alike.
 - Every set is read at one pinned block (`chain_steps(at=...)`), `chain.confirmations` below the
   head (`settled_block`), at which the step's window has passed: every member acts on the same sets,
@@ -67,7 +68,6 @@ class ChainSteps:
     repeated: Mapping[int, str] = field(default_factory=dict)  # member -> what of its postings was ignored
     # per acknowledged step (KEYS, DEALING, MASKED): acknowledger -> the senders whose frames it holds
     acks: Mapping[Step, Mapping[int, frozenset[int]]] = field(default_factory=dict)
-    complaints: Mapping[int, bytes] = field(default_factory=dict)  # complainer -> its COMPLAINT frame
 
     def holders(self, step: Step, sender: int) -> list[int]:
         """The members that acknowledged holding `sender`'s frame of `step`."""
@@ -200,8 +200,8 @@ def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers, *, at: 
     """Each step's digests and the acknowledgments as the chain holds them at block `at` (default:
     the block the client reads at; a step whose window is still open there may gain more).
     Postings by addresses that are not members of the round are ignored; so is an acknowledgment
-    that is not a bitmap over the round's members (its sender is named). The complaints: the first
-    COMPLAINT frame of each member (`first_complaints`), up to block `at`."""
+    that is not a bitmap over the round's members (its sender is named). The complaints are read
+    apart (`chain_complaints`)."""
     at = ledger.block_number() if at is None else at
     info = ledger.round_info(round, block=at)
     to_block = min(info.ended_block or at, at)
@@ -231,15 +231,25 @@ def chain_steps(ledger: LedgerClient, round: int, members: RoundMembers, *, at: 
             named[index] = f"its {Step(step).name} acknowledgment is not a bitmap over the round's members (ignored)"
         else:
             acks[Step(step)][index] = senders
-    bound = m.max_frame_bytes(m.Kind.COMPLAINT)
-    complained = ledger.complaints(round, info.opened_block, to_block, max_frame=bound)
-    complaints = first_complaints(complained, members, bound)
     if info.closed_block:
         for commitment in ledger.commitments(round):
             index = members.index_of(commitment.peer)
             if index is not None:
                 digests[Step.MASKED][index] = commitment.digest
-    return ChainSteps(digests, named, acks, complaints)
+    return ChainSteps(digests, named, acks)
+
+
+def chain_complaints(ledger: LedgerClient, round: int, members: RoundMembers, *, at: int) -> dict[int, bytes]:
+    """Complainer -> its COMPLAINT frame as the chain holds them at block `at` (past the complaint
+    window: the member's settle step and verify read them, nothing else): the first frame of each
+    member (`first_complaints`). A Complained log of an address that is no member of the round is
+    dropped by its indexed sender before it is decoded, one over the largest COMPLAINT frame by its
+    size (`LedgerClient.complaints`)."""
+    info = ledger.round_info(round, block=at)
+    to_block = min(info.ended_block or at, at)
+    bound = m.max_frame_bytes(m.Kind.COMPLAINT)
+    complained = ledger.complaints(round, info.opened_block, to_block, senders=members.addresses, max_frame=bound)
+    return first_complaints(complained, members, bound)
 
 
 def first_complaints(events: list[dict[str, Any]], members: RoundMembers, bound: int) -> dict[int, bytes]:
@@ -284,12 +294,18 @@ class FetchedArchive(NamedTuple):
 
 
 def fetch_archive(
-    steps: ChainSteps, fetch: Fetch, *, bits: int, dim: int, agreed: Mapping[Step, frozenset[int]]
+    steps: ChainSteps,
+    complaints: Mapping[int, bytes],
+    fetch: Fetch,
+    *,
+    bits: int,
+    dim: int,
+    agreed: Mapping[Step, frozenset[int]],
 ) -> FetchedArchive:
     """The round's archive: every blob of the round's sets (`agreed`: U1, U2 and U3, see `agreed`),
     every REVEAL frame and every other committer's MASKED frame, each fetched and checked against
     its digest, each dealing bundle whole (`RoundArchive.dealings`, checked to split), and the
-    COMPLAINT frames the chain holds itself (`ChainSteps.complaints`). A
+    COMPLAINT frames the chain holds itself (`complaints`, from `chain_complaints`). A
     KEYS or DEALING posting outside U1 or U2 is no part of the round (fewer than t members held
     it): not fetched. A member whose blob could not be had is named (and left out of that step's
     set); a MASKED blob only of a member of U3: that of another committer was held by fewer than
@@ -320,7 +336,7 @@ def fetch_archive(
                 frames[step][member] = raw
         unfetched[step] = frozenset(lacking)
     archive = RoundArchive(
-        frames[Step.KEYS], frames[Step.DEALING], frames[Step.MASKED], frames[Step.REVEAL], dict(steps.complaints)
+        frames[Step.KEYS], frames[Step.DEALING], frames[Step.MASKED], frames[Step.REVEAL], dict(complaints)
     )
     named = {i: f"no blob matching its {', '.join(s)} digest on chain" for i, s in missing.items()}
     for i, why in unsplit.items():

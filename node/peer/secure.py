@@ -65,6 +65,7 @@ from node.chain.secure_steps import (
     RoundMembers,
     ack_bitmap,
     agreed,
+    chain_complaints,
     chain_steps,
     checked_blob,
     disallowed_at,
@@ -233,7 +234,7 @@ class SecureMember:
         p.out.faults |= faults | dealing_faults | sealed_badly
         await self._complain(p, sorted(sealed_badly))
         at = await self._until_settled(*_window_end(Step.COMPLAINT, p.params, p.info))
-        complaints = (await self.call(chain_steps, self.ledger, p.r, p.members, at=at)).complaints
+        complaints = await self.call(chain_complaints, self.ledger, p.r, p.members, at=at)
         settled, named = settle(p.setup, p.keys, p.dealt, complaints, dealt_sealed)
         p.out.faults |= named
         if self.s.fault != "secagg-bad-seal":  # that dealer masks against the U2 it dealt to, as if none held

@@ -1,17 +1,19 @@
-"""A secure-aggregation round's steps on a real Anvil: postFrame's windows, each step's set read
-back from the chain (node.chain.secure_steps), the members' Ed25519 keys bound by their
-registrations (less the disallowed), and `verify_secure_round` recomputing the sum from the
-chain's digests and an archive of frames, with a third of the members gone at any step, naming a
-member whose share or frame does not fit, reading no blob past its step's bound, and reporting a
-round it cannot check; `complain` in its window with the frame on chain, and verify settling the
-chain's complaints as the members do. A member (`SecureMember.play`, in-process: the blobs move between stores,
-the chain is real) sits the round out, never raising, when it lacks a KEYS or DEALING blob the
-chain names, when its round cannot be set up, and when a chain read fails; it reveals before it
-fetches a MASKED frame of U3 it lacks (from its acknowledgers), and reveals when its own
-acknowledgment was refused."""
+"""A secure-aggregation round's steps on a real Anvil: postFrame's windows, each step's set read back from
+the chain (node.chain.secure_steps), the members' Ed25519 keys bound by their registrations (less the
+disallowed), and `verify_secure_round` recomputing the sum from the chain's digests and an archive of
+frames, with a third of the members gone at any step, naming a member whose share or frame does not fit,
+reading no blob past its step's bound, and reporting a round it cannot check; the contract's step
+windows probed against `secure_windows.WINDOWS`; `complain` in its window with the frame on chain,
+bounded by the registrations made, a non-member's frame never decoded, and verify settling the chain's
+complaints as the members do. A member (`SecureMember.play`, in-process: the blobs move between stores,
+the chain is real) sits the round out, never raising, when it lacks a KEYS or DEALING blob the chain
+names, when its round cannot be set up, and when a chain read fails; it reveals before it fetches a
+MASKED frame of U3 it lacks (from its acknowledgers), and reveals when its own acknowledgment was
+refused."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 
@@ -45,6 +47,7 @@ from node.chain.secure_steps import (
     RoundMembers,
     ack_bitmap,
     agreed,
+    chain_complaints,
     chain_steps,
     first_complaints,
     read_ack,
@@ -105,6 +108,24 @@ def signing_key(kit, i: int) -> Ed25519PrivateKey:
     return Ed25519PrivateKey.from_private_bytes(kit.identity(i).to_bytes())
 
 
+@contextlib.contextmanager
+def decoded_complaints(reader: LedgerClient):
+    """The senders of the Complained logs `reader` decodes meanwhile (its codec, watched)."""
+    senders: list[str] = []
+    decode = reader._events.decode
+
+    def watched(name, logs):
+        events = decode(name, logs)
+        senders.extend(e["args"]["peer"] for e in events if name == "Complained")
+        return events
+
+    reader._events.decode = watched
+    try:
+        yield senders
+    finally:
+        del reader._events.decode
+
+
 class SecureRound:
     """n registered members playing round 1 through the ledger, each step's digest on chain."""
 
@@ -153,14 +174,17 @@ class SecureRound:
         commit_order=None,
         seal_hook=None,
         false_complainer: int | None = None,
+        outsider_complaint: bool = False,
     ) -> None:
         """drop_before["keys" | "keys_ack" | "deal" | "deal_ack" | "mask" | "ack" | "reveal"]: the
         members that send nothing from that step on; served[s]: the only members that got member
         s's frame of `served_step` (it served nobody else); commit_order(i, digest): commits
         member i's MASKED digest (default: i commits it); seal_hook(i, sealed): the SEALED frames
         dealer i puts in its bundle; `false_complainer` complains against dealer 0 besides its
-        true complaints. Holders complain on chain against the dealers whose shares fail, and
-        everyone masks against U2 as `settle` leaves it (`self.complaint_faults`)."""
+        true complaints; `outsider_complaint`: the spare account registers after the KEYS window
+        (no member of the round) and complains with a frame at the contract's bound. Holders
+        complain on chain against the dealers whose shares fail, and everyone masks against U2
+        as `settle` leaves it (`self.complaints`, `self.complaint_faults`)."""
         steps = ("keys", "keys_ack", "deal", "deal_ack", "mask", "ack", "reveal")
         drops = {step: set() for step in steps} | (drop_before or {})
 
@@ -198,9 +222,13 @@ class SecureRound:
                 )
             elif bad:
                 self.swarm.peers[i].complain(1, complain(states[i], setup, bad))
+        if outsider_complaint:
+            outsider = self.swarm.peers[self.n]
+            self.kit.register_signed(outsider, self.kit.identity(self.n))
+            outsider.complain(1, b"\x5a" * m.max_complaint_bytes(self.n + 1))
         self.pass_step(Step.COMPLAINT)
-        complaints = chain_steps(reader, 1, self.members).complaints
-        dealt, self.complaint_faults = settle(setup, keys, dealt, complaints, sealed_by)
+        self.complaints = chain_complaints(reader, 1, self.members, at=reader.block_number())
+        dealt, self.complaint_faults = settle(setup, keys, dealt, self.complaints, sealed_by)
         gone |= drops["mask"]
         for i in sorted(set(dealt) - gone):
             masked = r.masked_vector(states[i], setup, keys, dealt, self.inputs[i])
@@ -456,15 +484,79 @@ def test_each_posting_is_taken_only_in_its_steps_window(automine_chain, kit):
         outsider.post_frame(1, Step.REVEAL, kit.digest("late"))
 
 
-MAX_COMPLAINT = m.max_frame_bytes(m.Kind.COMPLAINT)
+def test_the_contracts_step_windows_are_secure_windows(automine_chain, kit):
+    """`SwarmLedger._stepWindow` against `secure_windows.WINDOWS`, probed: every step's posting
+    tried in the last block of each eighth of both phases and in the block after it (each try
+    taken back), taken exactly where WINDOWS puts the step. Eighths of 8 blocks; the phases'
+    seconds passed at once, so the blocks decide (the seconds are cut by the same eighths)."""
+    eighth = 8
+    windows = WINDOWS | dict(min_peers=2, commit_window=8 * eighth, attest_window=8 * eighth)
+    swarm = kit.Swarm(automine_chain, 2, **(windows | dict(commit_window_seconds=8, attest_window_seconds=8)))
+    swarm.register(2)
+
+    def post(step: Step) -> None:
+        member = LedgerClient(swarm.w3, swarm.address, swarm.accounts[0], tx_timeout=30)  # its nonce afresh
+        if step in (Step.KEYS, Step.DEALING, Step.REVEAL):
+            member.post_frame(1, step, kit.digest(step.name))
+        elif step is Step.COMPLAINT:
+            member.complain(1, b"complaint")
+        else:
+            member.acknowledge(1, step - 4, b"\x03")
+
+    def taken(since: int, offsets: list[int]) -> dict[tuple[Step, int], bool]:
+        """(step, offset) -> whether the chain takes the posting in block since + offset."""
+        seen = {}
+        for offset in offsets:
+            swarm.mine_to(since + offset)
+            for step in STEP_WINDOWS:
+                snapshot = swarm.anvil.rpc("evm_snapshot", [])
+                latest = swarm.w3.eth.get_block("latest")["timestamp"]  # the try's block: the seconds passed
+                swarm.anvil.rpc("evm_setNextBlockTimestamp", [latest + 100])
+                try:
+                    post(step)
+                    seen[step, offset] = True
+                except (StepWindowClosed, RoundNotOpen):
+                    seen[step, offset] = False
+                swarm.anvil.rpc("evm_revert", [snapshot])
+        return seen
+
+    def expected(closed: bool, offsets: list[int]) -> dict[tuple[Step, int], bool]:
+        return {
+            (step, k): w.closed == closed and eighth * w.start < k <= eighth * w.through
+            for step, w in STEP_WINDOWS.items()
+            for k in offsets
+        }
+
+    info = swarm.reader.round_info(1)
+    offsets = [
+        k for e in range(9) for k in (eighth * e, eighth * e + 1) if k > swarm.anvil.block_number() - info.opened_block
+    ]
+    assert len(offsets) >= 16 and taken(info.opened_block, offsets) == expected(False, offsets)
+    swarm.commit_all(1, 2)
+    swarm.mine_to(info.opened_block + 8 * eighth + 1)
+    swarm.peers[0].close_round(1)
+    closed = swarm.reader.round_info(1).closed_block
+    offsets = [k for e in range(9) for k in (eighth * e, eighth * e + 1) if k > 0]
+    assert taken(closed, offsets) == expected(True, offsets)
+
+
+def test_a_complaint_frames_bound_is_its_layout_for_the_registrations_made():
+    """`max_complaint_bytes(n)`: the frame naming n dealers, the size `complaint_message` writes,
+    up to what a frame can address (`max_frame_bytes`): the contract's bound, 111 + 34 n."""
+    key = Ed25519PrivateKey.generate()
+    for n in (0, 1, 2, 5, 37, 1000):
+        revealed = {d: bytes([d % 256]) * 32 for d in range(n)}
+        assert len(m.complaint_message(bytes(32), 0, revealed, key)) == m.max_complaint_bytes(n) == 111 + 34 * n
+    assert m.max_complaint_bytes(m.MAX_MEMBERS) == m.max_complaint_bytes(10**6) == m.max_frame_bytes(m.Kind.COMPLAINT)
 
 
 def test_a_complaint_is_taken_on_chain_itself_only_in_its_window(automine_chain, kit):
     """`complain(round, frame)`: the COMPLAINT frame itself in the event, between the DEALING
     acknowledgments and the commits; refused before its window and after it, repeated, empty or
-    over the largest COMPLAINT frame, or from an address that is not registered. The reader keeps
-    the first frame of each member of the round: a complaint from an address registered after the
-    KEYS window (no member of the round) is ignored."""
+    over the largest COMPLAINT frame among the registrations made so far, or from an address that
+    is not registered. The reader keeps the first frame of each member of the round: a complaint
+    from an address registered after the KEYS window (no member of the round) is dropped before
+    it is decoded."""
     swarm = kit.Swarm(automine_chain, 4, **WINDOWS)
     swarm.register(2)
     game = SecureRound.__new__(SecureRound)  # its window arithmetic only
@@ -478,27 +570,38 @@ def test_a_complaint_is_taken_on_chain_itself_only_in_its_window(automine_chain,
             member.complain(1, b"early")
     kit.register_signed(late, kit.identity(2))  # registered after the KEYS window: no member of round 1
     game.pass_step(Step.DEALING_ACK)
-    with pytest.raises(InvalidComplaint, match=f"{MAX_COMPLAINT + 1} bytes .* 1 to {MAX_COMPLAINT}"):
-        member.complain(1, b"\xa5" * (MAX_COMPLAINT + 1))
+    bound = m.max_complaint_bytes(3)  # three registrations: 213 bytes, not the 139,375 of 4,096
+    with pytest.raises(InvalidComplaint, match=f"{bound + 1} bytes .* 1 to {bound}"):
+        member.complain(1, b"\xa5" * (bound + 1))
     with pytest.raises(InvalidComplaint, match="of 0 bytes"):
         member.complain(1, b"")
-    largest = bytes(range(256)) * (MAX_COMPLAINT // 256) + b"\x07" * (MAX_COMPLAINT % 256)
+    largest = bytes(range(256))[:bound]
     member.complain(1, largest)  # at the bound
     with pytest.raises(AlreadyPosted):
         member.complain(1, b"again")
-    late.complain(1, b"not a member's")
+    kit.register_signed(swarm.peers[3], kit.identity(3))  # a fourth registration raises it by one entry
+    outsiders = b"\x5a" * m.max_complaint_bytes(4)
+    late.complain(1, outsiders)
     game.pass_step(Step.COMPLAINT)
     with pytest.raises(StepWindowClosed, match="step 7's window is over"):
         other.complain(1, b"late")
-    events = swarm.reader.complaints(1, 0, swarm.reader.block_number(), max_frame=MAX_COMPLAINT)
+    everyone = [member.account.address, late.account.address]
+    events = swarm.reader.complaints(1, 0, swarm.reader.block_number(), senders=everyone, max_frame=len(outsiders))
     assert [(e["args"]["peer"], e["args"]["frame"]) for e in events] == [
         (member.account.address, largest),
-        (late.account.address, b"not a member's"),
+        (late.account.address, outsiders),
     ]
     members = round_members(swarm.reader, 1)
-    assert len(members.addresses) == 2 and chain_steps(swarm.reader, 1, members).complaints == {0: largest}
-    # a log over the bound (no ledger emits one: a lying endpoint) is dropped before it is decoded
-    assert swarm.reader.complaints(1, 0, swarm.reader.block_number(), max_frame=MAX_COMPLAINT - 1) == events[1:]
+    at = swarm.reader.block_number()
+    with decoded_complaints(swarm.reader) as decoded:
+        assert len(members.addresses) == 2 and chain_complaints(swarm.reader, 1, members, at=at) == {0: largest}
+    assert decoded == [member.account.address]  # the outsider's frame was never decoded
+    # a log over the bound (no ledger emits one: a lying endpoint) is dropped: once decoded if its
+    # data is within the bound's 32-byte words, else before it is decoded
+    assert swarm.reader.complaints(1, 0, at, senders=everyone, max_frame=len(outsiders) - 1) == events[:1]
+    with decoded_complaints(swarm.reader) as decoded:
+        within = swarm.reader.complaints(1, 0, at, senders=everyone, max_frame=len(outsiders) - 32)
+    assert within == events[:1] and decoded == [member.account.address]
 
 
 def test_the_complaint_reader_keeps_the_first_frame_of_each_member():
@@ -585,11 +688,19 @@ def test_verify_settles_the_complaints_on_chain_as_the_members_do(automine_chain
     member, and `verify_secure_round` recomputes the sum of the five others from the chain's
     complaints and the archive's bundles, naming dealer 5 and complainer 4 as the members did."""
     game = SecureRound(kit, automine_chain, 6)  # t = 4
-    game.play(seal_hook=bad_seals(5, {0, 1}, game.setup, kit), false_complainer=4, drop_before={"reveal": {5}})
-    assert set(game.steps.complaints) == {0, 1, 4} and game.alive == {0, 1, 2, 3, 4}
+    with decoded_complaints(game.swarm.reader) as decoded:
+        game.play(
+            seal_hook=bad_seals(5, {0, 1}, game.setup, kit),
+            false_complainer=4,
+            drop_before={"reveal": {5}},
+            outsider_complaint=True,
+        )
+        check = game.verify()
+    assert set(game.complaints) == {0, 1, 4} and game.alive == {0, 1, 2, 3, 4}
+    # the members' read and verify's each decoded the three members' frames, never the outsider's
+    assert sorted(decoded) == sorted(2 * [game.members.addresses[i] for i in (0, 1, 4)])
     assert "the complaint of member 0 holds" in game.complaint_faults[5]
     assert "complained against member 0" in game.complaint_faults[4]
-    check = game.verify()
     assert check.failure is None, check.failure
     np.testing.assert_array_equal(check.total, game.plain_sum())
     addresses = game.members.addresses

@@ -26,7 +26,7 @@ from mechanisms.secagg.member import sum_residues
 from mechanisms.secagg.round import start_session
 from node.chain.errors import LedgerError
 from node.chain.records import RoundState
-from node.chain.secure_steps import agreed, chain_steps, round_members, round_session
+from node.chain.secure_steps import agreed, chain_complaints, chain_steps, round_members, round_session
 from node.peer.secure import SecureMember, SecureSettings
 from node.protocol.secure_windows import Step
 from node.verify import ArchiveStores, verify_secure_round
@@ -175,7 +175,8 @@ async def test_a_secure_round_over_libp2p_and_the_chain(testnet_chain, kit):
     masked = steps.digests[Step.MASKED]
     assert index[WITHHOLDER] in masked and not any(s.has(masked[index[WITHHOLDER]].hex()) for s in stores)
     assert index[BAD_SEAL] in masked and index[BAD_SEAL] not in agreed(steps, Step.MASKED, 4)  # masked anyway
-    assert index[BAD_SEAL] not in steps.complaints and index[FALSE_COMPLAINER] in steps.complaints
+    complaints = chain_complaints(swarm.reader, 1, members, at=swarm.reader.block_number())
+    assert index[BAD_SEAL] not in complaints and index[FALSE_COMPLAINER] in complaints
     for i in survivors:
         out = outcomes[i]
         assert out.result is not None, (i, out.sat_out)
