@@ -7,15 +7,13 @@ MASKED frame of the archive altered, it fails and names the round and the frame'
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from node.chain.anvil import start_anvil
-from node.chain.client import LedgerClient, connect
+from tests.e2e.secure_kit import altered_masked_copy
 
 pytestmark = pytest.mark.slow
 
@@ -78,15 +76,7 @@ def test_a_secure_swarm_finalizes_agrees_and_verifies(secure_run):
 
 def test_verify_names_an_altered_masked_frame(secure_run, tmp_path):
     run = tmp_path / "copy"
-    shutil.copytree(secure_run, run)
-    info = json.loads((run / "run.json").read_text())
-    with start_anvil(load_state=run / "chain" / "state.json", chain_id=info["chain_id"]) as anvil:
-        sender = LedgerClient(connect(anvil.url), info["ledger"]).commitments(2)[1]
-    digest = bytes(sender.digest).hex()  # its MASKED frame
-    path = run / "archive" / digest[:2] / digest
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
+    sender = altered_masked_copy(secure_run, run, 2)
 
     proc = swarm_cli("verify", "--run", str(run), "--json")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
