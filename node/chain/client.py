@@ -251,7 +251,7 @@ class LedgerClient:
         `max_samples`: the cap on a commit's numSamples, the FedAvg weight (0: 2^32 - 1);
         `secure_aggregation`: the swarm's rounds are secure-aggregation rounds (postFrame and
         acknowledge taken, commits not deduplicated: docs/SECAGG.md)."""
-        settings = _constructor_settings(
+        settings = constructor_settings(
             min_peers=min_peers,
             commit_window=commit_window,
             attest_window=attest_window,
@@ -835,7 +835,7 @@ def _commitment(event: dict[str, Any]) -> Commitment:
     )
 
 
-def _constructor_settings(
+def constructor_settings(
     *,
     min_peers: int,
     commit_window: int,

@@ -114,5 +114,10 @@ class StepWindowClosed(ContractRefusal):
 
 AlreadyPosted = _refusal("AlreadyPosted", "{peer} already posted for step {step} of round {round}")
 NotSecureAggregation = _refusal("NotSecureAggregation", "this swarm was not deployed for secure aggregation")
+# The one-transaction-per-round prototype's own (contracts/PipelinedLedger.sol, node/chain/pipelined.py)
+PreviousPending = _refusal("PreviousPending", "round {round} cannot close: the round before it is not finalized yet")
+NotVoting = _refusal("NotVoting", "round {round} is not the closed round awaiting its votes")
+AlreadyVoted = _refusal("AlreadyVoted", "{peer} already voted on round {round}")
+MissingMechanism = _refusal("MissingMechanism", "{peer}'s first commit must name its mechanism")
 
 REFUSALS: dict[str, type[ContractRefusal]] = {cls.__name__: cls for cls in ContractRefusal.__subclasses__()}
