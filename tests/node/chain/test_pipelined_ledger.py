@@ -1,18 +1,21 @@
 """The one-transaction-per-round prototype (contracts/PipelinedLedger.sol, docs/LEDGER.md "One
 transaction per round") on a real automine Anvil: rounds close by themselves, the previous round
 finalizes from the votes the next round's commits carry, a round does not close on an unfinalized
-predecessor, the window's end closes a round in the next round's first commit, final votes, aborts."""
+predecessor, the window's end closes a round in the next round's first commit, final votes, aborts; and
+the client's reads: `confirmations` deep, logs in chunks, logs that lag read again, requests counted."""
 
 from __future__ import annotations
 
 import pytest
 from eth_account import Account
 
-from node.chain import errors
+from node.chain import errors, pipelined
 from node.chain.client import connect
 from node.chain.pipelined import PipelinedClient
 from node.chain.registration import sign_registration
+from node.peer.votes import leading, majority, votes_on
 from node.protocol.wire import encode_bitmap
+from tests.e2e.testnet_box import ProxyFaults, rpc_proxy
 
 GAS_TARGET = 60_000  # gas per member per round (docs/LEDGER.md "One transaction per round")
 WINDOW_BLOCKS = 30
@@ -231,3 +234,90 @@ def test_dissent_is_counted_apart_and_a_final_vote_closes_a_round_past_its_windo
     led.members[2].vote(1, kit.digest("agg-1"), three)  # 2 of 3: round 1 final, and round 2 closes
     assert led.finalized() == (1, kit.digest("agg-1"))
     assert led.current() == 3 and led.voting() == (2, True, 3)
+
+
+def test_reads_lie_confirmations_deep(ledger, kit):
+    """A client with confirmations 2 sees a commit, the round it closed and the round it finalized
+    only once two blocks are built on it; one at the head sees them at once."""
+    led = ledger(2)
+    deep = PipelinedClient(connect(led.anvil.url), led.reader.address, confirmations=2)
+    for i in range(2):
+        led.commit(i, 1)
+    led.anvil.mine(2)
+    agg, both = kit.digest("agg-1"), encode_bitmap([True, True])
+    led.commit(0, 2, agg, both)
+    led.commit(1, 2, agg, both)  # closes round 2 and finalizes round 1 (2 of 2 votes)
+    assert (led.current(), led.reader.finalized(1)) == (3, (agg, both))
+    assert deep.block_number() == deep.head() - 2
+    assert (deep.current_round(), deep.commitments(2), deep.finalized(1)) == (2, [], None)  # 0 blocks on the last
+    led.anvil.mine(1)
+    assert (deep.current_round(), [c.index for c in deep.commitments(2)]) == (2, [0])
+    assert (deep.finalized(1), deep.last_finalized_round(), deep.voting_round().pending) == (None, 0, True)
+    led.anvil.mine(1)
+    assert (deep.current_round(), len(deep.commitments(2)), deep.finalized(1)) == (3, 2, (agg, both))
+    assert deep.last_finalized_round() == 1
+    with pytest.raises(ValueError):
+        PipelinedClient(deep.w3, deep.address, confirmations=-1)
+
+
+def test_logs_are_read_in_chunks_from_the_deployment_and_requests_counted(ledger, kit, monkeypatch):
+    """Commits spread over more blocks than one log request spans all come back, in order, from
+    ceil(blocks / chunk) requests per event; the reads' requests are counted."""
+    led = ledger(3)
+    monkeypatch.setattr(pipelined, "LOG_CHUNK_BLOCKS", 4)
+    for i in range(3):
+        led.commit(i, 1)
+        led.anvil.mine(5)  # the next commit lies in another chunk
+    client = led.members[0]
+    assert client.from_block > 0  # set by deploy: nothing before the deployment is read
+    before = client.rpc_requests()
+    members = [Account.from_key(k).address for k in led.anvil.private_keys[:3]]
+    assert [c.peer for c in client.commitments(1)] == members
+    chunks = -(-(client.block_number() - client.from_block + 1) // 4)
+    # Committed and RoundClosed in `chunks` requests each, the head, the current round
+    assert client.rpc_requests() - before >= 2 * chunks + 2
+    assert client.rpc_requests() - before <= 2 * chunks + 6
+
+
+def test_logs_that_lag_their_block_are_read_again_until_the_state_accounts_for_them(ledger, kit):
+    """An endpoint that serves a block's logs 0.5 s after the block: the commitments of the open
+    round, and those of a round just closed, read at once still come out complete."""
+    led = ledger(2)
+    with rpc_proxy(led.anvil.url, ProxyFaults(latency_s=0.0, jitter_s=0.0, log_lag_s=0.5)) as proxy:
+        reader = PipelinedClient(connect(proxy.url), led.reader.address)
+        assert reader.commitments(1) == []  # the proxy has seen the chain up to here
+        led.commit(0, 1)
+        assert [c.index for c in reader.commitments(1)] == [0]
+        led.commit(1, 1)  # closes round 1: its RoundClosed lags too
+        assert [c.index for c in reader.commitments(1)] == [0, 1]
+        assert proxy.stats.logs_held_back > 0  # the lag was real
+
+
+def test_votes_counted_off_chain_are_the_contracts(ledger, kit):
+    """node/peer/votes.py on a real ledger: a dissent is counted apart, a vote from a member that sat
+    the round out only names its base, and the vote that reaches the majority off chain is the one
+    whose transaction finalized the round on chain (here a final vote)."""
+    led = ledger(4)
+    for i in range(3):
+        led.commit(i, 1)
+    led.pass_window(WINDOW_SECONDS)
+    agg, other, three = kit.digest("agg-1"), kit.digest("other"), encode_bitmap([True] * 3)
+    led.commit(0, 2, agg, three)  # closes round 1 (3 participants)
+    led.commit(1, 2, other, three)  # dissent
+    led.commit(3, 2, agg, three)  # sat round 1 out: not counted
+    reader = led.reader
+
+    def counted():
+        return votes_on(reader.commitments(1), reader.commitments(2), reader.final_votes(1))
+
+    peers = [c.peer for c in reader.commitments(1)]
+    votes = counted()
+    assert [(v.peer, v.aggregate_digest, v.votes) for v in votes] == [(peers[0], agg, 1), (peers[1], other, 1)]
+    assert majority(votes, 3) is None and reader.finalized(1) is None
+    assert leading(votes) == votes[0]  # a tie: the key voted first leads
+    led.members[2].vote(1, agg, three)  # 2 of 3: round 1 final
+    votes = counted()
+    assert [v.votes for v in votes] == [1, 1, 2] and votes[2].peer == peers[2]
+    assert leading(votes) == votes[2] == majority(votes, 3)
+    assert reader.finalized(1) == (agg, three)
+    assert reader.final_votes(1)[0].block_number == votes[2].block_number
