@@ -3,6 +3,8 @@ node/chain/artifacts/SwarmLedger.json (package data, so an installed wheel deplo
 
     python scripts/compile_contracts.py           # write the artifact
     python scripts/compile_contracts.py --check   # exit 1 if the committed artifact is stale
+    python scripts/compile_contracts.py --contract PipelinedLedger   # contracts/PipelinedLedger.sol, the
+                                                  # one-transaction-per-round prototype (docs/LEDGER.md)
 
 Compiler: a native `solc` 0.8.28 on PATH or installed by py-solc-x if there is one, else the
 pinned npm solcjs (node_modules/.bin/solcjs) through scripts/solcjs_wrapper.sh, which drops the
@@ -20,9 +22,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "contracts" / "SwarmLedger.sol"
-ARTIFACT = ROOT / "node" / "chain" / "artifacts" / "SwarmLedger.json"  # package data of node.chain
 CONTRACT = "SwarmLedger"
+SOURCE = ROOT / "contracts" / f"{CONTRACT}.sol"
+ARTIFACT = ROOT / "node" / "chain" / "artifacts" / f"{CONTRACT}.json"  # package data of node.chain
 SOLC_VERSION = "0.8.28"
 # Many runs: the contract is deployed once per swarm and called every round by every peer.
 SETTINGS = {
@@ -74,24 +76,25 @@ def _version_of(solcx, binary: str) -> str | None:
         return None
 
 
-def compile_artifact() -> dict:
-    """Compile the source and return the artifact dict (not written)."""
+def compile_artifact(name: str = CONTRACT) -> dict:
+    """Compile contracts/<name>.sol and return the artifact dict of contract `name` (not written)."""
     import solcx
 
     binary, kind = find_compiler()
-    source = SOURCE.read_text()
+    path = ROOT / "contracts" / f"{name}.sol"
+    source = path.read_text()
     out = solcx.compile_standard(
-        {"language": "Solidity", "sources": {SOURCE.name: {"content": source}}, "settings": SETTINGS},
+        {"language": "Solidity", "sources": {path.name: {"content": source}}, "settings": SETTINGS},
         solc_binary=binary,
     )
     errors = [e for e in out.get("errors", []) if e.get("severity") == "error"]
     if errors:
         raise RuntimeError("\n".join(e.get("formattedMessage", e["message"]) for e in errors))
-    contract = out["contracts"][SOURCE.name][CONTRACT]
+    contract = out["contracts"][path.name][name]
     full_version = str(solcx.wrapper.get_solc_version(binary, with_commit_hash=True))
     return {
-        "contractName": CONTRACT,
-        "sourcePath": str(SOURCE.relative_to(ROOT)),
+        "contractName": name,
+        "sourcePath": str(path.relative_to(ROOT)),
         "sourceSha256": hashlib.sha256(source.encode()).hexdigest(),
         "compiler": {"version": full_version, "via": kind},
         "settings": {"optimizer": SETTINGS["optimizer"], "evmVersion": SETTINGS["evmVersion"]},
@@ -101,7 +104,7 @@ def compile_artifact() -> dict:
         # where the runtime code holds each immutable (zeros in deployedBytecode): `swarm verify` masks them to
         # compare a deployment's code with this artifact, and reads them back against params()
         "immutableReferences": _named_immutables(
-            contract["evm"]["deployedBytecode"].get("immutableReferences", {}), out["sources"][SOURCE.name]["ast"]
+            contract["evm"]["deployedBytecode"].get("immutableReferences", {}), out["sources"][path.name]["ast"]
         ),
     }
 
@@ -139,19 +142,21 @@ def same_build(a: dict, b: dict) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed artifact is stale")
+    parser.add_argument("--contract", default=CONTRACT, help="contracts/<CONTRACT>.sol (default SwarmLedger)")
     args = parser.parse_args(argv)
-    fresh = compile_artifact()
+    fresh = compile_artifact(args.contract)
+    artifact = ARTIFACT.with_name(f"{args.contract}.json")
     if args.check:
-        committed = json.loads(ARTIFACT.read_text()) if ARTIFACT.exists() else None
+        committed = json.loads(artifact.read_text()) if artifact.exists() else None
         if committed is None or not same_build(committed, fresh):
-            print(f"{ARTIFACT.relative_to(ROOT)} is stale: run python scripts/compile_contracts.py", file=sys.stderr)
+            print(f"{artifact.relative_to(ROOT)} is stale: run python scripts/compile_contracts.py", file=sys.stderr)
             return 1
-        print(f"{ARTIFACT.relative_to(ROOT)} is up to date")
+        print(f"{artifact.relative_to(ROOT)} is up to date")
         return 0
-    ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
-    ARTIFACT.write_text(json.dumps(fresh, indent=1) + "\n")
+    artifact.parent.mkdir(parents=True, exist_ok=True)
+    artifact.write_text(json.dumps(fresh, indent=1) + "\n")
     print(
-        f"wrote {ARTIFACT.relative_to(ROOT)} (solc {fresh['compiler']['version']} via {fresh['compiler']['via']}, "
+        f"wrote {artifact.relative_to(ROOT)} (solc {fresh['compiler']['version']} via {fresh['compiler']['via']}, "
         f"{(len(fresh['deployedBytecode']) - 2) // 2} bytes deployed)"
     )
     return 0

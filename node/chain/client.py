@@ -157,6 +157,21 @@ def raw_reader(w3: Web3) -> RawRPC | None:
     return raw
 
 
+def read_until_complete(read: Callable[[], tuple[T, str | None]]) -> T:
+    """read() -> (value, what is missing or None), again while something is missing: an RPC may
+    report a block whose logs it has not indexed yet. LOG_LAG_RETRIES more reads, pauses
+    doubling from LOG_LAG_PAUSE, then LedgerError naming what was missing."""
+    for attempt in range(LOG_LAG_RETRIES):
+        value, missing = read()
+        if missing is None:
+            return value
+        time.sleep(LOG_LAG_PAUSE * 2**attempt)
+    value, missing = read()
+    if missing is not None:
+        raise LedgerError(f"{missing} (the RPC's logs are incomplete; read {LOG_LAG_RETRIES + 1} times)")
+    return value
+
+
 def head_block(w3: Web3) -> int:
     """The latest block number, straight from the provider past web3's middleware (the chain
     watcher's read; a peer's LedgerClient reads it cheaper still, through `RawRPC`)."""
@@ -251,7 +266,7 @@ class LedgerClient:
         `max_samples`: the cap on a commit's numSamples, the FedAvg weight (0: 2^32 - 1);
         `secure_aggregation`: the swarm's rounds are secure-aggregation rounds (postFrame and
         acknowledge taken, commits not deduplicated: docs/SECAGG.md)."""
-        settings = _constructor_settings(
+        settings = constructor_settings(
             min_peers=min_peers,
             commit_window=commit_window,
             attest_window=attest_window,
@@ -556,7 +571,7 @@ class LedgerClient:
         """All commitments of `round` in participant order, from the Committed events, checked
         against storage at one pinned block: as many as the stored participant count, indexes
         0..n-1, and (as the contract refuses otherwise) one per peer and no digest twice. Logs
-        that lag the state are read again before that is an error (`_read_until_complete`); a
+        that lag the state are read again before that is an error (`read_until_complete`); a
         digest may repeat in a swarm deployed for secure aggregation."""
 
         def read() -> tuple[list[Commitment], str | None]:
@@ -569,7 +584,7 @@ class LedgerClient:
                 f"round {round}: {len(found)} Committed events for {info.participant_count} stored participants"
             )
 
-        found = self._read_until_complete(read)
+        found = read_until_complete(read)
         repeated_digest = len({c.digest for c in found}) != len(found)
         # a secure-aggregation ledger takes a copied digest (its copier is named off chain)
         if len({c.peer for c in found}) != len(found) or (repeated_digest and not self.params().secure_aggregation):
@@ -582,7 +597,7 @@ class LedgerClient:
         (a reader that keeps the history reads only what is new). A whole history must end in the
         cumulative eps records the ledger stores for `address` (logs that lag the state end
         earlier, which shows whenever the missing commit raised a record: every private release
-        does), and is read again until it does (`_read_until_complete`)."""
+        does), and is read again until it does (`read_until_complete`)."""
         peer = Web3.to_checksum_address(address)
         if from_block is not None:
             return [_commitment(e) for e in self._logs("Committed", from_block, self.block_number(), {"peer": peer})]
@@ -596,21 +611,7 @@ class LedgerClient:
                 f"{peer}: its Committed events end at eps records {last}, the ledger stores {stored}"
             )
 
-        return self._read_until_complete(read)
-
-    def _read_until_complete(self, read: Callable[[], tuple[T, str | None]]) -> T:
-        """read() -> (value, what is missing or None), again while something is missing: an RPC may
-        report a block whose logs it has not indexed yet. LOG_LAG_RETRIES more reads, pauses
-        doubling from LOG_LAG_PAUSE, then LedgerError naming what was missing."""
-        for attempt in range(LOG_LAG_RETRIES):
-            value, missing = read()
-            if missing is None:
-                return value
-            time.sleep(LOG_LAG_PAUSE * 2**attempt)
-        value, missing = read()
-        if missing is not None:
-            raise LedgerError(f"{missing} (the RPC's logs are incomplete; read {LOG_LAG_RETRIES + 1} times)")
-        return value
+        return read_until_complete(read)
 
     def attestations(self, round: int) -> list[Attestation]:
         info = self.round_info(round)
@@ -889,7 +890,7 @@ def _commitment(event: dict[str, Any]) -> Commitment:
     )
 
 
-def _constructor_settings(
+def constructor_settings(
     *,
     min_peers: int,
     commit_window: int,

@@ -117,5 +117,10 @@ NotSecureAggregation = _refusal("NotSecureAggregation", "this swarm was not depl
 InvalidComplaint = _refusal(
     "InvalidComplaint", "round {round}: a COMPLAINT frame of {length} bytes (it must be 1 to {maxLength})"
 )
+# The one-transaction-per-round prototype's own (contracts/PipelinedLedger.sol, node/chain/pipelined.py)
+PreviousPending = _refusal("PreviousPending", "round {round} cannot close: the round before it is not finalized yet")
+NotVoting = _refusal("NotVoting", "round {round} is not the closed round awaiting its votes")
+AlreadyVoted = _refusal("AlreadyVoted", "{peer} already voted on round {round}")
+MissingMechanism = _refusal("MissingMechanism", "{peer}'s first commit must name its mechanism")
 
 REFUSALS: dict[str, type[ContractRefusal]] = {cls.__name__: cls for cls in ContractRefusal.__subclasses__()}

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from node.chain import client, decoder, errors, records, sender
+from node.chain.pipelined import load_pipelined_artifact
 from node.chain.records import RoundState
 from node.protocol.wire import encode_bitmap
 
@@ -25,7 +26,8 @@ OTHER = digest("other aggregate")
 
 
 def test_every_custom_error_has_a_python_exception():
-    names = {item["name"] for item in client.load_artifact()["abi"] if item["type"] == "error"}
+    abis = (client.load_artifact()["abi"], load_pipelined_artifact()["abi"])
+    names = {item["name"] for abi in abis for item in abi if item["type"] == "error"}
     assert names == set(errors.REFUSALS), names ^ set(errors.REFUSALS)
     assert all(issubclass(cls, errors.LedgerError) for cls in errors.REFUSALS.values())
 
