@@ -48,6 +48,8 @@ UNBOUNDED_RELEASES = ("pnpm",)
 SECURE_AGGREGATION = "secagg"
 MECHANISMS = ("duchi", "exponential", "gaussian", "hm", "laplace", "ldp-fl", "pm", "pnpm", "rr", "sampled")
 DEVICES = ("auto", "cpu", "cuda")  # whether this machine has CUDA is checked where training starts
+# the ledger contracts `swarm deploy` deploys (chain.ledger_kind): node.chain.kind tells them apart by their code
+LEDGER_KINDS = ("swarm", "pipelined")
 
 
 class ConfigError(ValueError):
@@ -122,6 +124,7 @@ class ChainConfig:
     run_timeout: float
     confirmations: int  # blocks on top of the head a peer's chain reads and receipts wait for (docs/TESTNET.md)
     ws_url: str  # auto | off | a ws(s):// URL: where a peer subscribes to new heads and the ledger's logs
+    ledger_kind: str  # the contract `swarm deploy` deploys: swarm | pipelined (a peer reads it from the code)
     max_samples: int = 0  # cap on a commit's numSamples (the FedAvg weight); 0 = the largest shard (node.derive)
     rpc_url: str | None = None
     ledger: str | None = None
@@ -358,6 +361,12 @@ def _check_ranges(c: Config) -> None:
             "must be auto, off or a ws:// or wss:// URL",
         ),
         (c.chain.min_peers <= c.swarm.peers, "chain.min_peers", f"must be <= swarm.peers ({c.swarm.peers})"),
+        (c.chain.ledger_kind in LEDGER_KINDS, "chain.ledger_kind", f"must be one of {', '.join(LEDGER_KINDS)}"),
+        (
+            c.chain.ledger_kind == "swarm" or c.privacy.mechanism != SECURE_AGGREGATION,
+            "chain.ledger_kind",
+            f"must be swarm with privacy.mechanism = {SECURE_AGGREGATION} (a pipelined ledger has no secure steps)",
+        ),
         (
             c.privacy.mechanism in ("none", SECURE_AGGREGATION, *MECHANISMS),
             "privacy.mechanism",

@@ -20,6 +20,10 @@ that breaks one out unfetched. The rest hold the blob, once its bytes match the 
    its digest: a blob replayed from an earlier round, or copied from another committer (a pending
    commit's digest included), breaks it.
 6. "release": it is a possible output of the swarm's mechanism (`release.check_release`).
+On a PipelinedLedger (docs/LEDGER.md "One transaction per round") one more, from the chain:
+"base": a commit of round r names, as the model it trained from (its vote digest), round r - 1's
+finalized digest, when r - 1 finalized (`base_verdict`); its vote lost otherwise, and the update
+with it.
 """
 
 from __future__ import annotations
@@ -165,6 +169,18 @@ def binding_verdict(meta: dict[str, str], c: Commitment) -> Verdict | None:
             f"{c.round} by {c.peer}: a replayed or copied blob",
         )
     return None
+
+
+def base_verdict(r: int, claim: bytes, base: bytes) -> Verdict | None:
+    """The base rule for a commit of round r on a PipelinedLedger whose vote digest is `claim`,
+    round r - 1 having finalized `base`."""
+    if bytes(claim) == bytes(base):
+        return None
+    return Verdict(
+        "base",
+        f"trained from another base: its commit names {bytes(claim).hex()[:16]} as the model it trained from, "
+        f"round {r - 1} finalized {bytes(base).hex()[:16]}",
+    )
 
 
 class Rulebook:

@@ -45,6 +45,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
+from eth_typing import ChecksumAddress
+from web3 import Web3
 
 from mechanisms.secagg.member import within_norm_bound
 from mechanisms.secagg.policy import NAME as SECAGG
@@ -53,7 +55,9 @@ from mechanisms.secagg.round import RoundFailed
 from mechanisms.secagg.unmask import verify_round
 from node.chain.client import LedgerClient, load_artifact
 from node.chain.codec import abi_type
-from node.chain.records import Commitment, RoundInfo, RoundState
+from node.chain.kind import masked_code_differences
+from node.chain.records import Attestation, Commitment, RoundInfo, RoundState, SwarmParams
+from node.chain.registration import Registration
 from node.chain.secure_steps import (
     RoundMembers,
     Step,
@@ -114,6 +118,27 @@ class VerifyReport:
             "peers": self.peers,
             "not_started": self.not_started,
         }
+
+
+class VerifiedLedger(Protocol):
+    """The reads `Verifier` makes of a ledger: `LedgerClient`'s (SwarmLedger) and `PipelinedClient`'s
+    (node/verify_pipelined.py); a secure round's reads are SwarmLedger's alone."""
+
+    @property
+    def address(self) -> ChecksumAddress: ...
+    @property
+    def w3(self) -> Web3: ...
+
+    def params(self) -> SwarmParams: ...
+    def current_round(self) -> int: ...
+    def round_info(self, round: int) -> RoundInfo: ...
+    def commitments(self, round: int) -> list[Commitment]: ...
+    def attestations(self, round: int) -> list[Attestation]: ...
+    def chain_id(self) -> int: ...
+    def registrations(self) -> list[Registration]: ...
+    def peer_id_of(self, address: str) -> bytes: ...
+    def eps_spent(self, address: str) -> int: ...
+    def record_eps_spent(self, address: str) -> int: ...
 
 
 class BlobSource(Protocol):
@@ -215,7 +240,7 @@ class Verifier:
     `report`. Holds what a later round's checks need of the earlier ones: each committer's sample
     counts and last eps record, and who owns which peer id (read at the first commitment)."""
 
-    def __init__(self, ledger: LedgerClient, archive: BlobSource) -> None:
+    def __init__(self, ledger: VerifiedLedger, archive: BlobSource) -> None:
         self.ledger = ledger
         self.archive = archive
         self.report = VerifyReport(ledger=ledger.address)
@@ -481,7 +506,12 @@ class Verifier:
             return None
         archive = cast(RangedBlobSource, self.archive)  # read_within reads nothing from a source without `read`
         sum_check = verify_secure_round(
-            self.ledger, r, archive, bits=secure.bits, dim=secure.dim, counted_members=secure.counted_members
+            cast(LedgerClient, self.ledger),  # a secure swarm runs SwarmLedger only
+            r,
+            archive,
+            bits=secure.bits,
+            dim=secure.dim,
+            counted_members=secure.counted_members,
         )
         for member, why in sum_check.faults.items():
             self.fail(r, member, "secure", why)
@@ -588,13 +618,14 @@ class Verifier:
             self.fail(0, "-", "code", detail)
 
 
-def code_problems(ledger: LedgerClient) -> list[str]:
-    """What differs between the deployed code and the artifact (`Verifier.check_code`)."""
-    artifact = load_artifact()
+def code_problems(ledger: VerifiedLedger, artifact: dict[str, Any] | None = None) -> list[str]:
+    """What differs between the deployed code and the artifact (`Verifier.check_code`; default:
+    SwarmLedger's)."""
+    artifact = artifact or load_artifact()
     references: dict[str, list[dict[str, int]]] = artifact.get("immutableReferences", {})
     expected = bytes.fromhex(artifact["deployedBytecode"].removeprefix("0x"))
     code = bytes(ledger.w3.eth.get_code(ledger.address))
-    problems = _code_differences(code, expected, references)
+    problems = masked_code_differences(code, expected, references)
     if problems:
         return problems
     params = asdict(ledger.params())
@@ -612,26 +643,11 @@ def code_problems(ledger: LedgerClient) -> list[str]:
         held[field_name] = value
         if _norm(value) != _norm(params[field_name]):
             problems.append(f"immutable {name}: params() reports {params[field_name]!r}, the code holds {value!r}")
-    return problems or _deployment_differences(ledger, artifact, held)
+    # a ledger without a deploy-block immutable (PipelinedLedger) is looked for at params' deploy block
+    return problems or _deployment_differences(ledger, artifact, {"deploy_block": params["deploy_block"]} | held)
 
 
-def _code_differences(code: bytes, expected: bytes, references: dict[str, list[dict[str, int]]]) -> list[str]:
-    if not references:
-        return ["the contract artifact records no immutableReferences: run python scripts/compile_contracts.py"]
-    if len(code) != len(expected):
-        return [f"the code at the ledger address is {len(code)} bytes, the artifact's {len(expected)}"]
-    masked, reference = bytearray(code), bytearray(expected)
-    for refs in references.values():
-        for ref in refs:
-            masked[ref["start"] : ref["start"] + ref["length"]] = bytes(ref["length"])
-            reference[ref["start"] : ref["start"] + ref["length"]] = bytes(ref["length"])
-    if masked != reference:
-        first = next(i for i, (a, b) in enumerate(zip(masked, reference)) if a != b)
-        return [f"the code at the ledger address differs from the artifact's deployedBytecode (first at byte {first})"]
-    return []
-
-
-def _deployment_differences(ledger: LedgerClient, artifact: dict[str, Any], held: dict[str, Any]) -> list[str]:
+def _deployment_differences(ledger: VerifiedLedger, artifact: dict[str, Any], held: dict[str, Any]) -> list[str]:
     """The constructor arguments of the transaction that created the ledger against what its code holds."""
     from eth_abi import decode
 
@@ -693,7 +709,7 @@ def _norm(value: object) -> object:
     return value.lower() if isinstance(value, str) else bytes(value) if isinstance(value, (bytes, bytearray)) else value
 
 
-def _finalizing_bitmap(ledger: LedgerClient, r: int, digest: bytes, n: int) -> bytes | None:
+def _finalizing_bitmap(ledger: VerifiedLedger, r: int, digest: bytes, n: int) -> bytes | None:
     counts: dict[tuple[bytes, bytes], int] = {}
     for a in ledger.attestations(r):
         key = (bytes(a.aggregate_digest), bytes(a.included))

@@ -2,7 +2,10 @@
 long a round spends outside local training (exchange, chain, aggregation, waiting for slower
 peers), where that time goes, the CPU seconds each peer spends on the protocol (its process CPU
 less training and evaluation), the blob bytes each peer and the busiest peer upload, the gas, and
-how much of a core a peer with nothing to do uses.
+how much of a core a peer with nothing to do uses; on either ledger (`--ledger-kind`: SwarmLedger,
+three transactions a member and round, and PipelinedLedger, one; both by default, each figure beside
+its baseline), with the transactions, gas and HTTP requests each member sends per round and the
+chain's latency around each round's close.
 
 Every swarm runs the README demo's configuration (examples/demo.toml: Fashion-MNIST, softmax
 regression with DP-SGD, PNPM on the update) with the same total data, so the training work per
@@ -13,12 +16,14 @@ The idle measure: a swarm of 4 registered peers of which 3 run; they commit roun
 for the fourth until the commit window ends. Their CPU time over that wait (from /proc) is the cost
 of a peer with nothing to do: chain watching, the registry, gossip heartbeats.
 
-    python scripts/bench_round.py [--peers 4 8 16 32] [--rounds 3]
+    python scripts/bench_round.py [--peers 4 8 16 32] [--rounds 3] [--ledger-kind swarm pipelined]
+        [--polled-peers 4] [--no-idle]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -32,10 +37,13 @@ sys.path.insert(0, str(ROOT))
 
 from benchdoc import machine_line, table, write_section  # noqa: E402
 
-DEMO_TARGET = 0.10  # outside training, share of a round of the demo (4 peers)
-LARGE_TARGET = 0.25  # the same for 16 peers
+LEDGER_KINDS = ("swarm", "pipelined")  # node.config.LEDGER_KINDS, without importing torch for --help
+
 PROTOCOL_CPU_TARGET = 0.2  # CPU seconds per peer and round outside training and evaluation, 16 peers
 IDLE_TARGET = 0.02  # of one core, a waiting peer
+REQUESTS_TARGET = 10  # HTTP requests per member per round at steady state
+GAS_TARGET = 60_000  # per member per round
+LATENCY_TARGET_BLOCKS = 2  # the chain's own blocks between a round's last commit and its close
 IDLE_SECONDS = 15.0
 PEER_RSS_BYTES = 700 * 2**20  # resident memory of one `swarm node` of the demo (torch, opacus, libp2p): ~650 MB
 PHASES = [
@@ -59,15 +67,82 @@ def demo_config(peers: int, rounds: int, extra: list[str] = ()):  # type: ignore
     )
 
 
-def round_gas(ledger, w3, r: int) -> int:
-    info = ledger.round_info(r)
-    total = 0
-    for b in range(info.opened_block, (info.ended_block or ledger.block_number()) + 1):
+def use_pipelined_ledger(swarm) -> None:
+    """Point an entered, not yet started LocalSwarm at a PipelinedLedger of the same terms, its peers
+    registered there (LocalSwarm deploys a SwarmLedger; `swarm node` picks its client and round loop
+    by the code at --ledger, node.chain.kind)."""
+    from eth_account import Account
+
+    from node.chain.pipelined import PipelinedClient
+    from node.chain.registration import sign_registration
+    from node.derive import genesis
+    from node.protocol.blob import sha256
+    from node.runs.local import _ledger_terms
+    from p2p import peer_id_to_bytes
+    from p2p.identity import load_or_create_identity
+
+    terms = vars(_ledger_terms(swarm.config)).copy()
+    terms.pop("secure_aggregation")
+    deployer = Account.from_key(swarm.anvil.private_keys[0])
+    ledger = PipelinedClient.deploy(swarm.w3, deployer, genesis_digest=sha256(genesis(swarm.config)), **terms)
+    for p in swarm.peers:
+        member = PipelinedClient(swarm.w3, ledger.address, swarm.chain.peer_account(p.index))
+        key = load_or_create_identity(p.workdir / "p2p.key", swarm._password.encode()).private_key
+        member.register(
+            peer_id_to_bytes(p.peer_id), sign_registration(key, ledger.chain_id(), ledger.address, p.address)
+        )
+    swarm.ledger = swarm.chain.ledger = ledger
+    swarm.run_info = swarm.chain.write_run_info(**{k: v for k, v in swarm.run_info.items() if k not in LEDGER_FIELDS})
+
+
+LEDGER_FIELDS = ("ledger", "chain_id", "rpc_url", "started")  # what RunChain.write_run_info writes itself
+
+
+def chain_figures(ledger, w3, rounds: int) -> dict:
+    """The ledger's transactions by the round they name (every transaction to the ledger mined after
+    round 2 opened, up to the block that ended the last round, reverted ones included): per
+    function, their count and gas in the steady rounds 2..rounds-1 and in the last round (on a
+    pipelined ledger the last round's votes go in final votes, sent once a run, not once a round);
+    and, per steady round r, the blocks from r's last commit to its close, from its close to r + 1's
+    first commit and to r's end. Anvil mines every transaction in a block of its own and an empty
+    block every block_time, so a span of blocks is the transactions in it plus the clock's ticks."""
+    first = ledger.round_info(2).opened_block + 1  # that block holds round 1's last transaction
+    last = ledger.round_info(rounds).ended_block or ledger.block_number()
+    steady: dict[str, list[int]] = {}  # function -> gas of each transaction naming a steady round
+    final: dict[str, list[int]] = {}  # the same for the last round
+    empty = set()
+    for b in range(first, last + 1):
         block = w3.eth.get_block(b, full_transactions=True)
+        if not block.transactions:
+            empty.add(b)
         for tx in block.transactions:
-            if tx["to"] and tx["to"].lower() == ledger.address.lower():
-                total += w3.eth.get_transaction_receipt(tx["hash"])["gasUsed"]
-    return total
+            if not tx["to"] or tx["to"].lower() != ledger.address.lower():
+                continue
+            fn, args = ledger.contract.decode_function_input(tx["input"])
+            r = args.get("round", 0)
+            if 2 <= r <= rounds:
+                gas = w3.eth.get_transaction_receipt(tx["hash"])["gasUsed"]
+                (final if r == rounds else steady).setdefault(fn.fn_name, []).append(gas)
+    spans = []
+    for r in range(2, rounds):
+        info = ledger.round_info(r)
+        last_commit = max(c.block_number for c in ledger.commitments(r))
+        next_commit = min((c.block_number for c in ledger.commitments(r + 1)), default=0)
+
+        def ticks(a: int, b: int) -> int:
+            return sum(1 for x in range(a + 1, b + 1) if x in empty)
+
+        spans.append(
+            {
+                "commit_close": info.closed_block - last_commit,
+                "commit_close_ticks": ticks(last_commit, info.closed_block),
+                "close_next": next_commit - info.closed_block if next_commit else None,
+                "close_next_ticks": ticks(info.closed_block, next_commit) if next_commit else None,
+                "close_end": info.ended_block - info.closed_block if info.ended_block else None,
+                "close_end_ticks": ticks(info.closed_block, info.ended_block) if info.ended_block else None,
+            }
+        )
+    return {"steady": steady, "final": final, "spans": spans}
 
 
 def blob_size(swarm, r: int) -> int:
@@ -81,22 +156,49 @@ def blob_size(swarm, r: int) -> int:
     raise RuntimeError(f"no blob of round {r} found in the peers' stores")
 
 
-def run_swarm(peers: int, rounds: int) -> dict:
+def run_swarm(peers: int, rounds: int, kind: str, watch: str = "subscribed", by_method: bool = False) -> dict:
+    """One swarm of the demo on a ledger of `kind`, its peers watching the chain `watch`
+    (subscribed or polled); `by_method`: their HTTP requests through a counting proxy
+    (tests/e2e/testnet_box.py, no faults), their subscriptions straight to Anvil."""
     from node.runs.local import LocalSwarm
 
-    config = demo_config(peers, rounds)
-    with tempfile.TemporaryDirectory() as tmp, LocalSwarm(config, Path(tmp) / "run") as swarm:
+    extra = [f"chain.ledger_kind={kind}"] + (["chain.ws_url=off"] if watch == "polled" else [])
+    config = demo_config(peers, rounds, extra)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalSwarm(config, Path(tmp) / "run") as swarm,
+        contextlib.ExitStack() as proxied,
+    ):
+        if kind == "pipelined":
+            use_pipelined_ledger(swarm)
+        anvil_url, proxy = swarm.anvil.url, None
+        if by_method:
+            from tests.e2e.testnet_box import ProxyFaults, rpc_proxy
+
+            proxy = proxied.enter_context(rpc_proxy(anvil_url, ProxyFaults(latency_s=0.0, jitter_s=0.0)))
+            if watch == "subscribed":
+                ws = [f"chain.ws_url={anvil_url.replace('http://', 'ws://')}"]
+                swarm.peer_overrides = {p.index: ws for p in swarm.peers}
+            swarm.anvil.url = proxy.url  # only the peers' --rpc-url
         started = time.monotonic()
-        swarm.start()
+        try:
+            swarm.start()
+        finally:
+            swarm.anvil.url = anvil_url
         swarm.wait(config.chain.run_timeout)
         wall = time.monotonic() - started
+        methods = (
+            {m: n / (peers * rounds) for m, n in sorted(proxy.stats.by_method.items(), key=lambda kv: -kv[1])}
+            if proxy
+            else {}
+        )
         failed = {p.index: last_error(p.workdir / "peer.log") for p in swarm.peers if p.process.returncode != 0}
         for i, why in failed.items():
             print(f"  peer {i} failed: {why}", flush=True)
         all_records = [p.metrics() for p in swarm.peers]
         metrics = [m for ms in all_records for m in ms if m["round"] > 1]
         later = range(2, rounds + 1)
-        gas = [round_gas(swarm.ledger, swarm.w3, r) for r in later]
+        chain = chain_figures(swarm.ledger, swarm.w3, rounds)
         states = [swarm.ledger.round_info(r).state.name.lower() for r in later]
         sizes = [blob_size(swarm, r) for r in later]
         busiest = [max((m["bytes_sent"] for m in metrics if m["round"] == r), default=0) for r in later]
@@ -113,7 +215,17 @@ def run_swarm(peers: int, rounds: int) -> dict:
     train_s = statistics.fmean(covered for _, covered in covers)
     eval_s = phase("evaluating")
     outside = round_s - train_s
+    steady_rounds = peers * (rounds - 2)  # member-rounds of rounds 2..rounds-1
+
+    def per_member(calls: dict[str, list[int]], member_rounds: int) -> dict[str, float]:
+        return {name: len(gas) / member_rounds for name, gas in sorted(calls.items())}
+
+    steady_gas = sum(sum(g) for g in chain["steady"].values())
+    commits = chain["steady"].get("commit", [])
+    requests = sorted(m["rpc_requests"] for m in metrics if m.get("rpc_requests") is not None)
     return {
+        "kind": kind,
+        "watch": watch,
         "peers": peers,
         "wall": wall,
         "states": states,
@@ -124,13 +236,23 @@ def run_swarm(peers: int, rounds: int) -> dict:
         "outside_share": outside / round_s,
         "phases": {name: phase(name) for name, _ in PHASES},
         "protocol_cpu": mean("protocol_cpu_s"),
+        "protocol_cpu_max": max(m["protocol_cpu_s"] for m in metrics),
         "compute_cpu": mean("compute_cpu_s"),
         "sent": mean("bytes_sent"),
         "received": mean("bytes_received"),
         "busiest_share": statistics.fmean(b / (s * peers) for b, s in zip(busiest, sizes)),
         "blob": statistics.fmean(sizes),
-        "gas_round": statistics.fmean(gas),
-        "gas_peer": statistics.fmean(gas) / peers,
+        "gas_round": steady_gas / (rounds - 2),
+        "gas_peer": steady_gas / steady_rounds,
+        "commit_gas": statistics.fmean(commits) if commits else 0.0,
+        "tx_peer": sum(len(g) for g in chain["steady"].values()) / steady_rounds,
+        "calls": per_member(chain["steady"], steady_rounds),
+        "final_calls": per_member(chain["final"], peers),
+        "final_gas_peer": sum(sum(g) for g in chain["final"].values()) / peers,
+        "spans": chain["spans"],
+        "methods": methods,
+        "requests_median": statistics.median(requests) if requests else None,
+        "requests_range": (requests[0], requests[-1]) if requests else None,
         "penalties": penalties,
         "failed": failed,
     }
@@ -192,13 +314,33 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers", type=int, nargs="+", default=[4, 8, 16, 32])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument(
+        "--ledger-kind", nargs="+", choices=LEDGER_KINDS, default=list(LEDGER_KINDS), help="the ledgers to run on"
+    )
+    ap.add_argument(
+        "--polled-peers",
+        type=int,
+        nargs="*",
+        default=[4],
+        help="swarm sizes also run with their peers polling the chain (chain.ws_url = off)",
+    )
+    ap.add_argument(
+        "--by-method-peers",
+        type=int,
+        nargs="*",
+        default=[4],
+        help="swarm sizes whose peers' HTTP requests go through a counting proxy, to count them by method",
+    )
+    ap.add_argument("--no-idle", action="store_true", help="leave out the idle measure")
     ap.add_argument("--no-write", action="store_true", help="print the table, leave docs/BENCHMARKS.md alone")
     args = ap.parse_args()
-    if args.rounds < 2:
-        ap.error("--rounds must be >= 2 (round 1 includes start-up and is left out)")
-    print("idle: 3 peers waiting for a fourth ...", flush=True)
-    idle = idle_cpu()
-    print("  CPU of one core per waiting peer: " + ", ".join(f"{x:.1%}" for x in idle), flush=True)
+    if args.rounds < 3:
+        ap.error("--rounds must be >= 3 (round 1 includes start-up and is left out; the spans need a next round)")
+    idle: list[float] = []
+    if not args.no_idle:
+        print("idle: 3 peers waiting for a fourth ...", flush=True)
+        idle = idle_cpu()
+        print("  CPU of one core per waiting peer: " + ", ".join(f"{x:.1%}" for x in idle), flush=True)
     results, skipped = [], []
     for n in args.peers:
         if n * PEER_RSS_BYTES > available_memory():
@@ -209,36 +351,85 @@ def main() -> int:
             print(why, flush=True)
             skipped.append(why)
             continue
-        print(f"swarm of {n} peers, {args.rounds} rounds ...", flush=True)
-        results.append(run_swarm(n, args.rounds))
-        r = results[-1]
-        print(
-            f"  round {r['round_s']:.2f} s, training {r['train_s']:.2f} s, outside training {r['outside_s']:.2f} s "
-            f"({r['outside_share']:.0%}), protocol CPU {r['protocol_cpu']:.3f} s, training + evaluation CPU "
-            f"{r['compute_cpu']:.3f} s, phases "
-            + ", ".join(f"{label} {r['phases'][name]:.2f}" for name, label in PHASES)
-            + f"; finalized {r['states'].count('finalized')}/{len(r['states'])}",
-            flush=True,
-        )
+        for kind in args.ledger_kind:
+            for watch in ["subscribed", *(["polled"] if n in args.polled_peers else [])]:
+                print(f"swarm of {n} peers on a {kind} ledger, {watch}, {args.rounds} rounds ...", flush=True)
+                results.append(run_swarm(n, args.rounds, kind, watch, by_method=n in args.by_method_peers))
+                print("  " + summary(results[-1]), flush=True)
     md = report(results, idle, args.rounds, skipped)
     if not args.no_write:
         write_section("round", md)
     print(md)
-    by_n = {r["peers"]: r for r in results}
-    met = [
-        by_n[4]["outside_share"] <= DEMO_TARGET if 4 in by_n else True,
-        by_n[16]["outside_share"] <= LARGE_TARGET if 16 in by_n else True,
-        max(idle) <= IDLE_TARGET,
-    ]
-    return 0 if all(met) else 1
+    return 0 if all(met for _, met in targets(results, idle)) else 1
 
 
-def cpu_verdict(by_n: dict[int, dict]) -> str:
-    if 16 not in by_n:
-        return "protocol CPU at 16 peers: not run"
-    cpu = by_n[16]["protocol_cpu"]
-    met = "met" if cpu <= PROTOCOL_CPU_TARGET else "NOT met"
-    return f"16 peers {cpu:.2f} protocol CPU-s per peer and round (target <= {PROTOCOL_CPU_TARGET}): {met}"
+def summary(r: dict) -> str:
+    return (
+        f"round {r['round_s']:.2f} s, training {r['train_s']:.2f} s, outside training {r['outside_s']:.2f} s "
+        f"({r['outside_share']:.0%}), protocol CPU {r['protocol_cpu']:.3f} s (max {r['protocol_cpu_max']:.3f}), "
+        f"training + evaluation CPU {r['compute_cpu']:.3f} s, phases "
+        + ", ".join(f"{label} {r['phases'][name]:.2f}" for name, label in PHASES)
+        + f"; transactions per member and round {r['tx_peer']:.2f} "
+        + str({k: round(v, 2) for k, v in r["calls"].items()})
+        + f", last round {r['final_calls']}, gas {r['gas_peer']:,.0f} (commit {r['commit_gas']:,.0f}, last round "
+        f"{r['final_gas_peer']:,.0f}), RPC requests {r['requests_median']} {r['requests_range']}, spans "
+        f"{r['spans']}; finalized {r['states'].count('finalized')}/{len(r['states'])}; wall {r['wall']:.0f} s"
+        + (f"; requests by method per member and round {r['methods']}" if r["methods"] else "")
+    )
+
+
+def targets(results: list[dict], idle: list[float]) -> list[tuple[str, bool]]:
+    """Each target this run measured, in words, and whether it was met."""
+    out: list[tuple[str, bool]] = []
+    for r in results:
+        name = f"{r['peers']} peers, {r['kind']}, {r['watch']}"
+        everything = r["states"].count("finalized") == len(r["states"]) and not r["failed"]
+        out.append((f"{name}: every round finalized, no peer failing", everything))
+        if r["requests_median"] is not None:
+            out.append(
+                (
+                    f"{name}: {r['requests_median']:g} HTTP requests per member per round (median; target <= "
+                    f"{REQUESTS_TARGET})",
+                    r["requests_median"] <= REQUESTS_TARGET,
+                )
+            )
+        if r["watch"] != "subscribed":
+            continue
+        if r["peers"] == 16:
+            out.append(
+                (
+                    f"{name}: {r['protocol_cpu']:.2f} protocol CPU-s per member per round (target <= "
+                    f"{PROTOCOL_CPU_TARGET})",
+                    r["protocol_cpu"] <= PROTOCOL_CPU_TARGET,
+                )
+            )
+        if r["peers"] == 32:
+            out.append((f"{name}: 32 peers finalize every round", everything))
+        out.append(
+            (
+                f"{name}: {r['gas_peer']:,.0f} gas per member per round (target <= {GAS_TARGET:,})",
+                r["gas_peer"] <= GAS_TARGET,
+            )
+        )
+        out.append((f"{name}: {r['tx_peer']:.2f} transactions per member per round (target 1)", r["tx_peer"] <= 1.0))
+        ticks = [s["commit_close_ticks"] for s in r["spans"]]
+        out.append(
+            (
+                f"{name}: clock blocks from a round's last commit to its close {ticks} (target <= "
+                f"{LATENCY_TARGET_BLOCKS})",
+                max(ticks) <= LATENCY_TARGET_BLOCKS,
+            )
+        )
+    if idle:
+        out.append(
+            (
+                "a waiting peer: "
+                + ", ".join(f"{x:.1%}" for x in idle)
+                + f" of one core (target <= {IDLE_TARGET:.0%})",
+                max(idle) <= IDLE_TARGET,
+            )
+        )
+    return out
 
 
 def available_memory() -> int:
@@ -248,56 +439,96 @@ def available_memory() -> int:
     return 2**62  # unknown: try
 
 
+def _spans(r: dict, key: str) -> str:
+    values = [s[key] for s in r["spans"] if s[key] is not None]
+    return ", ".join(str(v) for v in values) or "-"
+
+
 def report(results: list[dict], idle: list[float], rounds: int, skipped: list[str]) -> str:
+    subscribed = [r for r in results if r["watch"] == "subscribed"]
     rows = [
         [
             r["peers"],
+            r["kind"],
             f"{r['states'].count('finalized')}/{len(r['states'])}",
             f"{r['round_s']:.2f}",
             f"{r['train_s']:.2f}",
-            f"{r['eval_s']:.2f}",
             f"{r['outside_s']:.2f}",
-            f"**{r['outside_share']:.0%}**",
+            f"{r['outside_share']:.0%}",
             f"**{r['protocol_cpu']:.2f}**",
             f"{r['compute_cpu']:.2f}",
+            f"**{r['tx_peer']:.2f}**",
+            f"**{r['gas_peer']:,.0f}**",
+            f"{r['commit_gas']:,.0f}",
+            "-"
+            if r["requests_median"] is None
+            else f"**{r['requests_median']:g}** ({r['requests_range'][0]}-{r['requests_range'][1]})",
             *(f"{r['phases'][name]:.2f}" for name, _ in PHASES if name not in ("training", "evaluating")),
             f"{r['sent'] / 1e3:,.0f}",
             f"{r['busiest_share']:.2f}",
-            f"{r['gas_peer']:,.0f}",
             r["penalties"],
         ]
-        for r in results
+        for r in subscribed
     ]
-    base = results[0]
-    growth = [
+    calls = [
         [
             r["peers"],
-            f"{r['peers'] / base['peers']:.0f}x",
-            f"{r['outside_s'] / base['outside_s']:.2f}x",
-            f"{r['received'] / base['received']:.2f}x",
-            f"{r['gas_round'] / base['gas_round']:.2f}x",
-            f"{r['gas_peer'] / base['gas_peer']:.2f}x",
+            r["kind"],
+            ", ".join(f"{name} {n:.2f}" for name, n in r["calls"].items()),
+            ", ".join(f"{name} {n:.2f}" for name, n in r["final_calls"].items()),
+            f"{r['final_gas_peer']:,.0f}",
+        ]
+        for r in subscribed
+    ]
+    methods = [
+        [r["peers"], r["kind"], r["watch"], ", ".join(f"{m} {n:.1f}" for m, n in r["methods"].items())]
+        for r in results
+        if r["methods"]
+    ]
+    latency = [
+        [
+            r["peers"],
+            r["kind"],
+            _spans(r, "commit_close") + " (" + _spans(r, "commit_close_ticks") + ")",
+            _spans(r, "close_next") + " (" + _spans(r, "close_next_ticks") + ")",
+            _spans(r, "close_end") + " (" + _spans(r, "close_end_ticks") + ")",
+        ]
+        for r in subscribed
+    ]
+    polled = [r for r in results if r["watch"] == "polled"]
+    watching = [
+        [
+            r["peers"],
+            r["kind"],
+            r["watch"],
+            "-" if r["requests_median"] is None else f"{r['requests_median']:g}",
+            "-" if r["requests_range"] is None else f"{r['requests_range'][0]}-{r['requests_range'][1]}",
+            f"{r['protocol_cpu']:.2f}",
+            f"{r['round_s']:.2f}",
         ]
         for r in results
+        if any(p["peers"] == r["peers"] and p["kind"] == r["kind"] for p in polled)
     ]
-    by_n = {r["peers"]: r for r in results}
-
-    def verdict(n: int, target: float) -> str:
-        if n not in by_n:
-            return f"{n} peers: not run"
-        share = by_n[n]["outside_share"]
-        everything = by_n[n]["states"].count("finalized") == len(by_n[n]["states"]) and not by_n[n]["failed"]
-        ok = share <= target and everything
-        finalized = by_n[n]["states"].count("finalized")
-        return (
-            f"{n} peers {share:.0%} outside training, {finalized}/{len(by_n[n]['states'])} rounds finalized "
-            f"(target <= {target:.0%}, every round finalized, no peer failing): {'met' if ok else 'NOT met'}"
+    growth = []
+    for r in subscribed:
+        base = next(b for b in subscribed if b["kind"] == r["kind"])
+        growth.append(
+            [
+                r["peers"],
+                r["kind"],
+                f"{r['peers'] / base['peers']:.0f}x",
+                f"{r['outside_s'] / base['outside_s']:.2f}x",
+                f"{r['received'] / base['received']:.2f}x",
+                f"{r['gas_round'] / base['gas_round']:.2f}x",
+                f"{r['gas_peer'] / base['gas_peer']:.2f}x",
+            ]
         )
 
-    headers = ["peers", "finalized", "round s", "training s", "evaluation s", "outside training s", "share"]
-    headers += ["protocol CPU-s", "training + evaluation CPU-s"]
+    headers = ["peers", "ledger", "finalized", "round s", "training s", "outside training s", "share"]
+    headers += ["protocol CPU-s", "training + evaluation CPU-s", "transactions / member", "gas / member"]
+    headers += ["gas / commit", "HTTP requests / member (median, range)"]
     headers += [f"{label} s" for name, label in PHASES if name not in ("training", "evaluating")]
-    headers += ["kB sent / peer", "busiest upload / (blob x N)", "gas / peer", "GRAFT-flood penalties"]
+    headers += ["kB sent / peer", "busiest upload / (blob x N)", "GRAFT-flood penalties"]
     return "\n".join(
         [
             "## Round overhead (`scripts/bench_round.py`)",
@@ -305,7 +536,11 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
             f"{machine_line()}. Real swarms: Anvil (transactions mined at once, an empty block every 0.25 s "
             "from `swarm up`'s clock once the peers are up), the ledger, N `swarm node` "
             f"processes on 127.0.0.1, the demo's configuration (examples/demo.toml) with the same 40,000 training "
-            f"images split over N peers; {rounds} rounds, round 1 left out. Per peer and round, averaged. "
+            f"images split over N peers; {rounds} rounds, round 1 left out. Each swarm size on both ledgers, one "
+            "after the other in the same run: 'swarm' the SwarmLedger (commit, closeRound, attest), 'pipelined' "
+            'the PipelinedLedger (one commit a round carrying the vote on the round before; docs/LEDGER.md "One '
+            'transaction per round"), deployed with the same terms and its peers registered there. Per member '
+            "and round, averaged. "
             "'round s' is the period from one round's end to the next's at each peer; 'training s' the part of it "
             "the peer spent in local training (wall clock: its own round's, and the next round's that it starts "
             "on its own aggregate while the majority forms); 'outside training' the rest: exchange, chain, "
@@ -314,29 +549,103 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
             "share 2 cores, so training and waiting both grow with N. 'protocol CPU-s': each peer's process CPU "
             "time (all threads) over the round less the CPU its training and evaluation used, read on their "
             "threads' clocks (node/peer/cpu.py; `protocol_cpu_s` in metrics.jsonl and report.json); CPU seconds, "
-            "which other jobs on a shared machine inflate far less than wall time.",
+            "which other jobs on a shared machine inflate far less than wall time. 'transactions' and 'gas': "
+            f"the transactions to the ledger (reverted ones included) naming rounds 2..{rounds - 1}, the steady "
+            "rounds, over members x those rounds; the last round's, whose votes go in final votes on the "
+            "pipelined ledger, apart below; 'gas / commit' the mean commit's. 'HTTP requests': each "
+            "member's requests to its RPC endpoint per round (`rpc_requests` in metrics.jsonl: the client's own "
+            "count, web3's and the raw reader's), the peers subscribed to new heads and the ledger's logs over "
+            "Anvil's WebSocket (its two `eth_subscribe` requests not counted).",
             "",
             table(headers, rows),
             "",
             *(f"{why}." for why in skipped),
             *(
-                f"{r['peers']} peers: peer {i} exited non-zero ({why}); the figures are the other peers'."
+                f"{r['peers']} peers ({r['kind']}, {r['watch']}): peer {i} exited non-zero ({why}); the figures "
+                "are the other peers'."
                 for r in results
                 for i, why in r["failed"].items()
             ),
             "",
-            "Growth against the smallest swarm:",
+            "Transactions per member and round, by function: the steady rounds, and the last round (sent once a "
+            "run: its final votes on the pipelined ledger):",
+            "",
+            table(["peers", "ledger", "steady rounds", "last round", "last round gas / member"], calls),
+            "",
+            *(
+                [
+                    "HTTP requests per member and round by method, the whole run (start-up included) over "
+                    f"members x {rounds} rounds, counted by a proxy in front of Anvil (tests/e2e/testnet_box.py, no "
+                    "faults) in the runs so marked:",
+                    "",
+                    table(["peers", "ledger", "watching", "requests by method"], methods),
+                    "",
+                ]
+                if methods
+                else []
+            ),
+            "Chain latency around each round's close, rounds 2.."
+            f"{rounds - 1} (a round r needs r + 1's commits): blocks from r's last commit to the block r closed "
+            "in, from that block to r + 1's first commit, and from r's close to its end (finalized or aborted). "
+            "Anvil mines each transaction in a block of its own and adds an empty block every 0.25 s, so a span "
+            "of blocks counts the transactions in it and the clock's ticks; the ticks (empty blocks, the chain's "
+            "own waiting) in brackets. On the pipelined ledger the last commit closes the round in its own block; "
+            "r + 1's first commit then waits for the peers (fetch, aggregation, training), not the chain; r ends "
+            "at the commit of r + 1 that brings the majority of votes.",
             "",
             table(
-                ["peers", "peers", "outside training", "bytes received per peer", "gas per round", "gas per peer"],
+                [
+                    "peers",
+                    "ledger",
+                    "last commit -> close (ticks)",
+                    "close -> next commit (ticks)",
+                    "close -> end (ticks)",
+                ],
+                latency,
+            ),
+            "",
+            *(
+                [
+                    "Watching the chain by subscription against polling it (`chain.ws_url = off`), the same "
+                    "swarm size and ledger, HTTP requests per member and round:",
+                    "",
+                    table(
+                        ["peers", "ledger", "watching", "requests (median)", "range", "protocol CPU-s", "round s"],
+                        watching,
+                    ),
+                    "",
+                ]
+                if watching
+                else []
+            ),
+            "Growth against the smallest swarm of the same ledger:",
+            "",
+            table(
+                [
+                    "peers",
+                    "ledger",
+                    "peers",
+                    "outside training",
+                    "bytes received per peer",
+                    "gas per round",
+                    "gas per member",
+                ],
                 growth,
             ),
             "",
-            f"A waiting peer (3 peers committed, waiting {IDLE_SECONDS:.0f} s for a fourth): "
-            + ", ".join(f"{x:.1%}" for x in idle)
-            + f" of one core (target <= {IDLE_TARGET:.0%}, {'met' if max(idle) <= IDLE_TARGET else 'NOT met'}).",
+            *(
+                [
+                    f"A waiting peer (SwarmLedger, 3 peers committed, waiting {IDLE_SECONDS:.0f} s for a fourth): "
+                    + ", ".join(f"{x:.1%}" for x in idle)
+                    + f" of one core (target <= {IDLE_TARGET:.0%}).",
+                    "",
+                ]
+                if idle
+                else []
+            ),
+            "Targets:",
             "",
-            f"Targets: {verdict(4, DEMO_TARGET)}; {verdict(16, LARGE_TARGET)}; {cpu_verdict(by_n)}.",
+            *(f"- {what}: {'met' if met else 'NOT met'}" for what, met in targets(results, idle)),
             "",
             "'busiest upload / (blob x N)': blob bytes served by the peer that served most in a round, over one "
             "blob per peer of the swarm. All-to-all, every peer needs the N-1 other blobs, so the swarm uploads "

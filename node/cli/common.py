@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from web3 import Web3
 
     from node.chain.client import LedgerClient
+    from node.chain.kind import LedgerKind
+    from node.chain.pipelined import PipelinedClient
     from node.config import Config
 
 PROBE_TIMEOUT_S = 5.0  # how long the first request to --rpc-url may take before the command gives up
@@ -63,6 +65,18 @@ def load(args: argparse.Namespace, shortcuts: dict[str, str]) -> Config:
         return load_config(args.config, overrides)
     except (ConfigError, OSError) as exc:
         raise CLIError(str(exc)) from exc
+
+
+def require_swarm_ledger(config: Config, command: str) -> None:
+    """For the commands that deploy a ledger of their own (`swarm up`, `swarm simulate --ledger`):
+    they deploy and read a SwarmLedger only, so chain.ledger_kind = pipelined is refused, not ignored."""
+    from node.cli import CLIError
+
+    if config.chain.ledger_kind != "swarm":
+        raise CLIError(
+            f"{command} runs on a SwarmLedger only, not chain.ledger_kind = {config.chain.ledger_kind}: run a "
+            "pipelined swarm with swarm deploy --ledger-kind pipelined and one swarm node per peer"
+        )
 
 
 def check_data_dir(config: Config) -> None:
@@ -163,14 +177,55 @@ def connect_chain(rpc_url: str, *, check_evm: bool = True) -> Web3:
         raise CLIError(f"cannot reach the chain at {rpc_url} ({short_reason(exc)}): start it or fix --rpc-url") from exc
 
 
-def open_ledger(w3: Web3, address: str) -> LedgerClient:
-    """A read-only client of the ledger at `address`, a wrong address as one line."""
-    from node.chain.client import LedgerClient
+def deployed_kind(w3: Web3, address: str) -> LedgerKind:
+    """Which ledger contract runs at `address` (node.chain.kind), an address without one as one line."""
     from node.chain.errors import LedgerError
+    from node.chain.kind import ledger_kind
     from node.cli import CLIError
 
     try:
+        return ledger_kind(w3, address)
+    except (ValueError, LedgerError) as exc:
+        raise CLIError(f"{one_line(exc)}: check --ledger (the address swarm deploy printed) and --rpc-url") from exc
+
+
+def open_ledger(w3: Web3, address: str) -> LedgerClient:
+    """A read-only client of the SwarmLedger at `address`; a wrong address, or a PipelinedLedger
+    (which the commands that call this do not read yet), as one line. Code that is neither ledger's
+    gets a client all the same: `swarm verify` names what differs (check "code")."""
+    from node.chain.client import LedgerClient
+    from node.chain.errors import LedgerError, LedgerUnavailable
+    from node.chain.kind import ledger_kind
+    from node.cli import CLIError
+
+    try:
+        pipelined = ledger_kind(w3, address) == "pipelined"
+    except LedgerUnavailable as exc:
+        raise CLIError(f"{one_line(exc)}: check --rpc-url") from exc
+    except (ValueError, LedgerError):
+        pipelined = False  # no code, or other code: LedgerClient says which, verify what differs
+    if pipelined:
+        raise CLIError(
+            f"the ledger at {address} is a PipelinedLedger (one transaction per round), which this command does "
+            "not read yet: it reads a SwarmLedger"
+        )
+    try:
         return LedgerClient(w3, address)
+    except (ValueError, LedgerError) as exc:
+        raise CLIError(f"{one_line(exc)}: check --ledger (the address swarm deploy printed) and --rpc-url") from exc
+
+
+def open_deployed_ledger(w3: Web3, address: str) -> LedgerClient | PipelinedClient:
+    """A read-only client of the ledger at `address`, of the contract deployed there; a wrong
+    address as one line."""
+    from node.chain.client import LedgerClient
+    from node.chain.errors import LedgerError
+    from node.chain.pipelined import PipelinedClient
+    from node.cli import CLIError
+
+    kind = deployed_kind(w3, address)
+    try:
+        return PipelinedClient(w3, address) if kind == "pipelined" else LedgerClient(w3, address)
     except (ValueError, LedgerError) as exc:
         raise CLIError(f"{one_line(exc)}: check --ledger (the address swarm deploy printed) and --rpc-url") from exc
 

@@ -1,4 +1,9 @@
-"""`swarm deploy`: deploy a SwarmLedger contract and print its address.
+"""`swarm deploy`: deploy the swarm's ledger contract and print its address: a SwarmLedger (commit,
+close, attest: three transactions a member and round), or with `--ledger-kind pipelined`
+(`chain.ledger_kind`) a PipelinedLedger (one: the commit carries the vote on the round before;
+docs/LEDGER.md "One transaction per round"). Peers tell the two apart by the deployed code
+(node.chain.kind). A pipelined ledger has no secure-aggregation steps (refused by the config), and
+its allowlist is fixed at deployment.
 
 Admission is a choice on every chain but a local one: `--allow ADDR...` (an allowlist the
 deployer manages) or `--open` (anyone may register, with a warning of what that means). A chain
@@ -17,16 +22,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from node.cli.common import add_transaction_options
+from node.config import LEDGER_KINDS
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from eth_account.signers.local import LocalAccount
 
     from node.chain.client import LedgerClient
+    from node.chain.pipelined import PipelinedClient
     from node.config import Config
 
 LOCAL_CHAIN_IDS = frozenset({31337, 1337})
 # Flags that set a chain.* config key of the same name (checked and derived there like the config's own)
-CHAIN_SHORTCUTS = ("commit_window", "attest_window", "commit_window_seconds", "attest_window_seconds", "max_samples")
+CHAIN_SHORTCUTS = (
+    "commit_window",
+    "attest_window",
+    "commit_window_seconds",
+    "attest_window_seconds",
+    "max_samples",
+    "ledger_kind",
+)
 OPEN_WARNING = (
     "warning: open admission: anyone may register with this ledger, and a strict majority of a "
     "round's committers finalizes it, so whoever registers enough (Sybil) addresses can decide "
@@ -38,11 +52,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "deploy",
         help="deploy the swarm's ledger contract and print its address",
-        description="Deploy a SwarmLedger. The deployer's key comes from SWARM_PRIVATE_KEY or the keystore "
+        description="Deploy the swarm's ledger: a SwarmLedger, or a PipelinedLedger with --ledger-kind pipelined "
+        "(one transaction per member per round). The deployer's key comes from SWARM_PRIVATE_KEY or the keystore "
         "(--keystore, default ~/.swarm/keystore.json: created on first use, password from "
         "SWARM_KEYSTORE_PASSWORD or a prompt, its new address printed to be funded). Never on the command line.",
     )
     p.add_argument("--rpc-url", required=True, help="EVM JSON-RPC URL (http or https)")
+    p.add_argument(
+        "--ledger-kind",
+        choices=LEDGER_KINDS,
+        help="the contract: swarm (SwarmLedger: commit, close, attest) or pipelined (PipelinedLedger: one "
+        "transaction per member per round; no secure aggregation); default: the config's chain.ledger_kind",
+    )
     p.add_argument("--min-peers", type=int, help="quorum: commitments needed to close a round (default: the config's)")
     p.add_argument(
         "--commit-window",
@@ -107,7 +128,8 @@ def _add_admission(p: argparse.ArgumentParser) -> None:
         nargs="+",
         metavar="ADDR",
         default=[],
-        help="admit only these addresses (the deployer can allow or disallow more later); "
+        help="admit only these addresses (the deployer can allow or disallow more later on a SwarmLedger; "
+        "a PipelinedLedger's list is fixed at deployment); "
         "on a non-local chain this or --open is required",
     )
     admission.add_argument(
@@ -151,12 +173,15 @@ def handler(args: argparse.Namespace) -> int:
     digest = _digest(args.genesis_digest) if args.genesis_digest else None
     common.probe_chain(args.rpc_url)  # a wrong URL is one line at once, before web3 loads
     common.setup_logging(args.verbose)
+    from node.chain.kind import CONTRACT_NAMES
     from node.protocol.wire import eps_from_micro
 
     terms = _terms(args, config, digest)
     client, chain_id, account = _deploy(args, config, terms)
     result = {
         "address": client.address,
+        "ledger_kind": config.chain.ledger_kind,
+        "contract": CONTRACT_NAMES[config.chain.ledger_kind],
         "chain_id": chain_id,
         "admission": "allowlist" if args.allow else "open",
         "max_samples": client.params().max_samples,
@@ -216,11 +241,15 @@ def _terms(args: argparse.Namespace, config: Config, digest: bytes | None) -> di
     return terms
 
 
-def _deploy(args: argparse.Namespace, config: Config, terms: dict[str, Any]) -> tuple[LedgerClient, int, LocalAccount]:
-    """The ledger deployed with `terms` after the admission choice is checked against the chain."""
+def _deploy(
+    args: argparse.Namespace, config: Config, terms: dict[str, Any]
+) -> tuple[LedgerClient | PipelinedClient, int, LocalAccount]:
+    """The ledger of `config.chain.ledger_kind` deployed with `terms`, after the admission choice is
+    checked against the chain."""
     from node.chain import keys
     from node.chain.client import LedgerClient
     from node.chain.errors import LedgerError
+    from node.chain.pipelined import PipelinedClient
     from node.cli import CLIError, common
 
     w3 = common.connect_chain(args.rpc_url)
@@ -235,15 +264,18 @@ def _deploy(args: argparse.Namespace, config: Config, terms: dict[str, Any]) -> 
         if args.open:
             print(OPEN_WARNING, file=sys.stderr)
         account = keys.load_account(args.keystore, create=True, on_create=_print_created)
-        client = LedgerClient.deploy(
-            w3,
-            account,
-            commit_window=config.chain.commit_window,
-            attest_window=config.chain.attest_window,
-            allowlist=args.allow or None,
-            tx_timeout=args.tx_timeout,
-            **terms,
-        )
+        common_terms: dict[str, Any] = {
+            "commit_window": config.chain.commit_window,
+            "attest_window": config.chain.attest_window,
+            "allowlist": args.allow or None,
+            "tx_timeout": args.tx_timeout,
+        }
+        client: LedgerClient | PipelinedClient
+        if config.chain.ledger_kind == "pipelined":  # secure aggregation is False: the config refuses it there
+            pipelined_terms = {k: v for k, v in terms.items() if k != "secure_aggregation"}
+            client = PipelinedClient.deploy(w3, account, **common_terms, **pipelined_terms)
+        else:
+            client = LedgerClient.deploy(w3, account, **common_terms, **terms)
     except (ValueError, keys.AccountLoadError, LedgerError) as exc:
         raise CLIError(common.one_line(exc)) from exc
     return client, chain_id, account

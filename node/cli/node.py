@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
     from eth_account.signers.local import LocalAccount
 
     from node.chain.client import LedgerClient
+    from node.chain.pipelined import PipelinedClient
     from node.cli.node_output import NodeReporter
     from node.config import Config
     from node.peer.runner import NodeOptions
@@ -68,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "node",
         help="run one peer against a deployed ledger",
-        description="Run one peer of a swarm against a deployed SwarmLedger (swarms across hosts or on a testnet).",
+        description="Run one peer of a swarm against its deployed ledger (swarms across hosts or on a testnet).",
         epilog=ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -79,7 +80,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the chain's JSON-RPC URL (default: the config's chain.rpc_url); given twice, the second endpoint is a "
         "witness: the node stops when the two disagree (a block's hash, or its own commit)",
     )
-    p.add_argument("--ledger", help="the SwarmLedger contract address (default: the config's chain.ledger)")
+    p.add_argument(
+        "--ledger",
+        help="the ledger contract's address, a SwarmLedger or a PipelinedLedger: the node runs the round loop of "
+        "the one deployed there (default: the config's chain.ledger)",
+    )
     p.add_argument(
         "--bootstrap",
         action="append",
@@ -221,6 +226,7 @@ def _warn(line: str) -> None:
 
 def _run(args: argparse.Namespace, plan: _Plan) -> int:
     """The peer until its last round (or Ctrl-C), its output, page and event log around it."""
+    from node.chain.client import LedgerClient
     from node.cli.node_output import NodeReporter
     from node.peer.runner import NodeOptions
 
@@ -259,7 +265,9 @@ def _run(args: argparse.Namespace, plan: _Plan) -> int:
     )
     served = dashboard.start(args, args.workdir)
     source = (plan.rpc_url, plan.ledger)
-    events = dashboard.log_events(args, args.workdir, lambda: source) if args.chain_events else None
+    # the event log decodes SwarmLedger's events: a pipelined ledger's are not kept yet
+    keep_events = args.chain_events and isinstance(ledger, LedgerClient)
+    events = dashboard.log_events(args, args.workdir, lambda: source) if keep_events else None
     try:
         status = _run_peer(config, options, reporter)
     finally:
@@ -332,9 +340,10 @@ def _account(args: argparse.Namespace) -> LocalAccount:
         raise CLIError(str(exc)) from None
 
 
-def _check_ledger(rpc_url: str, address: str, config: Config) -> LedgerClient:
-    """A read-only client of the ledger, after checking what would otherwise fail late."""
-    from node.chain.client import LedgerClient, connect
+def _check_ledger(rpc_url: str, address: str, config: Config) -> LedgerClient | PipelinedClient:
+    """A read-only client of the ledger (of the contract deployed there), after checking what would
+    otherwise fail late."""
+    from node.chain.client import connect
     from node.chain.errors import LedgerError
     from node.chain.evm import UnsupportedEVM
     from node.cli import CLIError
@@ -350,7 +359,7 @@ def _check_ledger(rpc_url: str, address: str, config: Config) -> LedgerClient:
             f"cannot reach the chain at {rpc_url} ({common.short_reason(exc)}): start it or fix --rpc-url"
         ) from None
     try:
-        ledger = LedgerClient(w3, address)
+        ledger = common.open_deployed_ledger(w3, address)
         params = ledger.params()
         current = ledger.current_round()
     except (ValueError, LedgerError) as exc:

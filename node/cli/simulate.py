@@ -106,6 +106,8 @@ def handle(args: argparse.Namespace) -> int:
     if args.quick:
         args.overrides = QUICK + list(args.overrides)
     config = common.load(args, SHORTCUTS)
+    if args.ledger:
+        common.require_swarm_ledger(config, "swarm simulate --ledger")
     common.check_data_dir(config)
     if not 0 < args.fraction <= 1:
         raise CLIError(f"--fraction must be in (0, 1], got {args.fraction:g}")

@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING
 from node.cli import common
 
 if TYPE_CHECKING:  # annotations only: the CLI imports its heavy modules lazily
+    from web3 import Web3
+
     from node.chain.client import LedgerClient
+    from node.chain.pipelined import PipelinedClient
     from node.verify import VerifyReport
 
 CHECK_FAILED, STOPPED = 1, 3  # exit statuses besides 0 (all holds) and 2 (a bad argument: main)
@@ -24,7 +27,9 @@ Re-check every round of a swarm from the ledger and the blobs alone, trusting no
 against its commitment, each aggregate recomputed bit for bit, each peer's eps recomputed from the
 committed mechanism parameters, each registration against its peer id; under secure aggregation,
 each round's sum from its archived frames (naming every member whose frame or share does not fit)
-and the model stepped from it against the finalized one. Give a `swarm up` run
+and the model stepped from it against the finalized one. A PipelinedLedger (one transaction per
+round) is told by its code and checked the same way from its events, its finalizing votes and aborts
+too. Give a `swarm up` run
 folder (--run: its saved chain is restarted on a local Anvil), or a chain, a ledger and the peers'
 folders (--rpc-url, --ledger, --archive)."""
 EXIT_STATUS = """\
@@ -42,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--rpc-url", help="the chain's JSON-RPC URL")
-    p.add_argument("--ledger", help="the SwarmLedger contract address")
+    p.add_argument("--ledger", help="the ledger contract's address (a SwarmLedger or a PipelinedLedger)")
     p.add_argument(
         "--archive",
         type=Path,
@@ -77,8 +82,24 @@ def handle(args: argparse.Namespace) -> int:
         raise CLIError("give --rpc-url, --ledger and --archive, or --run DIR for a local run")
     folders = blob_folders(args.archive)
     common.probe_chain(args.rpc_url)  # a wrong URL is one line at once, before web3 loads
-    ledger = common.open_ledger(common.connect_chain(args.rpc_url, check_evm=False), args.ledger)
+    ledger = open_verified_ledger(common.connect_chain(args.rpc_url, check_evm=False), args.ledger)
     return _verify(ledger, folders, args.json, args.rounds)
+
+
+def open_verified_ledger(w3: Web3, address: str) -> LedgerClient | PipelinedClient:
+    """A read-only client of the ledger at `address`: a `PipelinedClient` where the deployed code is
+    the PipelinedLedger artifact's, else `common.open_ledger`'s (a SwarmLedger, or code that is
+    neither, whose differences verify names: check "code")."""
+    from node.chain.errors import LedgerError
+    from node.chain.kind import ledger_kind
+    from node.chain.pipelined import PipelinedClient
+
+    try:
+        if ledger_kind(w3, address) == "pipelined":
+            return PipelinedClient(w3, address)
+    except (ValueError, LedgerError):
+        pass  # no code, other code or no answer: open_ledger says which
+    return common.open_ledger(w3, address)
 
 
 def read_run_info(run: Path) -> dict:
@@ -120,7 +141,7 @@ def _verify_run(run: Path, archive: list[Path] | None, as_json: bool, rounds: in
             raise CLIError(str(exc)) from exc
         with anvil:
             term.arm()
-            ledger = common.open_ledger(common.connect_chain(anvil.url, check_evm=False), info["ledger"])
+            ledger = open_verified_ledger(common.connect_chain(anvil.url, check_evm=False), info["ledger"])
             return _verify(ledger, folders, as_json, rounds or rounds_wanted(info))
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -158,12 +179,15 @@ def blob_folders(archives: list[Path]) -> list[Path]:
     return folders
 
 
-def _verify(ledger: LedgerClient, folders: list[Path], as_json: bool, rounds: int | None) -> int:
+def _verify(ledger: LedgerClient | PipelinedClient, folders: list[Path], as_json: bool, rounds: int | None) -> int:
+    from node.chain.pipelined import PipelinedClient
     from node.runs.report import ENDED_STATES, stopped_after
     from node.verify import ArchiveStores, verify
+    from node.verify_pipelined import verify_pipelined
     from p2p.store import DiskBlobStore
 
-    report = verify(ledger, ArchiveStores([DiskBlobStore(folder) for folder in folders]))
+    archive = ArchiveStores([DiskBlobStore(folder) for folder in folders])
+    report = verify_pipelined(ledger, archive) if isinstance(ledger, PipelinedClient) else verify(ledger, archive)
     ended = sum(r.state in ENDED_STATES for r in report.rounds)
     stopped = stopped_after(ended, rounds) if rounds else None
     if as_json:

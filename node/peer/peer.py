@@ -32,7 +32,7 @@ from node.peer.catchup import CatchUp, ModelUnavailable
 from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.endpoints import Witness
 from node.peer.fetching import obtain
-from node.peer.ports import HostPort, LedgerPort, PoisonableStore, RunSync, StorePort
+from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
 from node.peer.round_outcome import Phase, RoundOutcome, gas_used, mined_in
 from node.peer.secure_round import Membership, secure_rounds
 from node.peer.spending import BudgetExhausted, Spending
@@ -428,29 +428,39 @@ class Peer:
         """Train, perturb, commit (what the policy spends, both figures), then serve; what this
         peer has spent once the commit is on chain. Sets the training times and the commit's gas
         in `out`; raises BudgetExhausted, before training, if the commit would pass a cap."""
-        num_records = int(self.train_y.shape[0])
-        spent = await self.spending.next_spend(r, num_records)
+        spent = await self.spending.next_spend(r, int(self.train_y.shape[0]))
+        data, num_samples = await self._train_update(r, global_vector, self._model_digest, out)
+        await self._publish_update(r, data, num_samples, spent, out)
+        return spent
+
+    async def _train_update(
+        self, r: int, global_vector: torch.Tensor, base_digest: bytes | None, out: RoundOutcome
+    ) -> tuple[bytes, int]:
+        """Round r's update blob, trained from `global_vector` (whose digest is `base_digest`: a
+        speculation from that model is taken), and the records it trained on; the times in `out`."""
         self._set(Phase.TRAINING)
-        trained = await self.training.trained(r, global_vector, self._model_digest)
+        trained = await self.training.trained(r, global_vector, base_digest)
         out.train_started, out.train_ended = trained.started, trained.ended
         out.train_seconds = trained.ended - trained.started
-        vector, num_samples = trained.vector, trained.num_samples
-        mech_json = wire.canonical(self.s.mechanism)
-        data = wire.update_blob(vector, r, mech_json, self.address)
+        data = wire.update_blob(trained.vector, r, wire.canonical(self.s.mechanism), self.address)
+        return data, trained.num_samples
+
+    def _send_commit(self, r: int, digest: bytes, num_samples: int, spent: PrivacySpend) -> Receipt:
+        """Round r's commit transaction (blocking); its receipt."""
+        mechanism = wire.canonical(self.s.mechanism).encode()
+        return self.ledger.commit(r, digest, num_samples, spent.eps_micro, mechanism, spent.record_eps_micro)
+
+    async def _publish_update(
+        self, r: int, data: bytes, num_samples: int, spent: PrivacySpend, out: RoundOutcome
+    ) -> None:
+        """Commit the update blob `data` (what it spends: `spent`), then store and serve it; the
+        commit's gas in `out`. Raises the commit's LedgerError unless the chain holds it anyway."""
         digest = sha256(data)
         self._set(Phase.COMMITTING)
         receipt: Any = None
         own: Commitment | None = None
         try:
-            receipt = await self.chain(
-                self.ledger.commit,
-                r,
-                digest,
-                num_samples,
-                spent.eps_micro,
-                mech_json.encode(),
-                spent.record_eps_micro,
-            )
+            receipt = await self.chain(self._send_commit, r, digest, num_samples, spent)
         except LedgerError:
             # A commit can be mined although its reply was lost (the resend then reads "nonce too
             # low"): if the chain holds this very digest from us, it is ours, spent and counted in
@@ -463,7 +473,7 @@ class Peer:
             own = await self._read_back_commit(r, digest, mined_in(receipt))
         if self.witness is not None:
             await self.chain(self.witness.confirm_commit, r, self.address, digest, own.block_number)
-        self.spending.committed(num_records)
+        self.spending.committed(int(self.train_y.shape[0]))
         # Commit first, then serve: the release is public only once its eps is on chain, and a
         # refused commit (an exception above) leaves nothing stored or announced.
         self.store.put(data)
@@ -474,7 +484,6 @@ class Peer:
         # message per peer and round instead of three or four: docs/NODE.md, "Announcements").
         await self.host.announce_blob(digest.hex(), later=True)
         out.gas_used += gas_used(receipt)
-        return spent
 
     def _train_and_perturb(self, r: int, global_vector: torch.Tensor) -> tuple[torch.Tensor, int]:
         c = contribute(
@@ -496,24 +505,10 @@ class Peer:
     async def _aggregate_and_attest(self, r: int, previous: torch.Tensor, out: RoundOutcome) -> None:
         """Fetch the round's blobs, agree on which go in (node/peer/agree.py), aggregate, attest.
         Sets in `out` the inclusion bitmap, what was left out and why, and the attestation's gas."""
-
-        self._set(Phase.FETCHING)
-        agreement = await self._agreement(r)
-        try:
-            included = await agreement.run()
-        except NothingToAggregate as exc:
-            # e.g. every release of the round past the fixed-point bound: nothing to vote for; the
-            # round aborts at the end of its window and the peer goes on from the last model
-            log.warning("%s: no vote this round", exc)
+        digest = await self._agree_and_aggregate(r, previous, out)
+        if digest is None:
             return
-        finally:
-            self.withholding.record(agreement)
-            out.left_out = [why for why in agreement.blobs.left_out if why is not None]
-        self._set(Phase.AGGREGATING)
-        digest = await self._aggregate(r, previous, agreement.commitments, agreement.blobs.vectors, included)
-        if digest is None:  # aggregation failed (logged): no vote this round, the peer goes on
-            return
-        out.included = included
+        included = out.included
         # train on our aggregate while the attestation is mined and the majority forms
         self.training.speculate(self._background, r + 1, self._own_aggregate)
         self._set(Phase.ATTESTING, included=sum(included), participants=len(included))
@@ -525,6 +520,29 @@ class Peer:
             log.warning("round %d: attestation failed: %s", r, exc)
             return
         out.gas_used += gas_used(receipt)
+
+    async def _agree_and_aggregate(self, r: int, previous: torch.Tensor, out: RoundOutcome) -> bytes | None:
+        """Fetch the round's blobs, agree on which go in (node/peer/agree.py) and aggregate them
+        onto `previous`: the aggregate's digest (`self._own_aggregate` holds it), None (logged)
+        when there is nothing to vote for. Sets in `out` the inclusion bitmap, and what was left
+        out and why."""
+        self._set(Phase.FETCHING)
+        agreement = await self._agreement(r)
+        try:
+            included = await agreement.run()
+        except NothingToAggregate as exc:
+            # e.g. every release of the round past the fixed-point bound: nothing to vote for; the
+            # round aborts at the end of its window and the peer goes on from the last model
+            log.warning("%s: no vote this round", exc)
+            return None
+        finally:
+            self.withholding.record(agreement)
+            out.left_out = [why for why in agreement.blobs.left_out if why is not None]
+        self._set(Phase.AGGREGATING)
+        digest = await self._aggregate(r, previous, agreement.commitments, agreement.blobs.vectors, included)
+        if digest is not None:  # else aggregation failed (logged): no vote this round, the peer goes on
+            out.included = included
+        return digest
 
     async def _agreement(self, r: int) -> Agreement:
         """The agreement step of round r over its on-chain set, wired to this peer's ledger, host and

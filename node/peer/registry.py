@@ -11,6 +11,7 @@ from web3 import Web3
 
 from node.chain.client import LOG_CHUNK_BLOCKS, LedgerClient
 from node.chain.errors import LedgerError
+from node.chain.pipelined import PipelinedClient
 from node.chain.registration import Registration
 from node.chain.subscription import ChainFeed, LedgerLog
 from node.rules import PeerIdOwners, Verdict
@@ -38,7 +39,7 @@ class RegistryCache:
     `disallow` refuses the owner's peer id from the next refresh on, `allow` admits it again.
     `ownership` answers rule 1 for the peer's vetting."""
 
-    def __init__(self, ledger: LedgerClient) -> None:
+    def __init__(self, ledger: LedgerClient | PipelinedClient) -> None:
         self.ledger = ledger
         self.allowed: set[str] = set()
         self.book: PeerIdOwners | None = None  # from the first refresh (it needs the chain id)

@@ -1,5 +1,8 @@
 """One peer process (`swarm node`): wires the ledger client, the libp2p host, the blob store,
-the data shard and the round state machine together, and records status and metrics."""
+the data shard and the round state machine together, and records status and metrics. The ledger's
+deployed code decides the client and the round loop (node.chain.kind): a SwarmLedger gets
+`LedgerClient` and `Peer`, a PipelinedLedger `PipelinedClient` and `PipelinedPeer` (no witness
+endpoint, no secure aggregation there: refused before anything is loaded or started)."""
 
 from __future__ import annotations
 
@@ -17,10 +20,13 @@ import torch
 import trio
 from eth_account.signers.local import LocalAccount
 from libp2p.crypto.keys import PrivateKey
+from web3 import Web3
 
 from node.chain.client import LedgerClient, connect
 from node.chain.keys import load_account
+from node.chain.kind import LedgerKind, ledger_kind
 from node.chain.liveness import watch_chain
+from node.chain.pipelined import PipelinedClient
 from node.chain.subscription import ChainFeed, ws_url_for
 from node.config import Config
 from node.derive import load_shard, peer_settings
@@ -28,6 +34,7 @@ from node.peer.addresses import advertised_addrs, tcp_problem
 from node.peer.endpoints import Witness
 from node.peer.faults import STORE_FAULTS, FaultyStore
 from node.peer.peer import Peer, RoundOutcome
+from node.peer.pipelined_peer import PipelinedPeer
 from node.peer.registry import RegistryCache
 from node.peer.secure_round import Membership, open_member, secure_policy
 from node.protocol import wire
@@ -75,6 +82,35 @@ def p2p_password() -> bytes:
 
 class BootstrapUnreachable(RuntimeError):
     """None of the bootstrap peers could be reached in time, and no other peer connected."""
+
+
+class NotOnPipelined(RuntimeError):
+    """An option of this node that the pipelined round loop does not run (a witness endpoint,
+    secure aggregation): refused rather than ignored."""
+
+
+def check_pipelined_options(options: NodeOptions, settings: PeerSettings) -> None:
+    """What a node on a PipelinedLedger cannot do, as one line (NotOnPipelined)."""
+    if options.witness_rpc_url is not None:
+        raise NotOnPipelined(
+            f"the ledger at {options.ledger} is a PipelinedLedger, whose peers hold no second endpoint to the "
+            "first yet: give --rpc-url once"
+        )
+    if secure_policy(settings) is not None:
+        raise NotOnPipelined(
+            f"the ledger at {options.ledger} is a PipelinedLedger, which has no secure-aggregation steps: "
+            "a secure swarm runs on a SwarmLedger"
+        )
+
+
+def open_client(
+    kind: LedgerKind, w3: Web3, address: str, account: LocalAccount, confirmations: int
+) -> LedgerClient | PipelinedClient:
+    """The peer's ledger client for the contract deployed at `address`, on one Web3 (one
+    endpoint, one count of its requests), acting `confirmations` blocks deep."""
+    if kind == "pipelined":
+        return PipelinedClient(w3, address, account, confirmations=confirmations)
+    return LedgerClient(w3, address, account, confirmations=confirmations)
 
 
 async def require_bootstrap(host: SwarmHost, bootstrap: list[str], timeout: float, poll: float = 0.5) -> None:
@@ -128,7 +164,9 @@ def secure_member(
     return open_member(ledger, host, store, identity, policy, settings) if policy is not None else None
 
 
-def round_recorder(ledger: LedgerClient, address: str, metrics: MetricsWriter) -> Callable[[RoundOutcome], None]:
+def round_recorder(
+    ledger: LedgerClient | PipelinedClient, address: str, metrics: MetricsWriter
+) -> Callable[[RoundOutcome], None]:
     """What the peer calls at each round's end: the round's line in metrics.jsonl, with the RPC
     requests it made to its endpoint over the round (start-up's count towards round 1)."""
     requests_before = [ledger.rpc_requests()]
@@ -152,9 +190,16 @@ async def run_node(config: Config, options: NodeOptions) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     w3 = await trio.to_thread.run_sync(lambda: connect(options.rpc_url))
     account = options.account or load_account(workdir / "eth-keystore.json", create=True)
-    ledger = LedgerClient(w3, options.ledger, account, confirmations=config.chain.confirmations)
-    witness = await trio.to_thread.run_sync(lambda: open_witness(ledger, options))
+    kind = await trio.to_thread.run_sync(lambda: ledger_kind(w3, options.ledger))
     settings = peer_settings(config, fault=options.fault)
+    if kind == "pipelined":
+        check_pipelined_options(options, settings)
+    ledger = open_client(kind, w3, options.ledger, account, config.chain.confirmations)
+    witness = (
+        await trio.to_thread.run_sync(lambda: open_witness(ledger, options))
+        if isinstance(ledger, LedgerClient)
+        else None
+    )
     train_xy, test_xy = await trio.to_thread.run_sync(lambda: load_shard(config, options.partition))
     key_pair = load_or_create_identity(workdir / "p2p.key", options.p2p_password or p2p_password())
     disk = DiskBlobStore(workdir / "blobs")
@@ -182,9 +227,18 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 write_json_atomic(status_path, status)
 
             on_round = round_recorder(ledger, account.address, metrics)
-            peer = Peer(
+            round_loop = (
+                partial(PipelinedPeer, ledger=ledger)
+                if isinstance(ledger, PipelinedClient)
+                else partial(
+                    Peer,
+                    ledger=ledger,
+                    witness=witness,
+                    secure_member=secure_member(ledger, host, store, key_pair.private_key, settings),
+                )
+            )
+            peer = round_loop(
                 settings,
-                ledger=ledger,
                 host=host,
                 store=store,
                 train_xy=train_xy,
@@ -193,8 +247,6 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 accountant_path=workdir / "privacy-accountant.json",
                 identity=key_pair.private_key,
                 ownership=registry.ownership,
-                witness=witness,
-                secure_member=secure_member(ledger, host, store, key_pair.private_key, settings),
             )
             # new heads and the ledger's logs pushed where the endpoint offers it; polled otherwise
             ws_url = ws_url_for(options.rpc_url, config.chain.ws_url)

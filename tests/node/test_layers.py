@@ -36,6 +36,7 @@ ALLOWED: dict[str, set[str]] = {
     "node.config": {"mechanisms", "node.protocol", "node.learning"},
     "node.derive": {"mechanisms", "node.protocol", "node.learning", "node.config"},
     "node.verify": {"mechanisms", "node.protocol", "node.chain", "node.rules"},
+    "node.verify_pipelined": {"mechanisms", "node.protocol", "node.chain", "node.rules", "node.verify"},
     "node.peer": BELOW_PEER,
     "node.runs": BELOW_PEER | {"node.peer"},
     "node.dashboard": {"node.chain", "node.runfiles", "node.runs"},  # reads run folders; round_rows from runs

@@ -13,7 +13,7 @@ from node.chain import errors, pipelined
 from node.chain.client import connect
 from node.chain.pipelined import PipelinedClient
 from node.chain.registration import sign_registration
-from node.peer.votes import leading, majority, votes_on
+from node.chain.votes import leading, majority, votes_on
 from node.protocol.wire import encode_bitmap
 from tests.e2e.testnet_box import ProxyFaults, rpc_proxy
 
@@ -107,9 +107,9 @@ def test_one_commit_per_member_closes_rounds_and_finalizes_the_one_before(ledger
     assert max(gas[3] + gas[4]) <= GAS_TARGET, gas
     assert gas[3][2] > gas[4][2], "a changed bitmap word costs the finalizer more"
     assert led.reader.finalized(3) == (kit.digest("agg-3"), everyone)
-    assert [c.vote_digest for c in led.reader.commitments(4)] == [kit.digest("agg-3")] * 4
-    assert [c.mechanism for c in led.reader.commitments(1)] == [kit.MECHANISM] * 4
-    assert [c.mechanism for c in led.reader.commitments(2)] == [b""] * 4, "unchanged: not committed again"
+    assert [c.vote_digest for c in led.reader.voted_commits(4)] == [kit.digest("agg-3")] * 4
+    assert [c.mechanism for c in led.reader.voted_commits(1)] == [kit.MECHANISM] * 4
+    assert [c.mechanism for c in led.reader.voted_commits(2)] == [b""] * 4, "unchanged: not committed again"
 
 
 def test_a_member_left_out_is_not_awaited_in_the_next_two_rounds(ledger, kit):
@@ -249,12 +249,12 @@ def test_reads_lie_confirmations_deep(ledger, kit):
     led.commit(1, 2, agg, both)  # closes round 2 and finalizes round 1 (2 of 2 votes)
     assert (led.current(), led.reader.finalized(1)) == (3, (agg, both))
     assert deep.block_number() == deep.head() - 2
-    assert (deep.current_round(), deep.commitments(2), deep.finalized(1)) == (2, [], None)  # 0 blocks on the last
+    assert (deep.current_round(), deep.voted_commits(2), deep.finalized(1)) == (2, [], None)  # 0 blocks on the last
     led.anvil.mine(1)
-    assert (deep.current_round(), [c.index for c in deep.commitments(2)]) == (2, [0])
+    assert (deep.current_round(), [c.index for c in deep.voted_commits(2)]) == (2, [0])
     assert (deep.finalized(1), deep.last_finalized_round(), deep.voting_round().pending) == (None, 0, True)
     led.anvil.mine(1)
-    assert (deep.current_round(), len(deep.commitments(2)), deep.finalized(1)) == (3, 2, (agg, both))
+    assert (deep.current_round(), len(deep.voted_commits(2)), deep.finalized(1)) == (3, 2, (agg, both))
     assert deep.last_finalized_round() == 1
     with pytest.raises(ValueError):
         PipelinedClient(deep.w3, deep.address, confirmations=-1)
@@ -272,11 +272,11 @@ def test_logs_are_read_in_chunks_from_the_deployment_and_requests_counted(ledger
     assert client.from_block > 0  # set by deploy: nothing before the deployment is read
     before = client.rpc_requests()
     members = [Account.from_key(k).address for k in led.anvil.private_keys[:3]]
-    assert [c.peer for c in client.commitments(1)] == members
+    assert [c.peer for c in client.voted_commits(1)] == members
     chunks = -(-(client.block_number() - client.from_block + 1) // 4)
-    # Committed and RoundClosed in `chunks` requests each, the head, the current round
-    assert client.rpc_requests() - before >= 2 * chunks + 2
-    assert client.rpc_requests() - before <= 2 * chunks + 6
+    # Committed, RoundClosed and RoundAborted in one request per chunk, the head, the current round
+    assert client.rpc_requests() - before >= chunks + 2
+    assert client.rpc_requests() - before <= chunks + 6
 
 
 def test_logs_that_lag_their_block_are_read_again_until_the_state_accounts_for_them(ledger, kit):
@@ -285,16 +285,16 @@ def test_logs_that_lag_their_block_are_read_again_until_the_state_accounts_for_t
     led = ledger(2)
     with rpc_proxy(led.anvil.url, ProxyFaults(latency_s=0.0, jitter_s=0.0, log_lag_s=0.5)) as proxy:
         reader = PipelinedClient(connect(proxy.url), led.reader.address)
-        assert reader.commitments(1) == []  # the proxy has seen the chain up to here
+        assert reader.voted_commits(1) == []  # the proxy has seen the chain up to here
         led.commit(0, 1)
-        assert [c.index for c in reader.commitments(1)] == [0]
+        assert [c.index for c in reader.voted_commits(1)] == [0]
         led.commit(1, 1)  # closes round 1: its RoundClosed lags too
-        assert [c.index for c in reader.commitments(1)] == [0, 1]
+        assert [c.index for c in reader.voted_commits(1)] == [0, 1]
         assert proxy.stats.logs_held_back > 0  # the lag was real
 
 
 def test_votes_counted_off_chain_are_the_contracts(ledger, kit):
-    """node/peer/votes.py on a real ledger: a dissent is counted apart, a vote from a member that sat
+    """node/chain/votes.py on a real ledger: a dissent is counted apart, a vote from a member that sat
     the round out only names its base, and the vote that reaches the majority off chain is the one
     whose transaction finalized the round on chain (here a final vote)."""
     led = ledger(4)
@@ -308,9 +308,9 @@ def test_votes_counted_off_chain_are_the_contracts(ledger, kit):
     reader = led.reader
 
     def counted():
-        return votes_on(reader.commitments(1), reader.commitments(2), reader.final_votes(1))
+        return votes_on(reader.voted_commits(1), reader.voted_commits(2), reader.final_votes(1))
 
-    peers = [c.peer for c in reader.commitments(1)]
+    peers = [c.peer for c in reader.voted_commits(1)]
     votes = counted()
     assert [(v.peer, v.aggregate_digest, v.votes) for v in votes] == [(peers[0], agg, 1), (peers[1], other, 1)]
     assert majority(votes, 3) is None and reader.finalized(1) is None

@@ -8,9 +8,12 @@ come out as `Attestation` records, each with its key's tally once it is counted.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from node.chain.pipelined import FinalVote, VotedCommit
 from node.chain.records import Attestation
+
+if TYPE_CHECKING:  # node.chain.pipelined counts its votes here: an import at run time would be a cycle
+    from node.chain.pipelined import FinalVote, VotedCommit
 
 
 def votes_on(
