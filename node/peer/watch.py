@@ -243,7 +243,8 @@ class ChainWatcher:
                     return value
                 while self.moves == moves:
                     await nudge()
-                    await self.next_tick()
+                    if self.moves == moves:  # a move during the nudge (its own transaction's) is not waited past
+                        await self.next_tick()
         raise TimeoutError(f"round {r}: no {what} on chain within {self.chain_timeout:.0f} s")
 
     def _state_past(self, r: int, *states: RoundState) -> RoundInfo | None:
