@@ -444,6 +444,11 @@ def _spans(r: dict, key: str) -> str:
     return ", ".join(str(v) for v in values) or "-"
 
 
+def steady_rounds(rounds: int) -> str:
+    """The rounds after start-up with a next round, in words."""
+    return "round 2" if rounds == 3 else f"rounds 2 to {rounds - 1}"
+
+
 def report(results: list[dict], idle: list[float], rounds: int, skipped: list[str]) -> str:
     subscribed = [r for r in results if r["watch"] == "subscribed"]
     rows = [
@@ -550,7 +555,7 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
             "time (all threads) over the round less the CPU its training and evaluation used, read on their "
             "threads' clocks (node/peer/cpu.py; `protocol_cpu_s` in metrics.jsonl and report.json); CPU seconds, "
             "which other jobs on a shared machine inflate far less than wall time. 'transactions' and 'gas': "
-            f"the transactions to the ledger (reverted ones included) naming rounds 2..{rounds - 1}, the steady "
+            f"the transactions to the ledger (reverted ones included) naming {steady_rounds(rounds)}, the steady "
             "rounds, over members x those rounds; the last round's, whose votes go in final votes on the "
             "pipelined ledger, apart below; 'gas / commit' the mean commit's. 'HTTP requests': each "
             "member's requests to its RPC endpoint per round (`rpc_requests` in metrics.jsonl: the client's own "
@@ -584,8 +589,8 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
                 if methods
                 else []
             ),
-            "Chain latency around each round's close, rounds 2.."
-            f"{rounds - 1} (a round r needs r + 1's commits): blocks from r's last commit to the block r closed "
+            f"Chain latency around each round's close, {steady_rounds(rounds)} (a round r needs r + 1's "
+            "commits): blocks from r's last commit to the block r closed "
             "in, from that block to r + 1's first commit, and from r's close to its end (finalized or aborted). "
             "Anvil mines each transaction in a block of its own and adds an empty block every 0.25 s, so a span "
             "of blocks counts the transactions in it and the clock's ticks; the ticks (empty blocks, the chain's "

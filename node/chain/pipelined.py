@@ -13,13 +13,16 @@ at one pinned block, and its settings from its creation transaction.
 Synchronous like `LedgerClient` (call it from `trio.to_thread.run_sync`); transactions go through the
 same `TransactionSender` (estimate on the pending block, nonces, fee bumps, confirmations), and a
 refusal raises a `LedgerError` naming the contract's custom error. Reads as `LedgerClient`'s: at the
-head less `confirmations` (views pinned there, logs read up to there in chunks of LOG_CHUNK_BLOCKS from
-the deployment's block), the head held by `rawrpc.HeadGuard`, logs that lag their block read again
-until the state accounts for them, the endpoint's requests counted."""
+head less `confirmations` (views pinned there, logs read up to there in chunks of LOG_CHUNK_BLOCKS), the
+head held by `rawrpc.HeadGuard`, logs that lag their block read again until the state accounts for them,
+the endpoint's requests counted. A round's reads span that round's blocks only (`_round_logs`, from an
+index of the rounds' opening blocks), so their cost does not grow with the chain's age."""
 
 from __future__ import annotations
 
 import json
+import threading
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
@@ -67,6 +70,8 @@ MEMBERS_SLOT = 2  # `_members`' storage slot, after `_live` and `_voting` (immut
 ROUND_EVENTS = ("RoundOpened", "RoundClosed", "RoundFinalized", "RoundAborted")  # a round's state, in events
 COMMIT_EVENTS = ("Committed", "RoundClosed", "RoundAborted")  # a round's commits and how many there are
 ROUND_ENDS = ("RoundFinalized", "RoundAborted")  # no vote on the round counts after these
+# the events that open a round: RoundOpened(r) (deployment, after an abort), or RoundClosed(r - 1)
+ROUND_OPENINGS = ("RoundOpened", "RoundClosed")
 
 
 @lru_cache(maxsize=1)
@@ -103,6 +108,15 @@ class VotedCommit:
     included: bytes
     block_number: int
     log_index: int
+
+
+@dataclass(frozen=True)
+class NamedMechanism:
+    """Where a member's commit named a mechanism (chain order), and the mechanism it named."""
+
+    block_number: int
+    log_index: int
+    mechanism: bytes
 
 
 @dataclass(frozen=True)
@@ -148,9 +162,18 @@ class PipelinedClient:
         self._raw: RawRPC | None | bool = None  # None: not made yet; False: not available
         self._params: SwarmParams | None = None  # immutable: read once
         self._chain_id: int | None = None
-        self._peer_ids: dict[str, bytes] = {}  # registered peer ids read so far (they never change)
-        self._named: dict[str, list[VotedCommit]] = {}  # each member's commits naming a mechanism, read so far
-        self._named_to: dict[str, int] = {}  # the block up to which `_named` holds a member's
+        self._peer_ids: dict[str, bytes] = {}  # every registered peer id up to `_registered_to` (they never change)
+        self._registered_to = -1
+        self._registered_lock = threading.Lock()
+        # per member: the block its commits were read to, and its last commit naming a mechanism by
+        # then (all that resolving a later commit needs; an earlier one is looked up again)
+        self._named: dict[str, tuple[int, NamedMechanism | None]] = {}
+        self._named_lock = threading.Lock()  # threads share the client: the cache changes whole
+        # the round index: round r's opening block at r - 1 (rounds open in order from 1), from the
+        # RoundOpened/RoundClosed logs up to `_indexed_to` (never past a read's pinned block)
+        self._openings = array("q")
+        self._indexed_to = -1
+        self._index_lock = threading.Lock()
         self._timestamps: dict[str, int] = {}  # block hash -> timestamp
         # the head a subscription pushes while it runs, else None (node.chain.subscription.ChainFeed.live_head)
         self.pushed_head: Callable[[], int | None] | None = None
@@ -366,15 +389,25 @@ class PipelinedClient:
 
     def peer_id_of(self, address: str) -> bytes:
         """The peer id `address` registered (empty if none), from its Registered event (the
-        contract keeps none, and refuses a second registration), kept once read."""
+        contract keeps none, and refuses a second registration): every registration is kept once
+        read, read on from where the last read stopped, up to `block_number`, and only as far as
+        the logs hold as many as the registered count of the state there (logs that lag are read
+        again next time)."""
         address = Web3.to_checksum_address(address)
-        known = self._peer_ids.get(address)
-        if known is None:
-            found = self._logs(("Registered",), self.from_block, self.block_number(), [_address_topic(address)])
-            known = bytes(found[0]["args"]["peerId"]) if found else b""
-            if known:
-                self._peer_ids[address] = known
-        return known
+        with self._registered_lock:
+            known, start = self._peer_ids.get(address), max(self._registered_to, self.from_block - 1) + 1
+        if known is not None:
+            return known
+        at = self.block_number()
+        if start > at:
+            return b""
+        found = {str(e["args"]["peer"]): bytes(e["args"]["peerId"]) for e in self._logs(("Registered",), start, at)}
+        registered = int(self._view("openRoundCounts", block=at)[2])
+        with self._registered_lock:
+            self._peer_ids.update(found)
+            if len(self._peer_ids) >= registered:
+                self._registered_to = max(self._registered_to, at)
+            return self._peer_ids.get(address, b"")
 
     def registrations(self, from_block: int | None = None, to_block: int | None = None) -> list[Registration]:
         """Every Registered event from `from_block` (default: the deployment's) to `to_block`
@@ -425,7 +458,9 @@ class PipelinedClient:
         current = self.current_round(block=at)
         if round > current:
             return RoundInfo(round, RoundState.OPEN, 0, 0, 0, 0, None, 0, 0), None
-        events = self._logs(ROUND_EVENTS, self.from_block, at, _round_topics(round - 1, round))
+        events, missing = self._round_logs(round, 2, ROUND_EVENTS, (round - 1, round), at, current)
+        if missing is not None:
+            return _UNREAD, missing
 
         def first(name: str, r: int) -> Any:
             return next((e for e in events if e["event"] == name and e["args"]["round"] == r), None)
@@ -474,15 +509,18 @@ class PipelinedClient:
 
     def voted_commits(self, round: int) -> list[VotedCommit]:
         """Round `round`'s commits in participant order, with the votes they carry, read at one
-        pinned block (`block_number`). Checked to be numbered 0, 1, ... (a duplicated log is an
-        error, not a longer list) and to be as many as the state says at that block (the open
-        round's count, or a closed round's `RoundClosed`; a round past that neither closed nor was
-        aborted has lost its events): logs that lag are read again first (`read_until_complete`)."""
+        pinned block (`block_number`) within the round's span (`_round_logs`). Checked to be
+        numbered 0, 1, ... (a duplicated log is an error, not a longer list) and to be as many as the
+        state says at that block (the open round's count, or a closed round's `RoundClosed`; a round
+        past that neither closed nor was aborted has lost its events): logs that lag are read again
+        first (`read_until_complete`)."""
 
         def read() -> tuple[list[VotedCommit], str | None]:
             at = self.block_number()
-            logs = self._logs(COMMIT_EVENTS, self.from_block, at, _round_topics(round))
-            return self._complete_commits(round, logs, at, self.current_round(block=at))
+            current = self.current_round(block=at)
+            logs, missing = self._round_logs(round, 1, COMMIT_EVENTS, (round,), at, current)
+            found, lacking = self._complete_commits(round, logs, at, current)
+            return found, missing or lacking
 
         return read_until_complete(read)
 
@@ -539,91 +577,127 @@ class PipelinedClient:
             return (history, at), missing
 
         history, at = read_until_complete(read)
-        # the whole history up to `at`: its named mechanisms are all there are
-        self._named[peer] = [c for c in history if c.mechanism]
-        self._named_to[peer] = at
+        named = [_named_at(c) for c in history if c.mechanism]
+        self._keep_named({peer: named[-1] if named else None}, at)  # the whole history up to `at`
         return self._resolved(history)
 
     def _resolved(self, commits: list[VotedCommit]) -> list[Commitment]:
-        """`commits` as Commitments, an empty mechanism replaced by its member's last named one
-        before it (one log read filtered by those members, from where an earlier read stopped)."""
-        unnamed = [c for c in commits if not c.mechanism]
-        if unnamed:
-            self._read_named({c.peer for c in unnamed}, max(c.block_number for c in unnamed))
-        return [
-            Commitment(
-                peer=c.peer,
-                index=c.index,
-                digest=c.digest,
-                num_samples=c.num_samples,
-                eps_micro=c.eps_micro,
-                mechanism=c.mechanism or self._named_before(c),
-                block_number=c.block_number,
-                record_eps_micro=c.record_eps_micro,
-                round=c.round,
+        """`commits` (in chain order) as Commitments, an empty mechanism replaced by its member's last
+        named one before it: one of `commits`, else the one before the member's first of them
+        (`_named_before`)."""
+        seen: set[str] = set()
+        first_unnamed: dict[str, VotedCommit] = {}
+        for c in commits:
+            if not c.mechanism and c.peer not in seen:
+                first_unnamed.setdefault(c.peer, c)
+            seen.add(c.peer)
+        last = self._named_before(list(first_unnamed.values()))
+        resolved = []
+        for c in commits:
+            if c.mechanism:
+                last[c.peer] = c.mechanism
+            resolved.append(
+                Commitment(
+                    peer=c.peer,
+                    index=c.index,
+                    digest=c.digest,
+                    num_samples=c.num_samples,
+                    eps_micro=c.eps_micro,
+                    mechanism=c.mechanism or last[c.peer],
+                    block_number=c.block_number,
+                    record_eps_micro=c.record_eps_micro,
+                    round=c.round,
+                )
             )
-            for c in commits
-        ]
+        return resolved
+
+    def _named_before(self, commits: list[VotedCommit]) -> dict[str, bytes]:
+        """Per commit's member, the mechanism of its last commit naming one before that commit: from
+        the cache (read on from where it stopped, one log read filtered by those members), else,
+        the cache holding a later one, looked up again from the deployment (not kept)."""
+        if not commits:
+            return {}
+        self._read_named({c.peer for c in commits}, max(c.block_number for c in commits))
+        found: dict[str, bytes] = {}
+        for c in commits:
+            with self._named_lock:
+                _, named = self._named.get(c.peer, (c.block_number, None))
+            if named is None or (named.block_number, named.log_index) > (c.block_number, c.log_index):
+                logs = self._logs(("Committed",), self.from_block, c.block_number, None, [_address_topic(c.peer)])
+                earlier = [_named_at(self._commit_of(e)) for e in logs]
+                before = [n for n in earlier if n.mechanism and (n.block_number, n.log_index) < _position_of(c)]
+                named = before[-1] if before else None
+            if named is None:  # the contract refuses a first commit without one: the logs lack it
+                raise LedgerError(f"{c.peer}: its round {c.round} commit names no mechanism, nor does one before")
+            found[c.peer] = named.mechanism
+        return found
 
     def _read_named(self, peers: set[str], to_block: int) -> None:
-        """Read the commits naming a mechanism of `peers` up to `to_block` that no read has seen."""
+        """Read `peers`' commits up to `to_block` that no read has seen, keeping the last that names
+        a mechanism."""
         before = self.from_block - 1
-        start = min(self._named_to.get(p, before) for p in peers) + 1
-        if start <= to_block:
-            for e in self._logs(("Committed",), start, to_block, None, [_address_topic(p) for p in sorted(peers)]):
-                c = self._commit_of(e)
-                if c.mechanism and c.block_number > self._named_to.get(c.peer, before):
-                    self._named.setdefault(c.peer, []).append(c)
-        for p in peers:
-            self._named_to[p] = max(self._named_to.get(p, before), to_block)
+        with self._named_lock:
+            start = min(self._named.get(p, (before, None))[0] for p in peers) + 1
+        if start > to_block:
+            return
+        latest: dict[str, NamedMechanism] = {}
+        for e in self._logs(("Committed",), start, to_block, None, [_address_topic(p) for p in sorted(peers)]):
+            c = self._commit_of(e)
+            if c.mechanism:
+                latest[c.peer] = _named_at(c)
+        self._keep_named({p: latest.get(p) for p in peers}, to_block, since=start)
 
-    def _named_before(self, commit: VotedCommit) -> bytes:
-        earlier = [
-            c
-            for c in self._named.get(commit.peer, [])
-            if (c.block_number, c.log_index) < (commit.block_number, commit.log_index)
-        ]
-        if not earlier:  # the contract refuses a first commit without one: the logs lack it
-            raise LedgerError(f"{commit.peer}: its round {commit.round} commit names no mechanism, nor does one before")
-        return earlier[-1].mechanism
+    def _keep_named(self, latest: dict[str, NamedMechanism | None], to_block: int, since: int = 0) -> None:
+        """Per member, the last commit naming a mechanism in blocks `since`..`to_block` (None: none
+        there), read: the cache moves on to `to_block` unless a read went further meanwhile."""
+        with self._named_lock:
+            for peer, named in latest.items():
+                read_to, kept = self._named.get(peer, (self.from_block - 1, None))
+                if read_to >= to_block or read_to + 1 < since:
+                    continue
+                self._named[peer] = (to_block, named if named is not None and named.block_number > read_to else kept)
 
     def attestations(self, round: int) -> list[Attestation]:
         """The counted votes on `round`, as `LedgerClient.attestations` gives SwarmLedger's (each with
         its key's tally): `node.chain.votes.votes_on` over its commits, the next round's and its
-        final votes, all from one log read at one block, less the votes sent after the transaction
-        that finalized or aborted it (the contract counts none of those)."""
+        final votes, all from one log read at one block within the round's span, up to the vote
+        that finalized it (`_finalizing_event`: the votes a transaction holds after that one the
+        contract did not count) or to its RoundAborted."""
 
         def read() -> tuple[list[Attestation], str | None]:
             at = self.block_number()
             current = self.current_round(block=at)
             names = COMMIT_EVENTS + ("Voted", "RoundFinalized")
-            logs = self._logs(names, self.from_block, at, _round_topics(round, round + 1))
+            logs, missing_span = self._round_logs(round, 2, names, (round, round + 1), at, current)
             voters, missing = self._complete_commits(round, logs, at, current)
             after, missing_after = self._complete_commits(round + 1, logs, at, current)
             end = next((e for e in logs if e["event"] in ROUND_ENDS and e["args"]["round"] == round), None)
-            counted = {
-                (e["blockNumber"], e["logIndex"])
-                for e in logs
-                if end is None
-                or (e["blockNumber"], e["logIndex"]) < (end["blockNumber"], end["logIndex"])
-                or e["transactionHash"] == end["transactionHash"]  # the finalizing vote: logged before its event
-            }
-            votes = [c for c in after if (c.block_number, c.log_index) in counted]
+            last: tuple[int, int] | None = None  # the last counted vote's place, (block, log index)
+            if end is not None and end["event"] == "RoundFinalized":
+                vote = _finalizing_event(round, end, logs)
+                if vote is None:
+                    return [], f"round {round}: no vote after its RoundFinalized by block {at}"
+                last = _position(vote)
+            elif end is not None:  # RoundAborted: no vote after it counts
+                last = (_position(end)[0], _position(end)[1] - 1)
+            votes = [c for c in after if last is None or _position_of(c) <= last]
             finals = [
                 self._final_vote_of(e)
                 for e in logs
-                if e["event"] == "Voted"
-                and e["args"]["round"] == round
-                and (e["blockNumber"], e["logIndex"]) in counted
+                if e["event"] == "Voted" and e["args"]["round"] == round and (last is None or _position(e) <= last)
             ]
-            return votes_on(voters, votes, finals), missing or missing_after
+            return votes_on(voters, votes, finals), missing_span or missing or missing_after
 
         return read_until_complete(read)
 
     def final_votes(self, round: int) -> list[FinalVote]:
         """The final votes on `round` (Voted events) up to `block_number`, in chain order."""
-        logs = self._logs(("Voted",), self.from_block, self.block_number(), _round_topics(round))
-        return [self._final_vote_of(e) for e in logs]
+
+        def read() -> tuple[list[FinalVote], str | None]:
+            logs, missing = self._round_logs(round, 2, ("Voted",), (round,), self.block_number())
+            return [self._final_vote_of(e) for e in logs], missing
+
+        return read_until_complete(read)
 
     def finalized(self, round: int) -> tuple[bytes, bytes] | None:
         """(digest, bitmap) round `round` was finalized with, None if it was not (at `block_number`):
@@ -631,7 +705,9 @@ class PipelinedClient:
         final vote), read again while that vote's log lags."""
 
         def read() -> tuple[tuple[bytes, bytes] | None, str | None]:
-            events = self._logs(("RoundFinalized",), self.from_block, self.block_number(), _round_topics(round))
+            events, missing = self._round_logs(round, 2, ("RoundFinalized",), (round,), self.block_number())
+            if missing is not None:
+                return None, missing
             return self._finalizing_vote(round, events[0]) if events else (None, None)
 
         return read_until_complete(read)
@@ -648,8 +724,8 @@ class PipelinedClient:
             last = self.last_finalized_round(block=at)
             if last == 0:
                 return (0, self.params().genesis_digest), None
-            events = self._logs(("RoundFinalized",), self.from_block, at, _round_topics(last))
-            vote, missing = self._finalizing_vote(last, events[0]) if events else (None, None)
+            events, missing = self._round_logs(last, 2, ("RoundFinalized",), (last,), at)
+            vote, missing = self._finalizing_vote(last, events[0]) if events else (None, missing)
             if vote is None:
                 return (last, b""), missing or f"round {last}: finalized in the state, no RoundFinalized by block {at}"
             return (last, vote[0]), None
@@ -657,21 +733,109 @@ class PipelinedClient:
         return read_until_complete(read)
 
     def _finalizing_vote(self, round: int, event: Any) -> tuple[tuple[bytes, bytes] | None, str | None]:
-        """The vote of the transaction holding `round`'s RoundFinalized `event` (a Committed event of
-        round + 1 or a Voted event of round, read in that block only), or what is missing."""
+        """The vote that finalized `round`, whose RoundFinalized is `event`: the first Committed event
+        of round + 1 or Voted event of round after it in its transaction (`_finalizing_event`; read in
+        that block only), or what is missing."""
         block = int(event["blockNumber"])
-        votes = [
-            (
-                bytes(e["args"]["voteDigest" if e["event"] == "Committed" else "aggregateDigest"]),
-                bytes(e["args"]["included"]),
-            )
-            for e in self._logs(("Committed", "Voted"), block, block, _round_topics(round, round + 1))
-            if e["transactionHash"] == event["transactionHash"]
-            and e["args"]["round"] == (round + 1 if e["event"] == "Committed" else round)
-        ]
-        if len(votes) > 1:
-            raise LedgerError(f"round {round}: {len(votes)} votes in the finalizing transaction, not one")
-        return (votes[0], None) if votes else (None, f"round {round}: no vote in its finalizing transaction")
+        logs = self._logs(("Committed", "Voted"), block, block, _round_topics(round, round + 1))
+        vote = _finalizing_event(round, event, logs)
+        if vote is None:
+            return None, f"round {round}: no vote in its finalizing transaction after its RoundFinalized"
+        a = vote["args"]
+        return (
+            bytes(a["voteDigest" if vote["event"] == "Committed" else "aggregateDigest"]),
+            bytes(a["included"]),
+        ), None
+
+    # ---------------------------------------------------------------- the round index
+
+    def _round_logs(
+        self,
+        round: int,
+        reach: int,
+        names: tuple[str, ...],
+        rounds: tuple[int, ...],
+        at: int,
+        current: int | None = None,
+    ) -> tuple[list[Any], str | None]:
+        """The events `names` of `rounds` (their indexed round) by block `at` (round `current` open
+        there; read if needed) that lie in `round`'s span: from its opening block to the opening
+        block of round + `reach` (1: the round's commits; 2: the votes on it and its end), or to
+        `at` while that one is not open. The bounds come from the round index, checked against the
+        openings the same read returns (where one does not hold, a reorganisation or logs that lag,
+        the index forgets from that round on and the read says what is missing, to be read again).
+        An index that lacks only openings this read returns anyway is fed from it; one further
+        behind is fed first (`_feed_index`). [] while `round` is not open."""
+        with self._index_lock:
+            known = len(self._openings)
+        if known < round + reach and current is None:
+            current = self.current_round(block=at)
+        need = known if current is None else min(round + reach, current)
+        if round > known and current is not None and round > current:
+            return [], None
+        if known < need and not (known + 1 >= round and need == current):
+            missing = self._feed_index(at, need)
+            if missing is not None:
+                return [], missing
+        with self._index_lock:
+            known = len(self._openings)
+            if round <= known:
+                low = self._openings[round - 1]
+                if low > at:
+                    return [], None
+            else:  # opened after the last block indexed: this read feeds the index
+                low = max(self._indexed_to, self.from_block - 1) + 1
+            end = self._openings[round + reach - 1] if round + reach <= known else at + 1
+        high, bounded = (end, True) if end <= at else (at, False)
+        query = names + tuple(n for n in ROUND_OPENINGS if n not in names)
+        query_rounds = sorted(set(rounds) | set(range(max(round - 1, 0), round + reach + 1)))
+        logs = self._logs(query, low, high, _round_topics(*query_rounds))
+        openings = [e for e in logs if e["event"] in ROUND_OPENINGS]
+        opened = {_opened_round(e): int(e["blockNumber"]) for e in openings}
+        for check, block in ((round, low if round <= known else None), (round + reach, high if bounded else None)):
+            if block is not None and opened.get(check) != block:
+                self._forget(check)
+                return [], f"round {round}: the round index's span {low}..{high} does not hold at block {at}"
+        if known < need:
+            missing = self._index(openings, at, need)
+            if missing is not None:
+                return [], missing
+        return [e for e in logs if e["event"] in names and int(e["args"]["round"]) in rounds], None
+
+    def _feed_index(self, at: int, need: int) -> str | None:
+        """Read the round openings after the last block indexed up to `at` into the index; what is
+        missing if they do not reach round `need`, open by `at` (`_index`)."""
+        with self._index_lock:
+            start = max(self._indexed_to, self.from_block - 1) + 1
+        return self._index(self._logs(ROUND_OPENINGS, start, at) if start <= at else [], at, need)
+
+    def _index(self, openings: list[Any], at: int, need: int) -> str | None:
+        """Take `openings` (every RoundOpened/RoundClosed event after the last block indexed up to
+        `at`, in chain order; others' rounds may be among them) into the index; what is missing if
+        they do not reach round `need`, open by `at` (logs that lag: the index is read on from its
+        last opening next time)."""
+        with self._index_lock:
+            for e in openings:
+                round, block = _opened_round(e), int(e["blockNumber"])
+                if round <= len(self._openings) and self._openings[round - 1] == block:
+                    continue  # indexed already (another thread's read)
+                if round > len(self._openings) + 1:
+                    break  # an opening lacks: logs that lag
+                del self._openings[round - 1 :]  # a round that opened elsewhere (a reorganisation): from there on
+                self._openings.append(block)
+            else:
+                self._indexed_to = max(self._indexed_to, at)
+            if len(self._openings) >= need:
+                return None
+            self._indexed_to = self._openings[-1] - 1 if self._openings else -1
+        return f"the round index reaches round {len(self._openings)} by block {at}, round {need} is open"
+
+    def _forget(self, round: int) -> None:
+        """The index's opening of `round` does not hold: forget it and the rounds after, and read on
+        from the opening before it."""
+        with self._index_lock:
+            del self._openings[max(round - 1, 0) :]
+            self._indexed_to = self._openings[-1] - 1 if self._openings else -1
 
     # ---------------------------------------------------------------- the head and the endpoint
 
@@ -798,6 +962,43 @@ def _round_topics(*rounds: int) -> list[str]:
 def _address_topic(address: str) -> str:
     """An indexed address as a log's topic holds it: 32 bytes, zero-padded on the left."""
     return "0x" + "00" * 12 + address.lower().removeprefix("0x")
+
+
+def _opened_round(event: Any) -> int:
+    """The round a RoundOpened or RoundClosed event opens."""
+    round = int(event["args"]["round"])
+    return round if event["event"] == "RoundOpened" else round + 1
+
+
+def _position(event: Any) -> tuple[int, int]:
+    """An event's place in the chain: (block, log index)."""
+    return int(event["blockNumber"]), int(event["logIndex"])
+
+
+def _position_of(commit: VotedCommit) -> tuple[int, int]:
+    return commit.block_number, commit.log_index
+
+
+def _named_at(commit: VotedCommit) -> NamedMechanism:
+    return NamedMechanism(commit.block_number, commit.log_index, commit.mechanism)
+
+
+def _finalizing_event(round: int, finalized: Any, logs: list[Any]) -> Any:
+    """The vote that finalized `round` among `logs` (chain order), its RoundFinalized event being
+    `finalized`: the contract emits RoundFinalized inside the counting of that vote, before the
+    vote's own event (Committed of round + 1 in `commit`, Voted of round in `vote`), so it is the
+    first such event after RoundFinalized in the same transaction; those after it were not counted.
+    None if `logs` lack it."""
+    return next(
+        (
+            e
+            for e in logs
+            if e["transactionHash"] == finalized["transactionHash"]
+            and _position(e) > _position(finalized)
+            and (e["event"], int(e["args"]["round"])) in (("Committed", round + 1), ("Voted", round))
+        ),
+        None,
+    )
 
 
 def _count(closed: Any) -> int:
