@@ -16,7 +16,9 @@ refusal raises a `LedgerError` naming the contract's custom error. Reads as `Led
 head less `confirmations` (views pinned there, logs read up to there in chunks of LOG_CHUNK_BLOCKS), the
 head held by `rawrpc.HeadGuard`, logs that lag their block read again until the state accounts for them,
 the endpoint's requests counted. A round's reads span that round's blocks only (`_round_logs`, from an
-index of the rounds' opening blocks), so their cost does not grow with the chain's age."""
+index of the rounds' opening blocks), so their cost does not grow with the chain's age. What no longer
+changes of a round settled at the read depth is kept (`KeptRound`), and the live views are read once per
+pinned block, both dropped when a read sees a reorganisation (docs/LEDGER.md, "What the client keeps")."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
@@ -72,6 +74,11 @@ COMMIT_EVENTS = ("Committed", "RoundClosed", "RoundAborted")  # a round's commit
 ROUND_ENDS = ("RoundFinalized", "RoundAborted")  # no vote on the round counts after these
 # the events that open a round: RoundOpened(r) (deployment, after an abort), or RoundClosed(r - 1)
 ROUND_OPENINGS = ("RoundOpened", "RoundClosed")
+KEPT_ROUNDS = 8  # settled rounds whose reads are kept (a peer reads the last two or three again and again)
+PINNED_VIEWS = ("currentRound", "votingRound", "openRoundCounts", "lastFinalized")  # read once per pinned block
+
+
+T = TypeVar("T")
 
 
 @lru_cache(maxsize=1)
@@ -131,6 +138,17 @@ class FinalVote:
     log_index: int
 
 
+@dataclass
+class KeptRound:
+    """What no longer changes of a round that settled deep enough (`PipelinedClient._settled`): its
+    commits once it closed (or was aborted open), its `RoundInfo` and counted votes once it ended."""
+
+    voted: list[VotedCommit] | None = None
+    resolved: list[Commitment] | None = None
+    info: RoundInfo | None = None
+    attestations: list[Attestation] | None = None
+
+
 class PipelinedClient:
     """One PipelinedLedger deployment; `account` None gives a read-only client. `from_block`: the
     deployment's block (logs are read from there; `deploy` sets it). `confirmations`: as
@@ -175,6 +193,13 @@ class PipelinedClient:
         self._indexed_to = -1
         self._index_lock = threading.Lock()
         self._timestamps: dict[str, int] = {}  # block hash -> timestamp
+        # settled rounds' reads (the last KEPT_ROUNDS), and the views at the last pinned block, under
+        # one lock; both dropped whole when a read sees a reorganisation (`_drop_kept`); `_generation`
+        # counts the drops, so that a read begun before one keeps nothing
+        self._kept: dict[int, KeptRound] = {}
+        self._pinned_views: tuple[int, dict[str, Any]] = (-1, {})
+        self._generation = 0
+        self._kept_lock = threading.Lock()
         # the head a subscription pushes while it runs, else None (node.chain.subscription.ChainFeed.live_head)
         self.pushed_head: Callable[[], int | None] | None = None
         self._read_latest = False  # a view read "latest" since the last pushed head was used
@@ -299,8 +324,14 @@ class PipelinedClient:
     # ---------------------------------------------------------------- views
 
     def current_round(self, *, block: int | None = None) -> int:
-        """The open round."""
-        return int(self._view("currentRound", block=block))
+        """The open round. Read at the latest block read (not an older one asked for), a kept round
+        from it on has been undone by a reorganisation: the kept rounds are dropped."""
+        current = int(self._view("currentRound", block=block))
+        with self._kept_lock:
+            undone = (block is None or block >= self._pinned_views[0]) and any(r >= current for r in self._kept)
+        if undone:
+            self._drop_kept()
+        return current
 
     def voting_round(self, *, block: int | None = None) -> VotingRound:
         round, pending, participants = self._view("votingRound", block=block)
@@ -452,7 +483,19 @@ class PipelinedClient:
         OPEN with zeros. Events that lag the state are read again (`read_until_complete`)."""
         if round < 1:
             raise ValueError(f"rounds start at 1, got {round}")
-        return read_until_complete(lambda: self._round_info_at(round, self.block_number() if block is None else block))
+        kept = self._kept_round(round)
+        if kept is not None and kept.info is not None and (block is None or kept.info.ended_block <= block):
+            return kept.info
+        generation = self._generation
+
+        def read() -> tuple[RoundInfo, str | None]:
+            at = self.block_number() if block is None else block
+            info, missing = self._round_info_at(round, at)
+            if missing is None and info.state in (RoundState.FINALIZED, RoundState.ABORTED):
+                self._keep(round, generation, info.ended_block, at, info=info)
+            return info, missing
+
+        return self._until_complete(read)
 
     def _round_info_at(self, round: int, at: int) -> tuple[RoundInfo, str | None]:
         current = self.current_round(block=at)
@@ -515,14 +558,22 @@ class PipelinedClient:
         past that neither closed nor was aborted has lost its events): logs that lag are read again
         first (`read_until_complete`)."""
 
+        kept = self._kept_round(round)
+        if kept is not None and kept.voted is not None:
+            return kept.voted
+        generation = self._generation
+
         def read() -> tuple[list[VotedCommit], str | None]:
             at = self.block_number()
             current = self.current_round(block=at)
             logs, missing = self._round_logs(round, 1, COMMIT_EVENTS, (round,), at, current)
             found, lacking = self._complete_commits(round, logs, at, current)
+            if missing is None and lacking is None:
+                settled = _first_block(logs, ("RoundClosed", "RoundAborted"), round)
+                self._keep(round, generation, settled, at, voted=found)
             return found, missing or lacking
 
-        return read_until_complete(read)
+        return self._until_complete(read)
 
     def _complete_commits(
         self, round: int, logs: list[Any], at: int, current: int
@@ -547,8 +598,18 @@ class PipelinedClient:
 
     def commitments(self, round: int) -> list[Commitment]:
         """Round `round`'s commits as `LedgerClient.commitments` gives SwarmLedger's, each with its
-        mechanism resolved: an empty one is that member's mechanism of its last commit that named one."""
-        return self._resolved(self.voted_commits(round))
+        mechanism resolved: an empty one is that member's mechanism of its last commit that named one.
+        Kept with the commits once they are (`voted_commits`)."""
+        kept = self._kept_round(round)
+        if kept is not None and kept.resolved is not None:
+            return kept.resolved
+        voted = self.voted_commits(round)
+        resolved = self._resolved(voted)
+        with self._kept_lock:
+            kept = self._kept.get(round)
+            if kept is not None and kept.voted is voted:
+                kept.resolved = resolved
+        return resolved
 
     def participants(self, round: int) -> list[str]:
         """The participants of `round` in commit order (the order inclusion bitmaps use)."""
@@ -576,7 +637,7 @@ class PipelinedClient:
             )
             return (history, at), missing
 
-        history, at = read_until_complete(read)
+        history, at = self._until_complete(read)
         named = [_named_at(c) for c in history if c.mechanism]
         self._keep_named({peer: named[-1] if named else None}, at)  # the whole history up to `at`
         return self._resolved(history)
@@ -662,7 +723,11 @@ class PipelinedClient:
         its key's tally): `node.chain.votes.votes_on` over its commits, the next round's and its
         final votes, all from one log read at one block within the round's span, up to the vote
         that finalized it (`_finalizing_event`: the votes a transaction holds after that one the
-        contract did not count) or to its RoundAborted."""
+        contract did not count) or to its RoundAborted. Kept once the round ended (`_settled`)."""
+        kept = self._kept_round(round)
+        if kept is not None and kept.attestations is not None:
+            return kept.attestations
+        generation = self._generation
 
         def read() -> tuple[list[Attestation], str | None]:
             at = self.block_number()
@@ -686,9 +751,12 @@ class PipelinedClient:
                 for e in logs
                 if e["event"] == "Voted" and e["args"]["round"] == round and (last is None or _position(e) <= last)
             ]
-            return votes_on(voters, votes, finals), missing_span or missing or missing_after
+            counted, lacking = votes_on(voters, votes, finals), missing_span or missing or missing_after
+            if lacking is None and end is not None:
+                self._keep(round, generation, int(end["blockNumber"]), at, attestations=counted)
+            return counted, lacking
 
-        return read_until_complete(read)
+        return self._until_complete(read)
 
     def final_votes(self, round: int) -> list[FinalVote]:
         """The final votes on `round` (Voted events) up to `block_number`, in chain order."""
@@ -697,7 +765,7 @@ class PipelinedClient:
             logs, missing = self._round_logs(round, 2, ("Voted",), (round,), self.block_number())
             return [self._final_vote_of(e) for e in logs], missing
 
-        return read_until_complete(read)
+        return self._until_complete(read)
 
     def finalized(self, round: int) -> tuple[bytes, bytes] | None:
         """(digest, bitmap) round `round` was finalized with, None if it was not (at `block_number`):
@@ -710,9 +778,12 @@ class PipelinedClient:
                 return None, missing
             return self._finalizing_vote(round, events[0]) if events else (None, None)
 
-        return read_until_complete(read)
+        return self._until_complete(read)
 
     def finalized_digest(self, round: int) -> bytes | None:
+        kept = self._kept_round(round)
+        if kept is not None and kept.info is not None:
+            return kept.info.finalized_digest
         found = self.finalized(round)
         return found[0] if found else None
 
@@ -724,13 +795,16 @@ class PipelinedClient:
             last = self.last_finalized_round(block=at)
             if last == 0:
                 return (0, self.params().genesis_digest), None
+            kept = self._kept_round(last)
+            if kept is not None and kept.info is not None and kept.info.finalized_digest is not None:
+                return (last, kept.info.finalized_digest), None
             events, missing = self._round_logs(last, 2, ("RoundFinalized",), (last,), at)
             vote, missing = self._finalizing_vote(last, events[0]) if events else (None, missing)
             if vote is None:
                 return (last, b""), missing or f"round {last}: finalized in the state, no RoundFinalized by block {at}"
             return (last, vote[0]), None
 
-        return read_until_complete(read)
+        return self._until_complete(read)
 
     def _finalizing_vote(self, round: int, event: Any) -> tuple[tuple[bytes, bytes] | None, str | None]:
         """The vote that finalized `round`, whose RoundFinalized is `event`: the first Committed event
@@ -813,7 +887,9 @@ class PipelinedClient:
         """Take `openings` (every RoundOpened/RoundClosed event after the last block indexed up to
         `at`, in chain order; others' rounds may be among them) into the index; what is missing if
         they do not reach round `need`, open by `at` (logs that lag: the index is read on from its
-        last opening next time)."""
+        opening before its last next time). An opening that moved, or one taken back, drops the kept
+        rounds (`_drop_kept`)."""
+        reorganised = False
         with self._index_lock:
             for e in openings:
                 round, block = _opened_round(e), int(e["blockNumber"])
@@ -821,21 +897,83 @@ class PipelinedClient:
                     continue  # indexed already (another thread's read)
                 if round > len(self._openings) + 1:
                     break  # an opening lacks: logs that lag
-                del self._openings[round - 1 :]  # a round that opened elsewhere (a reorganisation): from there on
+                reorganised = reorganised or round <= len(self._openings)  # a round that opened elsewhere
+                del self._openings[round - 1 :]  # from there on
                 self._openings.append(block)
             else:
                 self._indexed_to = max(self._indexed_to, at)
-            if len(self._openings) >= need:
-                return None
-            self._indexed_to = self._openings[-1] - 1 if self._openings else -1
-        return f"the round index reaches round {len(self._openings)} by block {at}, round {need} is open"
+            reached = len(self._openings) >= need
+            if not reached:
+                # logs that lag, or an opening that moved before the last one indexed (a reorganisation
+                # deeper than this read reached back): the next read goes on from the opening before
+                # the last, a round further back each time, so that one that moved earlier is found
+                reorganised = reorganised or len(self._openings) > 1
+                del self._openings[-1:]
+                self._indexed_to = self._openings[-1] - 1 if self._openings else -1
+            known = len(self._openings)
+        if reorganised:
+            self._drop_kept()
+        if reached:
+            return None
+        return f"the round index reaches round {known} by block {at}, round {need} is open"
 
     def _forget(self, round: int) -> None:
         """The index's opening of `round` does not hold: forget it and the rounds after, and read on
-        from the opening before it."""
+        from the opening before it; the kept rounds go with it (`_drop_kept`)."""
         with self._index_lock:
             del self._openings[max(round - 1, 0) :]
             self._indexed_to = self._openings[-1] - 1 if self._openings else -1
+        self._drop_kept()
+
+    # ---------------------------------------------------------------- what is kept of settled rounds
+
+    def _settled(self, block: int, at: int) -> bool:
+        """Whether a round's end (its close, for its commits) mined in `block` no longer changes,
+        read at pinned block `at`: with `confirmations` k > 0 at once (`at` lies k deep, where this
+        client takes nothing to change: its transactions count there too); with 0, once a block lies
+        on it (the head's own block is the one most often replaced). A deeper reorganisation is
+        seen by the round index or the open round (`_drop_kept`)."""
+        return block <= at - (0 if self.confirmations else 1)
+
+    def _kept_round(self, round: int) -> KeptRound | None:
+        with self._kept_lock:
+            return self._kept.get(round)
+
+    def _keep(self, round: int, generation: int, settled: int | None, at: int, **reads: Any) -> None:
+        """Keep `reads` of `round` (KeptRound's fields) once it settled in block `settled` as read at
+        `at`, unless a reorganisation was seen since the read began (`generation`); the last
+        KEPT_ROUNDS rounds only."""
+        if settled is None or not self._settled(settled, at):
+            return
+        with self._kept_lock:
+            if generation != self._generation:
+                return
+            kept = self._kept.setdefault(round, KeptRound())
+            for name, value in reads.items():
+                setattr(kept, name, value)
+            for old in sorted(self._kept)[:-KEPT_ROUNDS]:
+                del self._kept[old]
+
+    def _drop_kept(self) -> None:
+        """A reorganisation seen (an opening moved, or a kept round open again): forget every kept
+        round and the pinned block's views."""
+        with self._kept_lock:
+            self._kept.clear()
+            self._pinned_views = (-1, {})
+            self._generation += 1
+
+    def _until_complete(self, read: Callable[[], tuple[T, str | None]]) -> T:
+        """`read_until_complete`, the pinned block's views read again before each retry (what is
+        missing may be a view that a reorganisation at the same height changed)."""
+
+        def again() -> tuple[T, str | None]:
+            value, missing = read()
+            if missing is not None:
+                with self._kept_lock:
+                    self._pinned_views = (-1, {})
+            return value, missing
+
+        return read_until_complete(again)
 
     # ---------------------------------------------------------------- the head and the endpoint
 
@@ -883,7 +1021,20 @@ class PipelinedClient:
         elif block is None:
             self._read_latest = True  # the next pushed head is first held to the endpoint's (`head`)
         fn = getattr(self.contract.functions, fn_name)(*args)
-        return with_retries(fn.call if block is None else partial(fn.call, block_identifier=block), what=fn_name)
+        if block is None or args or fn_name not in PINNED_VIEWS:
+            return with_retries(fn.call if block is None else partial(fn.call, block_identifier=block), what=fn_name)
+        with self._kept_lock:
+            pinned, views = self._pinned_views
+            if block == pinned and fn_name in views:
+                return views[fn_name]
+        value = with_retries(partial(fn.call, block_identifier=block), what=fn_name)
+        with self._kept_lock:
+            pinned, views = self._pinned_views
+            if block > pinned:  # the views of one block are kept: the latest pinned one
+                self._pinned_views = pinned, views = block, {}
+            if block == pinned:
+                views[fn_name] = value
+        return value
 
     def _raw_rpc(self) -> RawRPC | None:
         """The cheap reader for the watcher's probe (`raw_reader`); None where there is none."""
@@ -952,6 +1103,11 @@ class PipelinedClient:
 
 
 _UNREAD = RoundInfo(0, RoundState.OPEN, 0, 0, 0, 0, None, 0, 0)  # a reading that lacks events: read again
+
+
+def _first_block(logs: list[Any], names: tuple[str, ...], round: int) -> int | None:
+    """The block of the first of `logs` that is one of `names` of `round`; None if none is."""
+    return next((int(e["blockNumber"]) for e in logs if e["event"] in names and e["args"]["round"] == round), None)
 
 
 def _round_topics(*rounds: int) -> list[str]:

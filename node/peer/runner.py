@@ -2,19 +2,23 @@
 the data shard and the round state machine together, and records status and metrics. The ledger's
 deployed code decides the client and the round loop (node.chain.kind): a SwarmLedger gets
 `LedgerClient` and `Peer`, a PipelinedLedger `PipelinedClient` and `PipelinedPeer` (no witness
-endpoint, no secure aggregation there: refused before anything is loaded or started)."""
+endpoint, no secure aggregation there: refused before anything is loaded or started). A pipelined
+peer stops cleanly on SIGTERM or SIGINT (`stop_on_signals`); a SwarmLedger peer as Python does by
+default (SIGTERM ends the process, SIGINT is a KeyboardInterrupt)."""
 
 from __future__ import annotations
 
 import getpass
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import trio
@@ -48,6 +52,7 @@ log = logging.getLogger("swarm.node")
 
 P2P_PASSWORD_ENV = "SWARM_P2P_PASSWORD"
 BOOTSTRAP_TIMEOUT_S = 60.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass
@@ -138,6 +143,25 @@ async def require_bootstrap(host: SwarmHost, bootstrap: list[str], timeout: floa
                 "(--bootstrap-timeout waits longer)"
             )
         await trio.sleep(poll)
+
+
+async def stop_on_signals(stop: Callable[[], None], *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """A pipelined peer's clean stop (`PipelinedPeer.stop`): the first SIGTERM or SIGINT calls `stop`
+    (the round under way is played out, then the final vote on it goes in: its members need it for
+    their majority); a second one ends the node at once, as a KeyboardInterrupt. Started (its
+    handlers installed) once `task_status.started()` is called; the main thread's only (trio's)."""
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        task_status.started()
+        stopping = False
+        async for signum in signals:
+            if stopping:
+                raise KeyboardInterrupt
+            stopping = True
+            log.warning(
+                "%s: stopping after this round and its final vote (send it again to stop at once)",
+                signal.Signals(signum).name,
+            )
+            stop()
 
 
 def open_witness(ledger: LedgerClient, options: NodeOptions) -> Witness | None:
@@ -252,6 +276,8 @@ async def run_node(config: Config, options: NodeOptions) -> int:
             ws_url = ws_url_for(options.rpc_url, config.chain.ws_url)
             feed = ChainFeed(ws_url, ledger.address, ledger.take_head) if ws_url is not None else None
             async with trio.open_nursery() as nursery:
+                if isinstance(peer, PipelinedPeer):
+                    await nursery.start(stop_on_signals, peer.stop)
                 if feed is not None:
                     peer.watcher.follow(feed, ledger.confirmations)
                     ledger.pushed_head = feed.live_head  # every read of the head: the one pushed

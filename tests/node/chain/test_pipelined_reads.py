@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 import trio
 from eth_account import Account
@@ -22,7 +23,8 @@ from node.chain.votes import majority, votes_on
 from node.peer.watch import ChainWatcher
 from node.protocol.wire import encode_bitmap
 from tests.e2e.testnet_box import ProxyFaults, rpc_proxy
-from tests.node.chain.test_pipelined_ledger import WINDOW_BLOCKS, WINDOW_SECONDS, Ledger
+from tests.node.chain.test_pipelined_attacks import send
+from tests.node.chain.test_pipelined_ledger import NO_VOTE, WINDOW_BLOCKS, WINDOW_SECONDS, Ledger
 
 EVERYONE = encode_bitmap([True] * 4)
 OTHER_MECHANISM = json.dumps({"name": "pnpm", "epsilon": 0.5}, separators=(",", ":")).encode()
@@ -297,3 +299,78 @@ def test_a_subscription_pushes_the_pipelined_clients_head_and_wakes_the_watcher(
 async def _off_loop(fn, *args, **kwargs):
     """The peer's `chain` (node/peer/peer.py): a blocking ledger call off the trio loop."""
     return await trio.to_thread.run_sync(partial(fn, *args, **kwargs))
+
+
+def test_a_settled_rounds_reads_are_kept_until_a_reorganisation(automine_chain, kit):
+    """Rounds 1 and 2 played by two members (round 1 finalized from round 2's commits, round 2
+    closed), then one block on them: a second read of round 1 (its info, commits, participants,
+    counted votes, digest) and of round 2's commits costs no request; round 2's info, closed and not
+    ended, is read again, its views (`currentRound`, `votingRound`) once per pinned block. Then
+    the chain is replaced twice (evm_revert, a reorganisation deeper than the reader's 0
+    confirmations): by one where round 1 is open again, which the next read of the current round
+    sees, and by one where round 1 finalized with another aggregate in other blocks, which the next
+    read of the open round sees (its opening moved): each time round 1 reads as the new chain has it."""
+    anvil, led = automine_chain, Ledger(automine_chain, kit, 2)
+    reader, accounts = led.reader, [Account.from_key(k) for k in anvil.private_keys[:2]]
+    everyone = encode_bitmap([True] * 2)
+
+    def play(label: str, empty: int) -> None:
+        """Rounds 1 and 2 after `empty` empty blocks, round 1 finalized with aggregate `label`."""
+        anvil.mine(empty)
+        for r, vote in ((1, NO_VOTE), (2, (kit.digest(label), everyone))):
+            for i in range(2):
+                mechanism = kit.MECHANISM if r == 1 else b""
+                fn = reader.contract.functions.commit(r, kit.digest(f"{label}{r}{i}"), 100, r, 0, mechanism, *vote)
+                send(reader.w3, accounts[i], fn)
+        anvil.mine(1)  # round 1's end a block deep
+
+    def round_1() -> tuple:
+        return (
+            reader.round_info(1),
+            reader.commitments(1),
+            reader.voted_commits(1),
+            reader.participants(1),
+            reader.attestations(1),
+            reader.finalized_digest(1),
+        )
+
+    def cost(read) -> tuple[Any, int]:
+        before = reader.rpc_requests()
+        found = read()
+        return found, reader.rpc_requests() - before
+
+    def replay(label: str, empty: int) -> None:
+        nonlocal snapshot
+        head = anvil.block_number()
+        anvil.rpc("evm_revert", [snapshot])
+        snapshot = anvil.rpc("evm_snapshot")
+        if label:
+            play(label, empty)
+        anvil.mine(max(0, head + 1 - anvil.block_number()))  # the reader takes no head behind one it read
+
+    snapshot = anvil.rpc("evm_snapshot")
+    play("a", 0)
+    first, spent = cost(round_1)
+    assert first[0].state is RoundState.FINALIZED and first[5] == kit.digest("a") and spent > 0
+    assert len(first[4]) == 2 and first[3] == [a.address for a in accounts]
+    assert cost(round_1) == (first, 0), "round 1 ended a block deep: kept"
+    commits_2 = reader.commitments(2)
+    assert cost(lambda: reader.commitments(2)) == (commits_2, 0), "round 2 closed a block deep: its commits kept"
+    reader.round_info(2)  # what a first read keeps for good (its blocks' timestamps)
+    anvil.mine(1)
+    closed_2, fresh = cost(lambda: reader.round_info(2))
+    assert closed_2.state is RoundState.CLOSED
+    _, a_view = cost(reader.contract.functions.currentRound().call)  # web3's eth_call, as the count sees it
+    assert cost(lambda: reader.round_info(2)) == (closed_2, fresh - 2 * a_view), "the views once per pinned block"
+
+    replay("", 0)  # round 1 open again: the current round's next read drops what was kept
+    assert reader.current_round() == 1
+    assert reader.round_info(1).state is RoundState.OPEN and reader.commitments(1) == []
+
+    play("b", 2)
+    assert round_1()[5] == kit.digest("b") and cost(round_1)[1] == 0
+    replay("c", 5)  # round 1 finalized again, with another aggregate, its close 3 blocks later
+    assert reader.round_info(3).state is RoundState.OPEN  # the open round's read sees its opening moved
+    again = round_1()
+    assert again[0].finalized_digest == again[5] == kit.digest("c")
+    assert [c.digest for c in again[1]] == [kit.digest("c10"), kit.digest("c11")]
