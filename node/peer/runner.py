@@ -188,6 +188,23 @@ def secure_member(
     return open_member(ledger, host, store, identity, policy, settings) if policy is not None else None
 
 
+def round_loop(
+    ledger: LedgerClient | PipelinedClient,
+    witness: Witness | None,
+    host: SwarmHost,
+    store: DiskBlobStore | FaultyStore,
+    identity: PrivateKey,
+    settings: PeerSettings,
+) -> Callable[..., Peer]:
+    """The round loop the deployed ledger calls for, its ledger-specific parts bound: `PipelinedPeer`
+    on a PipelinedLedger, else `Peer` with its witness and secure member."""
+    if isinstance(ledger, PipelinedClient):
+        return partial(PipelinedPeer, ledger=ledger)
+    return partial(
+        Peer, ledger=ledger, witness=witness, secure_member=secure_member(ledger, host, store, identity, settings)
+    )
+
+
 def round_recorder(
     ledger: LedgerClient | PipelinedClient, address: str, metrics: MetricsWriter
 ) -> Callable[[RoundOutcome], None]:
@@ -251,17 +268,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 write_json_atomic(status_path, status)
 
             on_round = round_recorder(ledger, account.address, metrics)
-            round_loop = (
-                partial(PipelinedPeer, ledger=ledger)
-                if isinstance(ledger, PipelinedClient)
-                else partial(
-                    Peer,
-                    ledger=ledger,
-                    witness=witness,
-                    secure_member=secure_member(ledger, host, store, key_pair.private_key, settings),
-                )
-            )
-            peer = round_loop(
+            peer = round_loop(ledger, witness, host, store, key_pair.private_key, settings)(
                 settings,
                 host=host,
                 store=store,
