@@ -140,6 +140,23 @@ class CountingHTTPProvider(HTTPProvider):
         return super().make_batch_request(batch_requests)
 
 
+def raw_call(raw: RawRPC, errors: RevertDecoder, method: str, params: list[Any]) -> Any:
+    """One raw request; a revert as the contract's refusal (`errors`), a block the endpoint lacks
+    (yet) as transient (`node.chain.retries` reads again, as it does web3's answer)."""
+    try:
+        return raw.call(
+            method, params, max_bytes=MAX_LOGS_ANSWER_BYTES if method == "eth_getLogs" else MAX_ANSWER_BYTES
+        )
+    except RPCErrorAnswer as exc:
+        error = exc.error if isinstance(exc.error, dict) else {}
+        decoded = errors.decode(error.get("data"))
+        if decoded:
+            raise decoded from None
+        if any(answer in str(error.get("message", "")).lower() for answer in MISSING_BLOCK_ANSWERS):
+            raise RawRPCUnavailable(str(exc)) from None
+        raise
+
+
 def raw_reader(w3: Web3) -> RawRPC | None:
     """A new bare JSON-RPC reader (`RawRPC`, its own connection) on `w3`'s endpoint, its requests
     counted with the provider's; None where it cannot serve: an in-process provider, a URL with
@@ -454,20 +471,7 @@ class LedgerClient:
             raise
 
     def _raw_call(self, raw: RawRPC, method: str, params: list[Any]) -> Any:
-        """One raw request; a revert as the contract's refusal, a block the endpoint lacks (yet)
-        as transient (`node.chain.retries` reads again, as it does web3's answer)."""
-        try:
-            return raw.call(
-                method, params, max_bytes=MAX_LOGS_ANSWER_BYTES if method == "eth_getLogs" else MAX_ANSWER_BYTES
-            )
-        except RPCErrorAnswer as exc:
-            error = exc.error if isinstance(exc.error, dict) else {}
-            decoded = self._errors.decode(error.get("data"))
-            if decoded:
-                raise decoded from None
-            if any(answer in str(error.get("message", "")).lower() for answer in MISSING_BLOCK_ANSWERS):
-                raise RawRPCUnavailable(str(exc)) from None
-            raise
+        return raw_call(raw, self._errors, method, params)
 
     def block_number(self) -> int:
         """The block this client reads the chain at: the head less `confirmations`."""

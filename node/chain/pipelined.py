@@ -45,11 +45,14 @@ from node.chain.client import (
     CountingHTTPProvider,
     constructor_settings,
     head_block,
+    raw_call,
     raw_reader,
     read_until_complete,
 )
+from node.chain.codec import ViewCodec
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError
+from node.chain.mirror import LedgerMirror, MirroredLog
 from node.chain.rawrpc import HeadGuard, RawRPC, header_hash
 from node.chain.records import Attestation, Commitment, RoundInfo, RoundState, SwarmParams
 from node.chain.registration import Registration, registration_message
@@ -75,7 +78,8 @@ ROUND_ENDS = ("RoundFinalized", "RoundAborted")  # no vote on the round counts a
 # the events that open a round: RoundOpened(r) (deployment, after an abort), or RoundClosed(r - 1)
 ROUND_OPENINGS = ("RoundOpened", "RoundClosed")
 KEPT_ROUNDS = 8  # settled rounds whose reads are kept (a peer reads the last two or three again and again)
-PINNED_VIEWS = ("currentRound", "votingRound", "openRoundCounts", "lastFinalized")  # read once per pinned block
+# read once per ledger state (per pinned block where the mirror does not tell the states apart)
+PINNED_VIEWS = ("currentRound", "votingRound", "openRoundCounts", "lastFinalized", "epsSpent")
 
 
 T = TypeVar("T")
@@ -173,6 +177,8 @@ class PipelinedClient:
         self.contract = w3.eth.contract(address=self.address, abi=abi)
         self._signatures = {e["name"]: "0x" + event_abi_to_log_topic(e).hex() for e in abi if e["type"] == "event"}
         self._events_by_signature = {topic: name for name, topic in self._signatures.items()}
+        self._codec, self._errors = ViewCodec(abi), RevertDecoder(abi)
+        self._opening_topics = frozenset(bytes.fromhex(self._signatures[n][2:]) for n in ROUND_OPENINGS)
         self.confirmations = confirmations
         self.from_block = from_block
         self.gas_used: dict[str, int] = {}  # last receipt's gasUsed per function, for benchmarks
@@ -197,11 +203,16 @@ class PipelinedClient:
         # one lock; both dropped whole when a read sees a reorganisation (`_drop_kept`); `_generation`
         # counts the drops, so that a read begun before one keeps nothing
         self._kept: dict[int, KeptRound] = {}
-        self._pinned_views: tuple[int, dict[str, Any]] = (-1, {})
+        # the live views of one ledger state: keyed by the pinned block, or where the mirror holds the
+        # blocks up to it, by the last block that changed the state (`_state_key`)
+        self._pinned_views: tuple[Any, dict[Any, Any]] = (None, {})
+        self._viewed_to = -1  # the latest block a live view was read at
         self._generation = 0
         self._kept_lock = threading.Lock()
         # the head a subscription pushes while it runs, else None (node.chain.subscription.ChainFeed.live_head)
         self.pushed_head: Callable[[], int | None] | None = None
+        # the ledger's logs as the subscription pushed them, while it runs (`use_mirror`)
+        self.mirror: LedgerMirror | None = None
         self._read_latest = False  # a view read "latest" since the last pushed head was used
         self._tx = (
             TransactionSender(w3, account, RevertDecoder(abi), tx_timeout, confirmations=confirmations, head=self.head)
@@ -326,9 +337,12 @@ class PipelinedClient:
     def current_round(self, *, block: int | None = None) -> int:
         """The open round. Read at the latest block read (not an older one asked for), a kept round
         from it on has been undone by a reorganisation: the kept rounds are dropped."""
-        current = int(self._view("currentRound", block=block))
+        at = self.block_number() if block is None and self.mirror is not None else block
+        opening = self._mirrored_opening(at) if at is not None else None
+        current = _opened_round(opening) if opening is not None else int(self._view("currentRound", block=at))
         with self._kept_lock:
-            undone = (block is None or block >= self._pinned_views[0]) and any(r >= current for r in self._kept)
+            undone = (at is None or at >= self._viewed_to) and any(r >= current for r in self._kept)
+            self._viewed_to = max(self._viewed_to, -1 if at is None else at)
         if undone:
             self._drop_kept()
         return current
@@ -342,8 +356,29 @@ class PipelinedClient:
         return int(self._view("lastFinalized", block=block))
 
     def open_round_participants(self, *, block: int | None = None) -> int:
-        """How many members committed in the open round so far."""
-        return int(self._view("openRoundCounts", block=block)[0])
+        """How many members committed in the open round so far: its Committed events where the mirror
+        holds them since the round opened, else the state's count."""
+        at = self.block_number() if block is None and self.mirror is not None else block
+        opening = self._mirrored_opening(at) if at is not None else None
+        if opening is not None and at is not None:
+            # the mirror holds every block from the opening to `at`: the Committed logs are all there
+            round, opened = _opened_round(opening), int(opening["blockNumber"])
+            return len(self._logs(("Committed",), opened, at, _round_topics(round)))
+        return int(self._view("openRoundCounts", block=at)[0])
+
+    def use_mirror(self, mirror: LedgerMirror) -> None:
+        """Read the blocks `mirror` holds from it (`node.chain.mirror`); what it held wrong, when it
+        starts again, drops what was kept."""
+        self.mirror = mirror
+        mirror.on_reset(lambda first: self._drop_kept())
+
+    def _mirrored_opening(self, at: int) -> Any | None:
+        """The last event by block `at` that opened a round (RoundOpened, RoundClosed), decoded, where
+        the mirror holds every block from it to `at`; None otherwise."""
+        if self.mirror is None:
+            return None
+        found = self.mirror.last_log(self._opening_topics, at)
+        return self._decoded(found) if found is not None else None
 
     def eps_spent(self, address: str, *, block: int | None = None) -> int:
         """Cumulative eps committed by `address`, in micro-eps."""
@@ -544,7 +579,8 @@ class PipelinedClient:
                 opened_at,
                 closed_at,
             ), None
-        if self.voting_round(block=at) != VotingRound(round, True, _count(closed)):
+        held = self.mirror is not None and self.mirror.covers(opened_block, at)  # no log of it lags
+        if not held and self.voting_round(block=at) != VotingRound(round, True, _count(closed)):
             return _UNREAD, lagging  # the state has it ended: its RoundFinalized or RoundAborted lags
         return RoundInfo(
             round, RoundState.CLOSED, opened_block, closed_block, 0, _count(closed), None, opened_at, closed_at
@@ -959,7 +995,7 @@ class PipelinedClient:
         round and the pinned block's views."""
         with self._kept_lock:
             self._kept.clear()
-            self._pinned_views = (-1, {})
+            self._pinned_views = (None, {})
             self._generation += 1
 
     def _until_complete(self, read: Callable[[], tuple[T, str | None]]) -> T:
@@ -970,7 +1006,7 @@ class PipelinedClient:
             value, missing = read()
             if missing is not None:
                 with self._kept_lock:
-                    self._pinned_views = (-1, {})
+                    self._pinned_views = (None, {})
             return value, missing
 
         return read_until_complete(again)
@@ -1020,21 +1056,41 @@ class PipelinedClient:
             block = self.block_number()  # a pushed head may lag "latest": read where the pinned reads do
         elif block is None:
             self._read_latest = True  # the next pushed head is first held to the endpoint's (`head`)
-        fn = getattr(self.contract.functions, fn_name)(*args)
-        if block is None or args or fn_name not in PINNED_VIEWS:
-            return with_retries(fn.call if block is None else partial(fn.call, block_identifier=block), what=fn_name)
+        if block is None or fn_name not in PINNED_VIEWS:
+            return self._call_view(fn_name, args, block)
+        key, name = self._state_key(block), (fn_name, *args)
         with self._kept_lock:
-            pinned, views = self._pinned_views
-            if block == pinned and fn_name in views:
-                return views[fn_name]
-        value = with_retries(partial(fn.call, block_identifier=block), what=fn_name)
+            state, views = self._pinned_views
+            if key == state and name in views:
+                return views[name]
+        value = self._call_view(fn_name, args, block)
         with self._kept_lock:
-            pinned, views = self._pinned_views
-            if block > pinned:  # the views of one block are kept: the latest pinned one
-                self._pinned_views = pinned, views = block, {}
-            if block == pinned:
-                views[fn_name] = value
+            state, views = self._pinned_views
+            if key != state and (key[0] == "state" or state is None or state[0] != "block" or key[1] > state[1]):
+                self._pinned_views = state, views = key, {}  # the views of one state are kept: the latest
+            if key == state:
+                views[name] = value
         return value
+
+    def _call_view(self, fn_name: str, args: tuple[Any, ...], block: int | None) -> Any:
+        """One view: a bare eth_call through the raw reader where there is one (`node.chain.codec`:
+        a tenth of web3's CPU, one request), else web3's contract call."""
+        raw = self._raw_rpc()
+        if raw is not None:
+            request = {"to": self.address, "data": self._codec.calldata(fn_name, args)}
+            params = [request, "latest" if block is None else hex(block)]
+            return self._codec.decode(
+                fn_name, with_retries(partial(raw_call, raw, self._errors, "eth_call", params), what=fn_name)
+            )
+        fn = getattr(self.contract.functions, fn_name)(*args)
+        return with_retries(fn.call if block is None else partial(fn.call, block_identifier=block), what=fn_name)
+
+    def _state_key(self, block: int) -> tuple[Any, ...]:
+        """What the live views at `block` depend on: where the mirror holds the blocks up to it, the
+        last one that changed the ledger's state (with the mirror's epoch), so that every block
+        since shares its views; else the block itself."""
+        changed = self.mirror.last_change(block) if self.mirror is not None else None
+        return ("block", block) if changed is None else ("state", *changed)
 
     def _raw_rpc(self) -> RawRPC | None:
         """The cheap reader for the watcher's probe (`raw_reader`); None where there is none."""
@@ -1046,6 +1102,9 @@ class PipelinedClient:
         """The logs of the events `names` in from_block..to_block, decoded, in chain order, whose
         indexed arguments match `topics` (by position after the signature: any of those given; None:
         any), in one request per LOG_CHUNK_BLOCKS blocks for all of them."""
+        held = self.mirror.logs(from_block, to_block) if self.mirror is not None else None
+        if held is not None:
+            return self._held_logs(held, names, topics)
         query_topics: list[Any] = [[self._signatures[name] for name in names], *topics]
         found: list[Any] = []
         for start in range(from_block, to_block + 1, LOG_CHUNK_BLOCKS):
@@ -1053,6 +1112,29 @@ class PipelinedClient:
             query: FilterParams = {"address": self.address, "fromBlock": start, "toBlock": end, "topics": query_topics}
             found += with_retries(partial(self.w3.eth.get_logs, query), what=f"get_logs {'/'.join(names)}")
         return sorted((self._decode(log) for log in found), key=lambda e: (e["blockNumber"], e["logIndex"]))
+
+    def _held_logs(
+        self, held: list[MirroredLog], names: tuple[str, ...], topics: tuple[list[str] | None, ...]
+    ) -> list[Any]:
+        """The mirror's `held` logs that `_logs`' query would return, decoded (once a log)."""
+        signatures = {bytes.fromhex(self._signatures[name][2:]) for name in names}
+        wanted = [None if t is None else {bytes.fromhex(x[2:]) for x in t} for t in topics]
+        found = []
+        for entry in held:
+            if entry.topics[0] not in signatures:
+                continue
+            if any(
+                w is not None and (i + 1 >= len(entry.topics) or entry.topics[i + 1] not in w)
+                for i, w in enumerate(wanted)
+            ):
+                continue
+            found.append(self._decoded(entry))
+        return found
+
+    def _decoded(self, entry: MirroredLog) -> Any:
+        if entry.decoded is None:
+            entry.decoded = self._decode(entry.log)
+        return entry.decoded
 
     def _decode(self, log: Any) -> Any:
         """A log of this contract's decoded by the event its first topic names."""
@@ -1066,6 +1148,8 @@ class PipelinedClient:
         """The timestamp of the block holding `event`, kept by block hash (a reorganised block is another)."""
         block_hash = HexStr("0x" + bytes(event["blockHash"]).hex())
         found = self._timestamps.get(block_hash)
+        if found is None and self.mirror is not None:
+            found = self.mirror.timestamp(bytes(event["blockHash"]))
         if found is None:
             block = with_retries(lambda: self.w3.eth.get_block(block_hash), what="block timestamp")
             found = self._timestamps[block_hash] = int(block["timestamp"])

@@ -25,8 +25,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import trio
 from trio_websocket import WebSocketConnection, open_websocket_url
+from web3._utils.method_formatters import log_entry_formatter
 
 from node.chain.errors import LedgerError
+from node.chain.mirror import LedgerMirror, PushedHeader
 from node.chain.rawrpc import parse_hash32, parse_quantity
 
 log = logging.getLogger("swarm.chain")
@@ -45,6 +47,19 @@ RECONNECT_PAUSES = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)  # seconds before the 
 REORG_MEMORY = 128  # the hashes of this many recent heads are kept, to see a reorganisation in a later head
 MAX_PENDING_LOGS = 1024  # blocks of pushed logs not yet confirmed, kept (`node.peer.watch`); more is a flood
 
+BLOOM_BYTES = 256
+# the fields of a pushed log the mirror keeps, as eth_getLogs gives them
+LOG_FIELDS = (
+    "address",
+    "blockHash",
+    "blockNumber",
+    "data",
+    "logIndex",
+    "removed",
+    "topics",
+    "transactionHash",
+    "transactionIndex",
+)
 SUBSCRIBE_HEADS, SUBSCRIBE_LOGS = 1, 2  # JSON-RPC ids of the two eth_subscribe requests
 
 
@@ -55,11 +70,16 @@ class NoSubscriptions(Exception):
 @dataclass(frozen=True)
 class LedgerLog:
     """One log of the ledger as pushed: its block, its first topic (the event) and whether a
-    reorganisation removed it (`removed: true`: the block that held it is no longer the chain's)."""
+    reorganisation removed it (`removed: true`: the block that held it is no longer the chain's);
+    its index in the block, its topics and the log as web3's `eth_getLogs` formats it (for the
+    mirror, `node.chain.mirror`)."""
 
     block: int
     topic: bytes
     removed: bool
+    index: int = 0
+    topics: tuple[bytes, ...] = ()
+    formatted: Any = None
 
 
 def ws_url_for(rpc_url: str, setting: str) -> str | None:
@@ -107,6 +127,7 @@ class ChainFeed:
         self._logs: list[Callable[[LedgerLog], None]] = []
         self._lives: list[Callable[[bool], None]] = []
         self._reorgs: list[Callable[[int], None]] = []
+        self._headers: list[Callable[[PushedHeader], None]] = []
         self._hashes: dict[int, bytes] = {}  # block number -> hash of the heads pushed lately
         self._head_at = 0.0  # trio time of the last new head (or of the subscription)
         self._said_polling = False
@@ -123,6 +144,19 @@ class ChainFeed:
 
     def on_reorg(self, listener: Callable[[int], None]) -> None:
         self._reorgs.append(listener)
+
+    def on_header(self, listener: Callable[[PushedHeader], None]) -> None:
+        """`listener(header)` with each head the guard takes as new, after any reorganisation it shows."""
+        self._headers.append(listener)
+
+    def mirror(self, mirror: LedgerMirror) -> None:
+        """Feed `mirror` with this feed's heads and logs while it is live (reset when it drops)."""
+        self.on_header(mirror.take_header)
+        self.on_log(
+            lambda entry: mirror.take_log(entry.block, entry.index, entry.topics, entry.formatted, entry.removed)
+        )
+        self.on_reorg(mirror.reorganised)
+        self.on_live(lambda live: None if live else mirror.stopped())
 
     def live_head(self) -> int | None:
         """The last pushed head while the subscriptions run; None while the peer must poll."""
@@ -234,6 +268,14 @@ class ChainFeed:
         number = parse_quantity(header.get("number"), "newHeads")
         digest = parse_hash32(header.get("hash"), "newHeads hash")
         parent = parse_hash32(header.get("parentHash"), "newHeads parentHash")
+        pushed = PushedHeader(
+            number,
+            digest,
+            parent,
+            parse_quantity(header["timestamp"], "newHeads timestamp") if "timestamp" in header else None,
+            parse_quantity(header["baseFeePerGas"], "newHeads baseFeePerGas") if "baseFeePerGas" in header else None,
+            _bloom(header.get("logsBloom")),
+        )
         with trio.fail_after(HEAD_CHECK_TIMEOUT_S):
             taken = await trio.to_thread.run_sync(self._take_head, number)
         self.notifications += 1
@@ -249,6 +291,9 @@ class ChainFeed:
         if self.head is not None and taken <= self.head:
             return  # behind or equal to the last one taken: the guard kept the last
         self.head, self._head_at = taken, trio.current_time()
+        if taken == number:
+            for on_header in self._headers:
+                on_header(pushed)
         for listener in self._heads:
             listener(taken)
 
@@ -266,7 +311,20 @@ class ChainFeed:
         removed = entry.get("removed", False)
         if not isinstance(removed, bool):
             raise LedgerError(f"logs: removed {str(removed)[:20]}")
-        return LedgerLog(block, topic, removed)
+        index = parse_quantity(entry.get("logIndex"), "logs logIndex")
+        raw = {key: entry.get(key) for key in LOG_FIELDS} | {"removed": removed}
+        for key in ("blockHash", "transactionHash"):
+            parse_hash32(raw[key], f"logs {key}")
+        parse_quantity(raw["transactionIndex"], "logs transactionIndex")
+        data = raw["data"]
+        if not isinstance(data, str) or not data.startswith("0x") or len(data) % 2:
+            raise LedgerError(f"logs: data {str(data)[:50]}")
+        try:
+            bytes.fromhex(data[2:])
+            formatted = log_entry_formatter(raw)
+        except (ValueError, TypeError) as exc:
+            raise LedgerError(f"logs: not a log: {exc}") from None
+        return LedgerLog(block, topic, removed, index, tuple(parse_hash32(t, "logs topic") for t in topics), formatted)
 
     def _set_live(self, live: bool) -> None:
         if live == self.live:
@@ -274,6 +332,16 @@ class ChainFeed:
         self.live = live
         for listener in self._lives:
             listener(live)
+
+
+def _bloom(value: Any) -> bytes | None:
+    """A header's logs bloom (256 bytes), None where the header has none or not that."""
+    if not isinstance(value, str) or not value.startswith("0x") or len(value) != 2 + 2 * BLOOM_BYTES:
+        return None
+    try:
+        return bytes.fromhex(value[2:])
+    except ValueError:
+        return None
 
 
 def _parse(message: str | bytes) -> dict[str, Any] | None:

@@ -184,6 +184,13 @@ def test_hostile_notifications_change_nothing(automine_chain):
     swarm = Swarm(automine_chain, 3)
     real = automine_chain.block_number()
     ledger_log = {"address": swarm.address, "blockNumber": hex(real), "topics": ["0x" + "11" * 32], "removed": False}
+    full_log = ledger_log | {
+        "blockHash": "0x" + "ab" * 32,
+        "transactionHash": "0x" + "cd" * 32,
+        "transactionIndex": "0x0",
+        "logIndex": "0x0",
+        "data": "0x",
+    }
     lies = [
         "{not json",
         json.dumps([1, 2, 3]),
@@ -192,6 +199,9 @@ def test_hostile_notifications_change_nothing(automine_chain):
         notification("0xs1", {"number": "0x" + "f" * 40, "hash": "0x" + "ab" * 32}),  # past 64 bits
         notification("0xs2", ledger_log | {"address": "0x" + "99" * 20}),  # another contract's log
         notification("0xs2", ledger_log | {"removed": "yes"}),
+        notification("0xs2", full_log | {"data": "0xzz"}),  # a log the mirror would keep: not hex
+        notification("0xs2", full_log | {"logIndex": "0x" + "f" * 40}),
+        notification("0xs1", header(real) | {"timestamp": "soon"}),
         notification("0xs9", header(real)),  # a subscription never made
         "x" * (MAX_NOTIFICATION_BYTES + 1),  # oversized: the connection is dropped, then opened again
     ]
@@ -211,7 +221,7 @@ def test_hostile_notifications_change_nothing(automine_chain):
 
     trio.run(main)
     assert logs == [] and feed.head == real
-    assert feed.refused == 8  # all but the oversized one, which closed the connection
+    assert feed.refused == 11  # all but the oversized one, which closed the connection
     assert swarm.reader.head() == real  # the client's guard never took the made-up head
 
 

@@ -1,0 +1,228 @@
+"""The ledger's logs as a subscription pushed them, kept so that reads of recent blocks need no request.
+
+A peer on a public endpoint may make some ten requests a round (issue 27); its reads of a round's
+events would make dozens (every commit wakes a read of the open round). While `ChainFeed` runs, every log
+of the ledger reaches the peer anyway: `LedgerMirror` keeps them, and answers a read of blocks it holds
+whole with no request. It holds a block whole (sealed) once a later head was pushed (an endpoint pushes
+a block's logs before the heads after it: Anvil, geth), or at once where the head's logs bloom has no bit
+of the ledger's address (a bloom has no false negatives); from the first block whose logs were certainly
+subscribed to (the one after the first head pushed: a block mined while the subscriptions were being
+made may have had its logs missed). Blocks before that, or past the last sealed one, are read from the
+endpoint as before, so the mirror only saves requests, never decides what a read returns.
+
+What would make it hold a wrong block resets it (it starts again at the next head, the reads going to
+the endpoint meanwhile, and `on_reset` listeners are told, for their kept reads): a reorganisation (a
+head replacing one seen, or a log pushed `removed`), a log pushed for a block already sealed (an endpoint
+that does not push in order), or the subscription dropping. The pushed logs are as trusted as the HTTP
+endpoint's answers: the WebSocket is the same endpoint's (`chain.ws_url`, docs/TESTNET.md) and the
+values are checked as a polled log's are. Bounded: MIRROR_BLOCKS blocks and MIRROR_LOGS logs at most, the
+oldest dropped first (reads of older blocks go to the endpoint).
+
+Fed on the trio thread (`ChainFeed`'s listeners), read by the ledger client from worker threads: one lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from eth_utils import keccak
+
+log = logging.getLogger("swarm.chain")
+
+MIRROR_BLOCKS = 20_000  # blocks of logs kept (a round's span is tens to hundreds of blocks)
+MIRROR_LOGS = 50_000  # logs kept (about 1 kB each as formatted; a round at 16 members holds some 20)
+TIMESTAMPS_KEPT = 4096  # headers' timestamps kept, by hash
+
+
+@dataclass(frozen=True)
+class PushedHeader:
+    """The fields of a pushed head the peer uses: its number and hash (with its parent's, for
+    reorganisations), its timestamp, its base fee (None before London) and its logs bloom (None
+    where the header lacks them)."""
+
+    number: int
+    hash: bytes
+    parent: bytes
+    timestamp: int | None
+    base_fee: int | None
+    bloom: bytes | None
+
+
+@dataclass
+class MirroredLog:
+    """One pushed log: where it lies, its topics, the log as `web3`'s `eth_getLogs` formats it, and its
+    decoded event once a reader decoded it (kept: the same log is read many times a round)."""
+
+    block: int
+    index: int
+    topics: tuple[bytes, ...]
+    log: Any
+    decoded: Any = field(default=None, compare=False)
+
+
+def bloom_has(bloom: bytes, item: bytes) -> bool:
+    """Whether the 2048-bit logs bloom `bloom` has the three bits of `item` (an address or a topic,
+    the yellow paper's M3:2048): False proves `item` is in none of the block's logs."""
+    digest = keccak(item)
+    for i in (0, 2, 4):
+        bit = ((digest[i] << 8) | digest[i + 1]) & 2047
+        if not bloom[255 - bit // 8] & (1 << (bit % 8)):
+            return False
+    return True
+
+
+class LedgerMirror:
+    """The ledger's pushed logs over the blocks held whole (`covers`), and recent heads' timestamps."""
+
+    def __init__(self, address: bytes) -> None:
+        self._address = address  # 20 bytes
+        self._lock = threading.Lock()
+        self._start: int | None = None  # the first block held whole; None: none yet
+        self._sealed = -1  # the last block held whole (from `_start`)
+        self._head = -1  # the last head pushed
+        self._logs: dict[int, list[MirroredLog]] = {}  # block -> its logs, in log order
+        self._count = 0  # logs held
+        self._timestamps: dict[bytes, int] = {}  # header hash -> timestamp, the last TIMESTAMPS_KEPT
+        self._base_fee: int | None = None
+        self.resets = 0  # times it started again (reorganisation, out-of-order log, a drop)
+        self._on_reset: list[Callable[[int], None]] = []
+
+    def on_reset(self, listener: Callable[[int], None]) -> None:
+        """`listener(block)` when the mirror starts again, `block` the first one it may have held wrong."""
+        self._on_reset.append(listener)
+
+    # ---------------------------------------------------------------- fed by the subscription
+
+    def take_header(self, header: PushedHeader) -> None:
+        """A head the subscription pushed (the feed's guard took it): seals the blocks before it, and
+        itself where its bloom excludes the ledger."""
+        with self._lock:
+            if header.timestamp is not None:
+                self._timestamps[header.hash] = header.timestamp
+            if len(self._timestamps) > TIMESTAMPS_KEPT:
+                del self._timestamps[next(iter(self._timestamps))]
+            self._base_fee = header.base_fee
+            if header.number <= self._head:
+                return  # not new (a replaced head comes through `reorganised` first)
+            self._head = header.number
+            if self._start is None:
+                self._start, self._sealed = header.number + 1, header.number
+                return
+            quiet = header.bloom is not None and not bloom_has(header.bloom, self._address)
+            whole = header.number if quiet and header.number not in self._logs else header.number - 1
+            self._sealed = max(self._sealed, whole)
+            self._prune()
+
+    def take_log(self, block: int, index: int, topics: tuple[bytes, ...], formatted: Any, removed: bool) -> None:
+        """A ledger log the subscription pushed (validated there)."""
+        if removed:
+            self.reorganised(block)
+            return
+        with self._lock:
+            if self._start is None or block < self._start:
+                return  # before the blocks held whole: read from the endpoint
+            if block <= self._sealed:
+                late = block
+            else:
+                if self._logs and block < next(reversed(self._logs)) and block not in self._logs:
+                    self._logs[block] = []  # out of block order: the dict is kept in block order
+                    self._logs = dict(sorted(self._logs.items()))
+                entries = self._logs.setdefault(block, [])
+                if any(e.index == index for e in entries):
+                    return  # pushed twice
+                entries.append(MirroredLog(block, index, topics, formatted))
+                entries.sort(key=lambda e: e.index)
+                self._count += 1
+                return
+        log.warning("the endpoint pushed a ledger log of block %d after a later head: the mirror starts again", late)
+        self._reset(late)
+
+    def reorganised(self, first: int) -> None:
+        """Blocks `first` on were replaced (a head said so, or a removed log)."""
+        with self._lock:
+            held = self._start is not None and first <= max(self._sealed, self._head)
+        if held:
+            self._reset(first)
+
+    def stopped(self) -> None:
+        """The subscription dropped: logs may be missed until it is back."""
+        self._reset(None)
+
+    def _reset(self, first: int | None) -> None:
+        with self._lock:
+            self._start, self._sealed, self._head = None, -1, -1
+            self._logs.clear()
+            self._count = 0
+            self.resets += 1
+        if first is not None:
+            for listener in self._on_reset:
+                listener(first)
+
+    def _prune(self) -> None:
+        """Keep at most MIRROR_BLOCKS blocks and MIRROR_LOGS logs (under the lock): the oldest go,
+        the blocks held whole starting after them."""
+        assert self._start is not None
+        floor = self._head - MIRROR_BLOCKS
+        while self._logs and (self._count > MIRROR_LOGS or min(self._logs) <= floor):
+            oldest = min(self._logs)
+            self._count -= len(self._logs.pop(oldest))
+            floor = max(floor, oldest)
+        if floor >= self._start:
+            self._start = floor + 1
+
+    # ---------------------------------------------------------------- read by the ledger client
+
+    def covers(self, from_block: int, to_block: int) -> bool:
+        """Whether every ledger log of blocks from_block..to_block is held."""
+        with self._lock:
+            return self._start is not None and self._start <= from_block and to_block <= self._sealed
+
+    def logs(self, from_block: int, to_block: int) -> list[MirroredLog] | None:
+        """The ledger's logs of from_block..to_block in chain order; None unless all are held."""
+        with self._lock:
+            if self._start is None or not self._start <= from_block or to_block > self._sealed:
+                return None
+            if to_block - from_block < len(self._logs):
+                blocks = [b for b in range(from_block, to_block + 1) if b in self._logs]
+            else:
+                blocks = sorted(b for b in self._logs if from_block <= b <= to_block)
+            return [e for b in blocks for e in self._logs[b]]
+
+    def last_log(self, topics: frozenset[bytes], at: int) -> MirroredLog | None:
+        """The last held log by block `at` whose first topic is one of `topics`, where every block
+        from its own to `at` is held; None otherwise."""
+        with self._lock:
+            if self._start is None or at > self._sealed:
+                return None
+            for block in reversed(self._logs):  # in block order (`take_log`)
+                if block > at:
+                    continue
+                for entry in reversed(self._logs[block]):
+                    if entry.topics and entry.topics[0] in topics:
+                        return entry
+            return None
+
+    def last_change(self, at: int) -> tuple[int, int] | None:
+        """(the mirror's epoch, the last block at or before `at` holding a ledger log, or `start - 1`
+        if none does since the blocks held whole begin): the ledger's state at `at` is its state
+        there, as every change of it emits a log; the epoch (`resets`) tells a block number reused
+        by a reorganisation apart. None unless the blocks up to `at` are held."""
+        with self._lock:
+            if self._start is None or at > self._sealed or at < self._start - 1:
+                return None
+            changed = next((b for b in reversed(self._logs) if b <= at), self._start - 1)
+            return self.resets, changed
+
+    def timestamp(self, block_hash: bytes) -> int | None:
+        """The timestamp of a recent pushed head, by its hash."""
+        with self._lock:
+            return self._timestamps.get(block_hash)
+
+    def base_fee(self) -> int | None:
+        """The base fee of the last pushed head (None before London, or before any head)."""
+        with self._lock:
+            return self._base_fee

@@ -1,0 +1,197 @@
+"""The ledger mirror (node/chain/mirror.py): the pipelined client reads the blocks a subscription pushed
+whole from what it pushed, with no request, and reads exactly what the endpoint would have answered.
+
+The rules first, on made-up heads and logs (which blocks it holds whole, when it starts again); then a
+scripted history of a real PipelinedLedger on Anvil read at every block by a client fed by a real
+`ChainFeed` and by one asking the endpoint, which must agree on every read."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import trio
+from eth_account import Account
+from eth_utils import keccak
+
+from node.chain.client import connect
+from node.chain.mirror import MIRROR_LOGS, LedgerMirror, PushedHeader, bloom_has
+from node.chain.pipelined import PipelinedClient
+from node.chain.records import RoundState
+from node.chain.subscription import ChainFeed, ws_url_for
+from node.protocol.wire import encode_bitmap
+from tests.node.chain.test_pipelined_ledger import WINDOW_SECONDS, Ledger
+
+ADDRESS = bytes.fromhex("5FbDB2315678afecb367f032d93F642f64180aa3")
+EVERYONE = encode_bitmap([True] * 4)
+
+
+def bloom_of(*items: bytes) -> bytes:
+    """A logs bloom holding `items` (the yellow paper's M3:2048), as a header carries it."""
+    bits = bytearray(256)
+    for item in items:
+        digest = keccak(item)
+        for i in (0, 2, 4):
+            bit = ((digest[i] << 8) | digest[i + 1]) & 2047
+            bits[255 - bit // 8] |= 1 << (bit % 8)
+    return bytes(bits)
+
+
+def header(number: int, *, bloom: bytes | None = None, fork: int = 0) -> PushedHeader:
+    digest = number.to_bytes(31, "big") + bytes([fork])
+    parent = (number - 1).to_bytes(31, "big") + bytes([fork])
+    return PushedHeader(number, digest, parent, 1_000 + number, 7, bloom)
+
+
+def push_log(mirror: LedgerMirror, block: int, index: int = 0, removed: bool = False) -> None:
+    mirror.take_log(block, index, (b"\x01" * 32,), {"blockNumber": block, "logIndex": index}, removed)
+
+
+def test_a_block_is_held_whole_once_a_later_head_came_or_its_bloom_excludes_the_ledger():
+    mirror = LedgerMirror(ADDRESS)
+    mirror.take_header(header(10, bloom=bloom_of(ADDRESS)))
+    assert not mirror.covers(10, 10), "its logs may have come before the subscription"
+    push_log(mirror, 11)
+    mirror.take_header(header(11, bloom=bloom_of(ADDRESS)))
+    assert not mirror.covers(11, 11), "the ledger may have more logs in the head's block"
+    mirror.take_header(header(12, bloom=bloom_of(b"another contract")))
+    assert mirror.covers(11, 12), "a later head seals 11; 12's bloom has none of the ledger's bits"
+    assert [e.block for e in mirror.logs(11, 12)] == [11]
+    assert mirror.logs(10, 12) is None and mirror.logs(11, 13) is None
+    mirror.take_header(header(13))  # no bloom: held whole only once 14 comes
+    assert not mirror.covers(13, 13)
+    mirror.take_header(header(14, bloom=bloom_of(b"another contract")))
+    assert mirror.covers(11, 14)
+    assert mirror.last_change(14) == (0, 11) and mirror.last_change(10) == (0, 10)
+    assert mirror.last_change(9) is None and mirror.last_change(15) is None
+    assert mirror.timestamp(header(12).hash) == 1_012 and mirror.base_fee() == 7
+
+
+def test_what_could_leave_the_mirror_wrong_starts_it_again():
+    resets: list[int] = []
+    mirror = LedgerMirror(ADDRESS)
+    mirror.on_reset(resets.append)
+    for n in range(10, 14):
+        mirror.take_header(header(n))
+    assert mirror.covers(11, 12)
+    push_log(mirror, 12)  # a log of a block already held whole: the endpoint pushed out of order
+    assert resets == [12] and not mirror.covers(11, 11)
+    for n in range(14, 17):
+        mirror.take_header(header(n))
+    assert mirror.covers(15, 15)
+    push_log(mirror, 16, removed=True)  # a reorganisation
+    assert resets == [12, 16] and mirror.logs(15, 15) is None
+    for n in range(17, 20):
+        mirror.take_header(header(n))
+    mirror.reorganised(19)  # a replaced head, seen by the feed
+    assert resets == [12, 16, 19] and mirror.logs(18, 18) is None
+    mirror.take_header(header(19, fork=1))
+    mirror.take_header(header(20, fork=1))
+    mirror.stopped()  # the subscription dropped: nothing is held until it is back
+    assert mirror.logs(20, 20) is None and mirror.resets == 4 and resets == [12, 16, 19]
+
+
+def test_the_mirror_keeps_a_bounded_number_of_logs():
+    mirror = LedgerMirror(ADDRESS)
+    mirror.take_header(header(1))
+    for n in range(2, 2 + MIRROR_LOGS // 4 + 10):
+        for i in range(4):
+            push_log(mirror, n, i)
+        mirror.take_header(header(n + 1))
+    held = mirror.logs(mirror_start(mirror), mirror_start(mirror))
+    assert held is not None and sum(len(v) for v in mirror._logs.values()) <= MIRROR_LOGS
+    assert mirror.logs(2, 2) is None, "the oldest blocks are read from the endpoint again"
+
+
+def mirror_start(mirror: LedgerMirror) -> int:
+    assert mirror._start is not None
+    return mirror._start
+
+
+def test_the_bloom_check_matches_a_real_block(automine_chain, kit):
+    """A block holding a commit has the ledger's address in its bloom; an empty one has not."""
+    led = Ledger(automine_chain, kit, 2)
+    committed = int(led.commit(0, 1)["blockNumber"])
+    automine_chain.mine(1)
+    address = bytes.fromhex(led.reader.address[2:])
+    blooms = [bytes(led.reader.w3.eth.get_block(n)["logsBloom"]) for n in (committed, committed + 1)]
+    assert bloom_has(blooms[0], address) and not bloom_has(blooms[1], address)
+
+
+def test_a_mirrored_client_reads_what_the_endpoint_says_at_every_block(automine_chain, kit):
+    """Rounds 1-5 of 4 members (round 1 finalized by round 2's commits, round 2 split and aborted with
+    round 3, round 4 finalized by a commit and final votes), played while a `ChainFeed` feeds a
+    mirror: at every block since the mirror began, the mirrored client's round reads equal those of a
+    client asking the endpoint, and the mirrored client asks for nothing the mirror holds."""
+    led = Ledger(automine_chain, kit, 4)
+    w3 = connect(automine_chain.url)
+    address, deployed = led.reader.address, led.members[0].from_block
+    plain = PipelinedClient(w3, address, from_block=deployed)
+    mirrored = PipelinedClient(connect(automine_chain.url), address, from_block=deployed)
+    feed = ChainFeed(ws_url_for(automine_chain.url, "auto"), address, mirrored.take_head)
+    mirror = LedgerMirror(bytes.fromhex(address[2:]))
+    feed.mirror(mirror)
+    mirrored.use_mirror(mirror)
+    mirrored.pushed_head = feed.live_head
+    members = [Account.from_key(k).address for k in automine_chain.private_keys[:4]]
+
+    def history() -> None:
+        agg1, agg4 = kit.digest("agg-1"), kit.digest("agg-4")
+        for i in range(4):
+            led.commit(i, 1)
+        for i in range(4):
+            led.commit(i, 2, agg1, EVERYONE)
+        for i in range(4):
+            led.commit(i, 3, kit.digest(f"split-{i % 2}"), EVERYONE)
+        led.pass_window(WINDOW_SECONDS)
+        led.members[0].abort_round(2)
+        for i in range(4):
+            led.commit(i, 4)
+        led.commit(0, 5, agg4, EVERYONE)
+        led.members[1].vote(4, agg4, EVERYONE)
+        led.members[2].vote(4, agg4, EVERYONE)
+        automine_chain.mine(1)  # the last transaction's block held whole
+
+    def reads(client: PipelinedClient, at: int, first: int = 1) -> tuple:
+        return (
+            client.current_round(block=at),
+            client.open_round_participants(block=at),
+            [client.round_info(r, block=at) for r in range(first, 7)],
+        )
+
+    def at_head(client: PipelinedClient) -> tuple:
+        return (
+            [client.commitments(r) for r in range(1, 6)],
+            [client.attestations(r) for r in range(1, 5)],
+            client.final_votes(4),
+            client.last_finalized(),
+            [client.finalized(r) for r in range(1, 5)],
+            [client.eps_spent(m) for m in members],
+            [client.commit_history(m) for m in members],
+        )
+
+    async def play() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feed.run)
+            with trio.fail_after(30):
+                while mirror._start is None:  # automine: a block for the first head
+                    if feed.live:
+                        automine_chain.mine(1)
+                    await trio.sleep(0.1)
+            start = mirror._start
+            await trio.to_thread.run_sync(history)
+            head = automine_chain.block_number()
+            with trio.fail_after(30):
+                while not mirror.covers(start, head - 1):
+                    await trio.sleep(0.02)
+            for at in range(start, head):
+                mine = await trio.to_thread.run_sync(reads, mirrored, at)
+                assert mine == await trio.to_thread.run_sync(reads, plain, at), f"block {at}"
+            assert await trio.to_thread.run_sync(at_head, mirrored) == await trio.to_thread.run_sync(at_head, plain)
+            assert plain.round_info(4).state is RoundState.FINALIZED and plain.round_info(2).state is RoundState.ABORTED
+            asked, since = mirrored.rpc_requests(), plain.round_info(2).opened_block  # round 1 opened before the mirror
+            for at in range(since, head):
+                await trio.to_thread.run_sync(partial(reads, mirrored, at, 2))
+            assert mirrored.rpc_requests() == asked, "the rounds the mirror holds whole are read from it"
+            nursery.cancel_scope.cancel()
+
+    trio.run(play)
