@@ -30,6 +30,7 @@ from node.chain.client import LedgerClient, connect
 from node.chain.keys import load_account
 from node.chain.kind import LedgerKind, ledger_kind
 from node.chain.liveness import watch_chain
+from node.chain.mirror import LedgerMirror
 from node.chain.pipelined import PipelinedClient
 from node.chain.subscription import ChainFeed, ws_url_for
 from node.config import Config
@@ -106,6 +107,17 @@ def check_pipelined_options(options: NodeOptions, settings: PeerSettings) -> Non
             f"the ledger at {options.ledger} is a PipelinedLedger, which has no secure-aggregation steps: "
             "a secure swarm runs on a SwarmLedger"
         )
+
+
+def mirror_for(ledger: LedgerClient | PipelinedClient, feed: ChainFeed) -> LedgerMirror | None:
+    """A mirror of the ledger's pushed logs that `ledger` reads from (node/chain/mirror.py), where
+    its client reads one: the pipelined ledger's."""
+    if not isinstance(ledger, PipelinedClient):
+        return None
+    mirror = LedgerMirror(bytes.fromhex(ledger.address.removeprefix("0x")))
+    feed.mirror(mirror)
+    ledger.use_mirror(mirror)
+    return mirror
 
 
 def open_client(
@@ -286,7 +298,8 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 if isinstance(peer, PipelinedPeer):
                     await nursery.start(stop_on_signals, peer.stop)
                 if feed is not None:
-                    peer.watcher.follow(feed, ledger.confirmations)
+                    mirror = mirror_for(ledger, feed)
+                    peer.watcher.follow(feed, ledger.confirmations, mirror)
                     ledger.pushed_head = feed.live_head  # every read of the head: the one pushed
                     nursery.start_soon(feed.run)
                 if witness is not None:

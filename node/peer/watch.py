@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import trio
 
 from node.chain.errors import LedgerError
+from node.chain.mirror import LedgerMirror
 from node.chain.records import RoundInfo, RoundState
 from node.chain.subscription import MAX_PENDING_LOGS, ChainFeed, LedgerLog
 from node.peer.ports import LedgerPort, OffLoop
@@ -39,6 +40,10 @@ REREAD_AFTER = 5.0
 # counts and limits), for at most a quarter block more to notice one.
 POLLS_PER_BLOCK = 4
 MAX_POLL_PAUSE = 3.0  # a stall (no block for minutes) must not make the watcher that slow: Sepolia's pace
+# With a ledger mirror (node/chain/mirror.py) and no confirmations, a pushed log's move waits for the
+# next head, which makes its block held whole (the reads it wakes cost no request); a chain without
+# a next head (automine, no clock) gets the move this long after the log anyway, read from the endpoint.
+SEAL_GRACE_S = 1.0
 
 
 class ChainWatcher:
@@ -70,16 +75,21 @@ class ChainWatcher:
         self._pending: set[int] = set()  # blocks of pushed ledger logs not yet `confirmations` deep
         self._catch_up = False  # the subscription (re)started: `run` reads the chain once
         self._moved_at = 0  # the block of the last pushed move: one read of the ledger covers all of a block's logs
+        self._mirror: LedgerMirror | None = None  # the ledger client's, where it reads pushed blocks from one
+        self._unsealed: dict[int, float] = {}  # pushed logs' blocks awaiting the next head (`SEAL_GRACE_S`)
 
     @property
     def pushed(self) -> bool:
         """A subscription pushes the heads and the ledger's logs now: every ledger event is a move."""
         return self._pushed
 
-    def follow(self, feed: ChainFeed, confirmations: int) -> None:
+    def follow(self, feed: ChainFeed, confirmations: int, mirror: LedgerMirror | None = None) -> None:
         """Take new heads and the ledger's logs from `feed` while it is live, polling otherwise.
-        `confirmations`: the ledger client's, so the block watched is the one it reads at."""
+        `confirmations`: the ledger client's, so the block watched is the one it reads at.
+        `mirror`: the one the ledger client reads pushed blocks from (fed by `feed`), if any: a
+        log's move then waits until the mirror holds its block whole (`SEAL_GRACE_S`)."""
         self._confirmations = confirmations
+        self._mirror = mirror
         feed.on_head(self._pushed_head)
         feed.on_log(self._pushed_log)
         feed.on_live(self._feed_live)
@@ -93,8 +103,10 @@ class ChainWatcher:
         try:
             while True:
                 if self._pushed and not self._catch_up:  # the subscription reports: until it changes
-                    await self._feed_changed.wait()
-                    self._feed_changed = trio.Event()
+                    with trio.move_on_after(SEAL_GRACE_S if self._unsealed else float("inf")):
+                        await self._feed_changed.wait()
+                        self._feed_changed = trio.Event()
+                    self._unseal(trio.current_time() - SEAL_GRACE_S)
                     continue
                 quiet = trio.current_time() - self._last_move
                 pause = self.poll_interval if quiet < QUICK_WAIT else IDLE_POLL
@@ -158,9 +170,32 @@ class ChainWatcher:
         self._new_block(block)
         deep = {b for b in self._pending if b <= block}
         self._pending -= deep
-        if deep:
+        sealed = {b for b in self._unsealed if b < head}  # a later head: the mirror holds it whole
+        if self._mirror is not None:  # (the feed gave the mirror this head first)
+            for b in deep:
+                if not self._mirror.covers(b, b):
+                    self._hold(b)
+            deep -= set(self._unsealed)
+        for b in sealed:
+            del self._unsealed[b]
+        if deep or sealed:
             self._moved_at = block
-        self._moved(bool(deep))
+        self._moved(bool(deep or sealed))
+
+    def _hold(self, block: int) -> None:
+        """No confirmations: a pushed log's move waits for the head after its block (`SEAL_GRACE_S`)."""
+        if len(self._unsealed) < MAX_PENDING_LOGS:
+            self._unsealed.setdefault(block, trio.current_time())
+            self._feed_changed.set()  # `run` times the grace
+
+    def _unseal(self, before: float) -> None:
+        """The blocks awaiting a next head since `before` are moves now: read from the endpoint."""
+        waited = [b for b, at in self._unsealed.items() if at <= before]
+        for b in waited:
+            del self._unsealed[b]
+        if waited:
+            self._moved_at = max(self._moved_at, max(waited))
+            self._moved(True)
 
     def _pushed_log(self, entry: LedgerLog) -> None:
         """A ledger log the subscription pushed: a move once its block is as deep as the ledger
@@ -173,6 +208,10 @@ class ChainWatcher:
             self._moved(True)
         elif entry.block <= self._moved_at:
             return  # its block's move is counted: a read after it sees the whole block
+        elif (
+            entry.block <= self.block and self._mirror is not None and not self._mirror.covers(entry.block, entry.block)
+        ):
+            self._hold(entry.block)
         elif entry.block <= self.block:  # no confirmations: the head of its block came first
             self._moved_at = entry.block
             self._moved(True)
@@ -185,6 +224,7 @@ class ChainWatcher:
         if not self._pushed:
             return
         self._pending = {b for b in self._pending if b < first}
+        self._unsealed = {b: at for b, at in self._unsealed.items() if b < first}
         self._moved_at = min(self._moved_at, first - 1)
         self._moved(True)
 
@@ -194,6 +234,7 @@ class ChainWatcher:
         from the last block taken)."""
         self._pushed = self._catch_up = live
         self._pending.clear()
+        self._unsealed.clear()
         self._feed_changed.set()  # `run` wakes: to read the chain once, or to poll
 
     async def next_tick(self) -> None:

@@ -18,11 +18,14 @@ from node.chain.mirror import MIRROR_LOGS, LedgerMirror, PushedHeader, bloom_has
 from node.chain.pipelined import PipelinedClient
 from node.chain.records import RoundState
 from node.chain.subscription import ChainFeed, ws_url_for
+from node.peer import watch
+from node.peer.watch import ChainWatcher
 from node.protocol.wire import encode_bitmap
 from tests.node.chain.test_pipelined_ledger import WINDOW_SECONDS, Ledger
 
 ADDRESS = bytes.fromhex("5FbDB2315678afecb367f032d93F642f64180aa3")
 EVERYONE = encode_bitmap([True] * 4)
+ALL_THREE = encode_bitmap([True] * 3)
 
 
 def bloom_of(*items: bytes) -> bytes:
@@ -192,6 +195,65 @@ def test_a_mirrored_client_reads_what_the_endpoint_says_at_every_block(automine_
             for at in range(since, head):
                 await trio.to_thread.run_sync(partial(reads, mirrored, at, 2))
             assert mirrored.rpc_requests() == asked, "the rounds the mirror holds whole are read from it"
+            nursery.cancel_scope.cancel()
+
+    trio.run(play)
+
+
+async def _off_loop(fn, *args, **kwargs):
+    return await trio.to_thread.run_sync(partial(fn, *args, **kwargs))
+
+
+def test_a_pushed_commit_wakes_the_watcher_once_its_block_is_held_whole(automine_chain, kit, monkeypatch):
+    """With a mirror and no confirmations, the watcher takes a pushed commit (round 2's, the mirror
+    holding the round whole) as a move once the next
+    head makes the mirror hold its block whole, so the read it wakes asks the endpoint nothing; on a
+    chain that makes no next block (automine), the move comes SEAL_GRACE_S later anyway."""
+    led = Ledger(automine_chain, kit, 3)
+    address = led.reader.address
+    client = PipelinedClient(connect(automine_chain.url), address, from_block=led.members[0].from_block)
+    feed = ChainFeed(ws_url_for(automine_chain.url, "auto"), address, client.take_head)
+    mirror = LedgerMirror(bytes.fromhex(address[2:]))
+    feed.mirror(mirror)
+    client.use_mirror(mirror)
+    client.pushed_head = feed.live_head
+    watcher = ChainWatcher(client, _off_loop, poll_interval=0.05, chain_timeout=30)
+    watcher.follow(feed, confirmations=0, mirror=mirror)
+    monkeypatch.setattr(watch, "SEAL_GRACE_S", 3600.0)
+
+    async def until(predicate) -> None:
+        with trio.fail_after(30):
+            while not predicate():
+                await trio.sleep(0.02)
+
+    async def play() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(feed.run)
+            nursery.start_soon(watcher.run)
+            await until(lambda: feed.live)
+            automine_chain.mine(1)
+            await until(lambda: mirror._start is not None)
+            for i in range(3):  # round 1, its close in the mirror: round 2 is read from it alone
+                await trio.to_thread.run_sync(led.commit, i, 1)
+            automine_chain.mine(1)
+            await until(lambda: feed.head == automine_chain.block_number())  # round 1's moves made
+            await trio.to_thread.run_sync(client.voted_commits, 1)  # a peer's reads of round 1 (the index fed)
+            agg = kit.digest("agg-1")
+            moves = watcher.moves
+            committed = int((await trio.to_thread.run_sync(led.commit, 0, 2, agg, ALL_THREE))["blockNumber"])
+            await until(lambda: committed in mirror._logs and feed.head == committed)
+            await trio.sleep(0.5)  # time for a move that should not come
+            assert watcher.moves == moves, "its block is not held whole yet"
+            automine_chain.mine(1)
+            await until(lambda: watcher.moves > moves)
+            asked = client.rpc_requests()
+            assert len(await trio.to_thread.run_sync(client.voted_commits, 2)) == 1
+            assert client.rpc_requests() == asked, "the woken read came from the mirror"
+            monkeypatch.setattr(watch, "SEAL_GRACE_S", 0.2)
+            moves = watcher.moves
+            await trio.to_thread.run_sync(led.commit, 1, 2, agg, ALL_THREE)  # automine: no block after it
+            await until(lambda: watcher.moves > moves)
+            assert len(await trio.to_thread.run_sync(client.voted_commits, 2)) == 2, "read from the endpoint"
             nursery.cancel_scope.cancel()
 
     trio.run(play)
