@@ -129,10 +129,11 @@ class CountingHTTPProvider(HTTPProvider):
         """Requests sent by this provider and by every raw reader made on it."""
         return self.requests + sum(raw.requests for raw in self.raw_readers)
 
-    def make_request(self, method: RPCEndpoint, params: Any) -> RPCResponse:
+    def _make_request(self, method: RPCEndpoint, request_data: bytes) -> bytes:
+        # below web3's request cache: what it answers from there (eth_chainId) is not sent
         with self._count_lock:
             self.requests += 1
-        return super().make_request(method, params)
+        return super()._make_request(method, request_data)
 
     def make_batch_request(self, batch_requests: list[tuple[RPCEndpoint, Any]]) -> list[RPCResponse] | RPCResponse:
         with self._count_lock:
@@ -227,7 +228,15 @@ class LedgerClient:
         self._views = ViewCodec(artifact["abi"])
         self._events = EventCodec(artifact["abi"])
         self._tx = (
-            TransactionSender(w3, account, self._errors, tx_timeout, confirmations=confirmations, head=self.head)
+            TransactionSender(
+                w3,
+                account,
+                self._errors,
+                tx_timeout,
+                confirmations=confirmations,
+                head=self.head,
+                base_fee=self._pushed_base_fee,
+            )
             if account is not None
             else None
         )
@@ -240,6 +249,8 @@ class LedgerClient:
         self._head = HeadGuard(lambda number: self.block_hash(number) is not None)
         # the head a subscription pushes while it runs, else None (node.chain.subscription.ChainFeed.live_head)
         self.pushed_head: Callable[[], int | None] | None = None
+        # the base fee of that head while a subscription runs (the sender builds its fees from it)
+        self.pushed_base_fee: Callable[[], int | None] | None = None
         self._read_latest = False  # a view read "latest" since the last pushed head was used
         code = self._read(lambda: w3.eth.get_code(self.address), "get_code")
         if len(code) == 0:
@@ -310,7 +321,7 @@ class LedgerClient:
         if address is None:
             raise LedgerError(f"deploy: receipt 0x{bytes(receipt['transactionHash']).hex()} holds no contract address")
         client = cls(w3, address, account, tx_timeout=tx_timeout, confirmations=confirmations)
-        sender.head = client.head  # from here on the guarded head
+        sender.head, sender.base_fee = client.head, client._pushed_base_fee  # from here on the client's
         client._tx = sender  # keeps its nonce count
         client.gas_used["deploy"] = receipt["gasUsed"]
         return client
@@ -501,6 +512,9 @@ class LedgerClient:
         """A head learnt otherwise than by asking (a subscription's newHeads), held to the same
         guard as a polled one: the head taken, which is `head` or the last one (`HeadRefused`)."""
         return self._head.check(lambda: head)
+
+    def _pushed_base_fee(self) -> int | None:
+        return self.pushed_base_fee() if self.pushed_base_fee is not None else None
 
     def rpc_requests(self) -> int:
         """HTTP requests this client's endpoint has had from it so far (web3's and the raw

@@ -15,8 +15,11 @@ the endpoint meanwhile, and `on_reset` listeners are told, for their kept reads)
 head replacing one seen, or a log pushed `removed`), a log pushed for a block already sealed (an endpoint
 that does not push in order), or the subscription dropping. The pushed logs are as trusted as the HTTP
 endpoint's answers: the WebSocket is the same endpoint's (`chain.ws_url`, docs/TESTNET.md) and the
-values are checked as a polled log's are. Bounded: MIRROR_BLOCKS blocks and MIRROR_LOGS logs at most, the
-oldest dropped first (reads of older blocks go to the endpoint).
+values are checked as a polled log's are. The blocks before the first one pushed (from the ledger's
+deployment) are read once, in one log read per LOG_CHUNK_BLOCKS blocks (`backfill`), so that the reads
+of a member's whole history need no request either. Bounded: MIRROR_LOGS logs at most, the oldest
+dropped first (reads of older blocks go to the endpoint), and a backfill that would pass that bound is
+not made.
 
 Fed on the trio thread (`ChainFeed`'s listeners), read by the ledger client from worker threads: one lock.
 """
@@ -33,7 +36,6 @@ from eth_utils import keccak
 
 log = logging.getLogger("swarm.chain")
 
-MIRROR_BLOCKS = 20_000  # blocks of logs kept (a round's span is tens to hundreds of blocks)
 MIRROR_LOGS = 50_000  # logs kept (about 1 kB each as formatted; a round at 16 members holds some 20)
 TIMESTAMPS_KEPT = 4096  # headers' timestamps kept, by hash
 
@@ -89,6 +91,7 @@ class LedgerMirror:
         self._timestamps: dict[bytes, int] = {}  # header hash -> timestamp, the last TIMESTAMPS_KEPT
         self._base_fee: int | None = None
         self.resets = 0  # times it started again (reorganisation, out-of-order log, a drop)
+        self._no_backfill = -1  # the epoch (`resets`) in which a backfill was refused: not asked again
         self._on_reset: list[Callable[[int], None]] = []
 
     def on_reset(self, listener: Callable[[int], None]) -> None:
@@ -163,16 +166,47 @@ class LedgerMirror:
                 listener(first)
 
     def _prune(self) -> None:
-        """Keep at most MIRROR_BLOCKS blocks and MIRROR_LOGS logs (under the lock): the oldest go,
-        the blocks held whole starting after them."""
+        """Keep at most MIRROR_LOGS logs (under the lock): the oldest blocks' go, the blocks held
+        whole starting after them."""
         assert self._start is not None
-        floor = self._head - MIRROR_BLOCKS
-        while self._logs and (self._count > MIRROR_LOGS or min(self._logs) <= floor):
-            oldest = min(self._logs)
+        while self._logs and self._count > MIRROR_LOGS:
+            oldest = next(iter(self._logs))
             self._count -= len(self._logs.pop(oldest))
-            floor = max(floor, oldest)
-        if floor >= self._start:
-            self._start = floor + 1
+            self._start = max(self._start, oldest + 1)
+
+    # ---------------------------------------------------------------- the blocks before the first pushed
+
+    def gap(self, from_block: int, to_block: int) -> tuple[int, int] | None:
+        """(epoch, the first block held) where a read of from_block..to_block lacks only blocks
+        before the first held (a backfill from `from_block` would let the mirror answer it); None
+        where it holds the read already, or cannot (past the blocks held, or a backfill refused)."""
+        with self._lock:
+            if self._start is None or to_block > self._sealed or from_block >= self._start:
+                return None
+            return None if self._no_backfill == self.resets else (self.resets, self._start)
+
+    def backfill(self, epoch: int, from_block: int, to_block: int, entries: list[MirroredLog]) -> bool:
+        """Take the ledger's logs of from_block..to_block, read from the endpoint, as held, where
+        to_block is the block before the first held and nothing started the mirror again since
+        the gap was asked (`epoch`); refused (and not asked for again in this epoch) where they
+        would pass MIRROR_LOGS."""
+        with self._lock:
+            if epoch != self.resets or self._start is None or to_block != self._start - 1:
+                return False
+            if self._count + len(entries) > MIRROR_LOGS:
+                self._no_backfill = epoch
+                return False
+            blocks: dict[int, list[MirroredLog]] = {}
+            for entry in entries:
+                if not from_block <= entry.block <= to_block:
+                    return False
+                blocks.setdefault(entry.block, []).append(entry)
+            for held in blocks.values():
+                held.sort(key=lambda e: e.index)
+            self._logs = dict(sorted(blocks.items())) | self._logs
+            self._count += len(entries)
+            self._start = from_block
+            return True
 
     # ---------------------------------------------------------------- read by the ledger client
 

@@ -211,11 +211,21 @@ class PipelinedClient:
         self._kept_lock = threading.Lock()
         # the head a subscription pushes while it runs, else None (node.chain.subscription.ChainFeed.live_head)
         self.pushed_head: Callable[[], int | None] | None = None
+        # the base fee of that head while a subscription runs (the sender builds its fees from it)
+        self.pushed_base_fee: Callable[[], int | None] | None = None
         # the ledger's logs as the subscription pushed them, while it runs (`use_mirror`)
         self.mirror: LedgerMirror | None = None
         self._read_latest = False  # a view read "latest" since the last pushed head was used
         self._tx = (
-            TransactionSender(w3, account, RevertDecoder(abi), tx_timeout, confirmations=confirmations, head=self.head)
+            TransactionSender(
+                w3,
+                account,
+                RevertDecoder(abi),
+                tx_timeout,
+                confirmations=confirmations,
+                head=self.head,
+                base_fee=self._pushed_base_fee,
+            )
             if account is not None
             else None
         )
@@ -275,6 +285,7 @@ class PipelinedClient:
             confirmations=confirmations,
             from_block=receipt["blockNumber"],
         )
+        sender.head, sender.base_fee = client.head, client._pushed_base_fee  # from here on the client's
         client._tx = sender  # keeps its nonce count
         client.gas_used["deploy"] = receipt["gasUsed"]
         return client
@@ -1037,6 +1048,9 @@ class PipelinedClient:
         guard as a polled one: the head taken, which is `head` or the last one (`HeadRefused`)."""
         return self._head.check(lambda: head)
 
+    def _pushed_base_fee(self) -> int | None:
+        return self.pushed_base_fee() if self.pushed_base_fee is not None else None
+
     def rpc_requests(self) -> int:
         """HTTP requests this client's endpoint has had so far (0 where it is not counted: a
         provider other than `connect`'s)."""
@@ -1102,7 +1116,7 @@ class PipelinedClient:
         """The logs of the events `names` in from_block..to_block, decoded, in chain order, whose
         indexed arguments match `topics` (by position after the signature: any of those given; None:
         any), in one request per LOG_CHUNK_BLOCKS blocks for all of them."""
-        held = self.mirror.logs(from_block, to_block) if self.mirror is not None else None
+        held = self._mirrored(from_block, to_block)
         if held is not None:
             return self._held_logs(held, names, topics)
         query_topics: list[Any] = [[self._signatures[name] for name in names], *topics]
@@ -1112,6 +1126,32 @@ class PipelinedClient:
             query: FilterParams = {"address": self.address, "fromBlock": start, "toBlock": end, "topics": query_topics}
             found += with_retries(partial(self.w3.eth.get_logs, query), what=f"get_logs {'/'.join(names)}")
         return sorted((self._decode(log) for log in found), key=lambda e: (e["blockNumber"], e["logIndex"]))
+
+    def _mirrored(self, from_block: int, to_block: int) -> list[MirroredLog] | None:
+        """The mirror's logs of from_block..to_block (`node.chain.mirror`), the blocks before the first
+        it holds read into it first (from the deployment: once); None where it cannot answer."""
+        if self.mirror is None:
+            return None
+        held = self.mirror.logs(from_block, to_block)
+        gap = self.mirror.gap(from_block, to_block) if held is None else None
+        if gap is not None:
+            epoch, first = gap
+            entries = []  # the ledger has no logs before its deployment: read from there, held from block 0
+            deployed = self._params.deploy_block if self._params is not None else self.from_block
+            for low in range(deployed, first, LOG_CHUNK_BLOCKS):
+                query: FilterParams = {
+                    "address": self.address,
+                    "fromBlock": low,
+                    "toBlock": min(first - 1, low + LOG_CHUNK_BLOCKS - 1),
+                }
+                for log in with_retries(partial(self.w3.eth.get_logs, query), what="get_logs (backfill)"):
+                    topics = tuple(bytes(t) for t in log["topics"])
+                    if not topics:
+                        raise LedgerError(f"a log of {self.address} with no topic")
+                    entries.append(MirroredLog(int(log["blockNumber"]), int(log["logIndex"]), topics, log))
+            if self.mirror.backfill(epoch, 0, first - 1, entries):
+                held = self.mirror.logs(from_block, to_block)
+        return held
 
     def _held_logs(
         self, held: list[MirroredLog], names: tuple[str, ...], topics: tuple[list[str] | None, ...]

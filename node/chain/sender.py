@@ -10,7 +10,14 @@ same nonce and both EIP-1559 fees raised by at least 12.5% (FEE_BUMP, the least 
 replacement; the max fee also to twice the latest base fee plus the tip), at most MAX_BUMPS times;
 whichever of its versions is mined is the receipt. With `confirmations` > 0 a receipt counts only
 once that many blocks are built on its block and it is still there: a reorganisation that took it
-out gets the transaction broadcast again (and bumped if it then waits), so a commit is not lost."""
+out gets the transaction broadcast again (and bumped if it then waits), so a commit is not lost.
+
+Requests per transaction, on an HTTP endpoint a member pays for by the request: the estimate, the
+send and, in the common case (mined in the next block), one receipt read. The fees are built here
+from the base fee of the head a subscription pushed (`base_fee`; without one, of the latest block,
+read) and a priority fee read once per TIP_KEPT_S or TIP_KEPT_SENDS transactions, the chain id read
+once; and while heads are pushed the receipt is read once per new head, not polled faster than
+blocks come. A chain without EIP-1559 (no base fee in its blocks) gets the node's legacy gas price."""
 
 from __future__ import annotations
 
@@ -52,9 +59,14 @@ ContractCall: TypeAlias = ContractFunction | ContractConstructor
 STUCK_AFTER_BLOCKS = 3  # blocks mined without our transaction before it is sent again with higher fees
 FEE_BUMP = (9, 8)  # x 9/8 (+12.5%, rounded up): the least most nodes take to replace a pending transaction
 MAX_BUMPS = 10  # x 3.2 in all, past what the max fee's 2 x base fee already covers
-RECEIPT_POLL_FIRST_S = 0.02  # a local chain mines at once: ask again soon, then every doubling pause
+RECEIPT_POLL_FIRST_S = 0.02  # a polled head: ask again soon (a local chain mines at once), then every doubling pause
 RECEIPT_POLL_MAX_S = 1.0
-HEAD_CHECK_S = 1.0  # seconds between two reads of the head while a receipt is awaited
+PUSHED_HEAD_PAUSE_S = 0.02  # between two looks at a pushed head (no request: it is in memory)
+HEAD_CHECK_S = 1.0  # seconds between two reads of a polled head while a receipt is awaited
+# The priority fee moves slowly and only sets how soon a transaction is mined (a stuck one is bumped):
+# read again after this long or this many transactions, whichever comes first.
+TIP_KEPT_S = 60.0
+TIP_KEPT_SENDS = 32
 
 WEI_PER_ETH = 10**18
 TRANSFER_GAS = 21_000  # a plain ETH transfer to an account (not a contract)
@@ -93,11 +105,16 @@ class TransactionSender:
         *,
         confirmations: int = 0,
         head: Callable[[], int] | None = None,
+        base_fee: Callable[[], int | None] | None = None,
     ) -> None:
         self.w3 = w3
         # The chain's head, as the caller reads it: LedgerClient passes its guarded head (monotonic,
         # bounded progress), so a lying endpoint cannot fake depth or a stuck transaction here either.
         self.head = head or self._endpoint_head
+        # The base fee per gas of the last head a subscription pushed, None while none is pushed (the
+        # head is then polled too): the fees are built from it without a request, and while it gives
+        # one the head costs nothing to read, so the receipt wait looks at it often.
+        self.base_fee = base_fee
         self.account = account
         self.errors = errors
         self.tx_timeout = tx_timeout
@@ -106,6 +123,11 @@ class TransactionSender:
         self.rebroadcasts = 0  # transactions sent again after a reorganisation took them out
         self._lock = threading.Lock()
         self._nonce: int | None = None
+        self._chain_id: int | None = None  # read once: an endpoint does not change chains under us
+        self._london = True  # its blocks carry a base fee (EIP-1559); False once one was read without
+        self._tip: int | None = None  # the priority fee last read, when, and how many sends took it since
+        self._tip_read_at = 0.0
+        self._tip_sends = 0
 
     def _refusal(self, exc: Exception) -> LedgerError | None:
         return self.errors.from_exception(exc)
@@ -141,12 +163,8 @@ class TransactionSender:
             if self._nonce is None:
                 self._nonce = with_retries(lambda: self.w3.eth.get_transaction_count(sender, "pending"), what="nonce")
             nonce = Nonce(self._nonce)
-            tx = with_retries(
-                lambda: fn.build_transaction(
-                    {"from": sender, "nonce": nonce, "gas": int(estimate * GAS_MARGIN) + GAS_PAD}
-                ),
-                what=f"build {label}",
-            )
+            tx = self._build(fn, label, nonce, int(estimate * GAS_MARGIN) + GAS_PAD)
+            sent_at = self._pushed_head()
             for bump in range(MAX_BUMPS + 1):
                 # web3's TxParams is the transaction dict eth_account signs; their annotations disagree.
                 signed = self.account.sign_transaction(tx)  # type: ignore[arg-type]
@@ -169,7 +187,7 @@ class TransactionSender:
                     self.replacements += 1
             self._nonce = nonce + 1
         try:
-            receipt = self._wait(_Pending(tx, signed, [tx_hash]), label)
+            receipt = self._wait(_Pending(tx, signed, [tx_hash]), label, sent_at)
         except LedgerTimeout:
             with self._lock:  # it may never be mined: the next send asks the chain for the nonce
                 self._nonce = None
@@ -177,6 +195,49 @@ class TransactionSender:
         if receipt["status"] != 1:
             raise self._explain_failure(fn, receipt, label)
         return receipt
+
+    def _build(self, fn: ContractCall, label: str, nonce: Nonce, gas: int) -> TxParams:
+        """The unsigned transaction, its fees built here (`_fees`)."""
+        if self._chain_id is None:
+            self._chain_id = int(with_retries(lambda: self.w3.eth.chain_id, what="chain id"))
+        params: TxParams = {"from": self.account.address, "nonce": nonce, "gas": gas, "chainId": self._chain_id}
+        params.update(self._fees())
+        return with_retries(lambda: fn.build_transaction(params), what=f"build {label}")
+
+    def _fees(self) -> TxParams:
+        """EIP-1559 fees as web3 builds them (max fee: twice the base fee plus the tip), the tip
+        kept: the base fee the pushed head's, else the latest block's (one request, as web3 reads
+        it). A chain whose blocks have no base fee (before London) gets a legacy gas price, the
+        node's: web3 would look for the base fee there and fail."""
+        base_fee = self.base_fee() if self.base_fee is not None else None
+        if base_fee is None and self._london:
+            block = with_retries(partial(self.w3.eth.get_block, "latest"), what="base fee")
+            base_fee = block.get("baseFeePerGas")
+            self._london = base_fee is not None  # a legacy chain stays one: its blocks are not read again
+        if base_fee is None:
+            return {"gasPrice": Wei(int(with_retries(lambda: self.w3.eth.gas_price, what="gas price")))}
+        tip = self._priority_fee()
+        return {"maxPriorityFeePerGas": Wei(tip), "maxFeePerGas": Wei(2 * int(base_fee) + tip)}
+
+    def _priority_fee(self) -> int:
+        """The tip, read again once TIP_KEPT_S have passed or TIP_KEPT_SENDS transactions took it
+        (web3's `max_priority_fee`: eth_maxPriorityFeePerGas, or the fee history on a chain without it)."""
+        now = time.monotonic()
+        if self._tip is None or now - self._tip_read_at >= TIP_KEPT_S or self._tip_sends >= TIP_KEPT_SENDS:
+            self._tip = int(with_retries(lambda: self.w3.eth.max_priority_fee, what="priority fee"))
+            self._tip_read_at, self._tip_sends = now, 0
+        self._tip_sends += 1
+        return self._tip
+
+    def _pushed_head(self) -> int:
+        """The head now if a subscription pushes it (no request), else -1 (unknown: the receipt
+        wait then reads the receipt at once, as a local chain mines during the send)."""
+        if self.base_fee is None or self.base_fee() is None:
+            return -1
+        try:
+            return self.head()
+        except Exception:  # the transaction goes out all the same; its receipt is read at once
+            return -1
 
     def _bound(self, fn: ContractCall, label: str) -> int | None:
         """What the transaction may cost when the node refused its estimate for want of funds: the
@@ -242,55 +303,66 @@ class TransactionSender:
         )
         return error
 
-    def _wait(self, pending: _Pending, label: str) -> TxReceipt:
+    def _wait(self, pending: _Pending, label: str, sent_at: int) -> TxReceipt:
         """The receipt of one of `pending`'s versions, `confirmations` deep; re-sent with higher
         fees while STUCK_AFTER_BLOCKS blocks pass without it, broadcast again if a reorganisation
         took it out. LedgerTimeout after tx_timeout s.
+
+        While a subscription pushes the head (`base_fee` gives one) the head costs no request: it is
+        looked at every PUSHED_HEAD_PAUSE_S and the receipt read once per new head (at first once the
+        head passes `sent_at`, the head at the send), not faster than blocks come: one read when the
+        transaction is mined in the next block. A polled head costs a request as the receipt does:
+        the receipt is polled then (at once first: a local chain mines during the send, then at
+        doubling pauses) and the head read every HEAD_CHECK_S, to see the transaction stuck.
 
         With confirmations the head is read before the receipt: a receipt read after a head that
         is `confirmations` past its block was in the chain at that depth when read, so one receipt
         read per poll decides (no second read to see that it is still there)."""
         deadline = time.monotonic() + self.tx_timeout
         pause = RECEIPT_POLL_FIRST_S
-        head = sent_at = -1  # a local chain mines at once: without confirmations the first poll needs no head
+        head = read_at = stuck_from = sent_at  # the head; the one the receipt was last read at; the one sent at
         head_read = 0.0
         seen = False  # a receipt was found at a depth short of `confirmations`
         while True:
+            held = pushed = False  # held: an error, the whole pause is waited, pushed head or not
             try:
+                pushed = self.base_fee is not None and self.base_fee() is not None
                 stale = time.monotonic() - head_read >= HEAD_CHECK_S
-                if self.confirmations and (head < 0 or seen or stale):
+                if pushed or (self.confirmations and (head < 0 or seen or stale)):
                     head, head_read = self.head(), time.monotonic()
-                    sent_at = head if sent_at < 0 else sent_at
-                receipt = self._receipt(pending.hashes)
-                if receipt is not None:
-                    if receipt["blockNumber"] + self.confirmations <= head or not self.confirmations:
-                        return receipt
-                    seen = True
-                elif seen:  # a reorganisation took it out: into the pool again
-                    seen = False
-                    self._rebroadcast(pending, label)
-                    sent_at = head
-                else:
-                    if head < 0 or stale:
-                        head, head_read = self.head(), time.monotonic()
-                        sent_at = head if sent_at < 0 else sent_at
-                    if head >= sent_at + STUCK_AFTER_BLOCKS and pending.bumps < MAX_BUMPS:
-                        self._replace(pending, label)
-                        sent_at = head
+                    stuck_from = head if stuck_from < 0 else stuck_from
+                if not pushed or head > read_at:
+                    receipt = self._receipt(pending.hashes)
+                    read_at = head
+                    if receipt is not None:
+                        if receipt["blockNumber"] + self.confirmations <= head or not self.confirmations:
+                            return receipt
+                        seen = True
+                    elif seen:  # a reorganisation took it out: into the pool again
+                        seen = False
+                        self._rebroadcast(pending, label)
+                        stuck_from = head
+                    else:
+                        if head < 0 or time.monotonic() - head_read >= HEAD_CHECK_S:
+                            head, head_read = self.head(), time.monotonic()
+                            stuck_from = head if stuck_from < 0 else stuck_from
+                        if 0 <= stuck_from <= head - STUCK_AFTER_BLOCKS and pending.bumps < MAX_BUMPS:
+                            self._replace(pending, label)
+                            stuck_from = head
             except HeadRefused:  # the endpoint reports a head it does not serve: no depth from it; ask again
-                pause = RECEIPT_POLL_MAX_S
+                pause, held = RECEIPT_POLL_MAX_S, True
             except LedgerError:
                 raise
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                pause = max(pause, rate_limit_pause(exc) or BACKOFF_S)
+                pause, held = max(pause, rate_limit_pause(exc) or BACKOFF_S), True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise LedgerTimeout(
                     f"{label}: no receipt for 0x{bytes(pending.hashes[-1]).hex()} within {self.tx_timeout:.0f} s"
                 )
-            time.sleep(min(pause, remaining))
+            time.sleep(min(PUSHED_HEAD_PAUSE_S if pushed and not held else pause, remaining))
             pause = min(pause * 2, RECEIPT_POLL_MAX_S)
 
     def _endpoint_head(self) -> int:

@@ -120,6 +120,7 @@ class ChainFeed:
         self._take_head = take_head
         self.live = False  # both subscriptions confirmed on an open connection
         self.head: int | None = None  # the last head taken from a notification
+        self.base_fee: int | None = None  # that head's base fee per gas (None before London)
         self.requests = 0  # eth_subscribe requests sent (two per connection)
         self.notifications = 0  # notifications taken
         self.refused = 0  # messages dropped as not a valid notification (or a head the guard refused)
@@ -161,6 +162,10 @@ class ChainFeed:
     def live_head(self) -> int | None:
         """The last pushed head while the subscriptions run; None while the peer must poll."""
         return self.head if self.live else None
+
+    def live_base_fee(self) -> int | None:
+        """The last pushed head's base fee while the subscriptions run; None while the peer polls."""
+        return self.base_fee if self.live else None
 
     async def run(self) -> None:
         """Subscribe, and again after every drop (pauses growing to a minute); ends when
@@ -292,6 +297,7 @@ class ChainFeed:
             return  # behind or equal to the last one taken: the guard kept the last
         self.head, self._head_at = taken, trio.current_time()
         if taken == number:
+            self.base_fee = pushed.base_fee
             for on_header in self._headers:
                 on_header(pushed)
         for listener in self._heads:

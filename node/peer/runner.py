@@ -42,6 +42,7 @@ from node.peer.peer import Peer, RoundOutcome
 from node.peer.pipelined_peer import PipelinedPeer
 from node.peer.registry import RegistryCache
 from node.peer.secure_round import Membership, open_member, secure_policy
+from node.peer.watch import ChainWatcher
 from node.protocol import wire
 from node.protocol.settings import PeerSettings
 from node.runfiles import MetricsWriter, write_json_atomic
@@ -109,15 +110,18 @@ def check_pipelined_options(options: NodeOptions, settings: PeerSettings) -> Non
         )
 
 
-def mirror_for(ledger: LedgerClient | PipelinedClient, feed: ChainFeed) -> LedgerMirror | None:
-    """A mirror of the ledger's pushed logs that `ledger` reads from (node/chain/mirror.py), where
-    its client reads one: the pipelined ledger's."""
-    if not isinstance(ledger, PipelinedClient):
-        return None
-    mirror = LedgerMirror(bytes.fromhex(ledger.address.removeprefix("0x")))
-    feed.mirror(mirror)
-    ledger.use_mirror(mirror)
-    return mirror
+def follow_feed(ledger: LedgerClient | PipelinedClient, feed: ChainFeed, watcher: ChainWatcher) -> None:
+    """Wire the subscription in: the watcher's moves, the client's head and the sender's base fee
+    from it, and where the client reads one (the pipelined ledger's), a mirror of the ledger's
+    pushed logs (node/chain/mirror.py)."""
+    mirror = None
+    if isinstance(ledger, PipelinedClient):
+        mirror = LedgerMirror(bytes.fromhex(ledger.address.removeprefix("0x")))
+        feed.mirror(mirror)
+        ledger.use_mirror(mirror)
+    watcher.follow(feed, ledger.confirmations, mirror)
+    ledger.pushed_head = feed.live_head  # every read of the head: the one pushed
+    ledger.pushed_base_fee = feed.live_base_fee  # the sender's fees: from the pushed head
 
 
 def open_client(
@@ -298,9 +302,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
                 if isinstance(peer, PipelinedPeer):
                     await nursery.start(stop_on_signals, peer.stop)
                 if feed is not None:
-                    mirror = mirror_for(ledger, feed)
-                    peer.watcher.follow(feed, ledger.confirmations, mirror)
-                    ledger.pushed_head = feed.live_head  # every read of the head: the one pushed
+                    follow_feed(ledger, feed, peer.watcher)
                     nursery.start_soon(feed.run)
                 if witness is not None:
                     nursery.start_soon(witness.watch)

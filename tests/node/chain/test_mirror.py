@@ -14,7 +14,7 @@ from eth_account import Account
 from eth_utils import keccak
 
 from node.chain.client import connect
-from node.chain.mirror import MIRROR_LOGS, LedgerMirror, PushedHeader, bloom_has
+from node.chain.mirror import MIRROR_LOGS, LedgerMirror, MirroredLog, PushedHeader, bloom_has
 from node.chain.pipelined import PipelinedClient
 from node.chain.records import RoundState
 from node.chain.subscription import ChainFeed, ws_url_for
@@ -105,6 +105,30 @@ def test_the_mirror_keeps_a_bounded_number_of_logs():
     assert mirror.logs(2, 2) is None, "the oldest blocks are read from the endpoint again"
 
 
+def entry(block: int, index: int = 0):
+    return MirroredLog(block, index, (b"\x01" * 32,), {"blockNumber": block, "logIndex": index})
+
+
+def test_the_blocks_before_the_first_pushed_are_taken_once_and_only_where_they_fit():
+    mirror = LedgerMirror(ADDRESS)
+    assert mirror.gap(0, 5) is None, "nothing held yet"
+    for n in (10, 11, 12):
+        mirror.take_header(header(n))
+    assert mirror.gap(11, 11) is None and mirror.gap(3, 12) is None, "held already; past the blocks held"
+    assert mirror.gap(3, 11) == (0, 11)
+    assert not mirror.backfill(0, 0, 9, [entry(4)]), "not up to the first block held"
+    assert not mirror.backfill(0, 0, 10, [entry(11)]), "a log outside the blocks read"
+    assert mirror.backfill(0, 0, 10, [entry(4, 1), entry(4, 0), entry(9)])
+    assert [(e.block, e.index) for e in mirror.logs(0, 11)] == [(4, 0), (4, 1), (9, 0)]
+    mirror.reorganised(11)
+    for n in (13, 14, 15):
+        mirror.take_header(header(n))
+    epoch, first = mirror.gap(0, 14)
+    assert (epoch, first) == (1, 14)
+    assert not mirror.backfill(epoch, 0, 13, [entry(5)] * (MIRROR_LOGS + 1)), "past the bound"
+    assert mirror.gap(0, 14) is None, "not asked again in that epoch"
+
+
 def mirror_start(mirror: LedgerMirror) -> int:
     assert mirror._start is not None
     return mirror._start
@@ -191,10 +215,11 @@ def test_a_mirrored_client_reads_what_the_endpoint_says_at_every_block(automine_
                 assert mine == await trio.to_thread.run_sync(reads, plain, at), f"block {at}"
             assert await trio.to_thread.run_sync(at_head, mirrored) == await trio.to_thread.run_sync(at_head, plain)
             assert plain.round_info(4).state is RoundState.FINALIZED and plain.round_info(2).state is RoundState.ABORTED
-            asked, since = mirrored.rpc_requests(), plain.round_info(2).opened_block  # round 1 opened before the mirror
-            for at in range(since, head):
-                await trio.to_thread.run_sync(partial(reads, mirrored, at, 2))
-            assert mirrored.rpc_requests() == asked, "the rounds the mirror holds whole are read from it"
+            asked = mirrored.rpc_requests()
+            for at in range(start, head):
+                await trio.to_thread.run_sync(partial(reads, mirrored, at))
+            assert mirrored.rpc_requests() == asked, "every block read again from the mirror"
+            assert mirror.covers(0, start), "the blocks before the first pushed were read into it once"
             nursery.cancel_scope.cancel()
 
     trio.run(play)
