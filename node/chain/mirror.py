@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,9 @@ from eth_utils import keccak
 
 log = logging.getLogger("swarm.chain")
 
+# A block is taken as held whole this long after its head came with no later one (a chain that makes
+# no next block: automine without a clock): its reads go to the endpoint then (`readable`).
+SEAL_GRACE_S = 1.0
 MIRROR_LOGS = 50_000  # logs kept (about 1 kB each as formatted; a round at 16 members holds some 20)
 TIMESTAMPS_KEPT = 4096  # headers' timestamps kept, by hash
 
@@ -86,6 +90,7 @@ class LedgerMirror:
         self._start: int | None = None  # the first block held whole; None: none yet
         self._sealed = -1  # the last block held whole (from `_start`)
         self._head = -1  # the last head pushed
+        self._head_at = 0.0  # when (time.monotonic)
         self._logs: dict[int, list[MirroredLog]] = {}  # block -> its logs, in log order
         self._count = 0  # logs held
         self._timestamps: dict[bytes, int] = {}  # header hash -> timestamp, the last TIMESTAMPS_KEPT
@@ -111,7 +116,7 @@ class LedgerMirror:
             self._base_fee = header.base_fee
             if header.number <= self._head:
                 return  # not new (a replaced head comes through `reorganised` first)
-            self._head = header.number
+            self._head, self._head_at = header.number, time.monotonic()
             if self._start is None:
                 self._start, self._sealed = header.number + 1, header.number
                 return
@@ -209,6 +214,15 @@ class LedgerMirror:
             return True
 
     # ---------------------------------------------------------------- read by the ledger client
+
+    def readable(self, at: int) -> int:
+        """The block to read at for a read at `at` (the head less the confirmations): the block
+        before where `at` is the head, not held whole yet and came less than SEAL_GRACE_S ago (its
+        next head makes the reads of it need no request; the watcher wakes the reads then), else `at`."""
+        with self._lock:
+            fresh = time.monotonic() - self._head_at < SEAL_GRACE_S
+            waiting = self._start is not None and at == self._head == self._sealed + 1 and fresh
+            return self._sealed if waiting else at
 
     def covers(self, from_block: int, to_block: int) -> bool:
         """Whether every ledger log of blocks from_block..to_block is held."""

@@ -1025,8 +1025,10 @@ class PipelinedClient:
     # ---------------------------------------------------------------- the head and the endpoint
 
     def block_number(self) -> int:
-        """The block this client reads the chain at: the head less `confirmations`."""
-        return max(0, self.head() - self.confirmations)
+        """The block this client reads the chain at: the head less `confirmations`, where a mirror
+        is read the block before a fresh head not held whole yet (`LedgerMirror.readable`)."""
+        at = max(0, self.head() - self.confirmations)
+        return self.mirror.readable(at) if self.mirror is not None else at
 
     def head(self) -> int:
         """The chain's head, never behind one read before (`rawrpc.HeadGuard`): a subscription's

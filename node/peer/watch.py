@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import trio
 
 from node.chain.errors import LedgerError
-from node.chain.mirror import LedgerMirror
+from node.chain.mirror import SEAL_GRACE_S, LedgerMirror
 from node.chain.records import RoundInfo, RoundState
 from node.chain.subscription import MAX_PENDING_LOGS, ChainFeed, LedgerLog
 from node.peer.ports import LedgerPort, OffLoop
@@ -42,8 +42,7 @@ POLLS_PER_BLOCK = 4
 MAX_POLL_PAUSE = 3.0  # a stall (no block for minutes) must not make the watcher that slow: Sepolia's pace
 # With a ledger mirror (node/chain/mirror.py) and no confirmations, a pushed log's move waits for the
 # next head, which makes its block held whole (the reads it wakes cost no request); a chain without
-# a next head (automine, no clock) gets the move this long after the log anyway, read from the endpoint.
-SEAL_GRACE_S = 1.0
+# a next head (automine, no clock) gets the move SEAL_GRACE_S after the log anyway, read from the endpoint.
 
 
 class ChainWatcher:

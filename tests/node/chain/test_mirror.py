@@ -13,6 +13,7 @@ import trio
 from eth_account import Account
 from eth_utils import keccak
 
+from node.chain import mirror as mirror_module
 from node.chain.client import connect
 from node.chain.mirror import MIRROR_LOGS, LedgerMirror, MirroredLog, PushedHeader, bloom_has
 from node.chain.pipelined import PipelinedClient
@@ -245,6 +246,7 @@ def test_a_pushed_commit_wakes_the_watcher_once_its_block_is_held_whole(automine
     watcher = ChainWatcher(client, _off_loop, poll_interval=0.05, chain_timeout=30)
     watcher.follow(feed, confirmations=0, mirror=mirror)
     monkeypatch.setattr(watch, "SEAL_GRACE_S", 3600.0)
+    monkeypatch.setattr(mirror_module, "SEAL_GRACE_S", 3600.0)
 
     async def until(predicate) -> None:
         with trio.fail_after(30):
@@ -275,6 +277,7 @@ def test_a_pushed_commit_wakes_the_watcher_once_its_block_is_held_whole(automine
             assert len(await trio.to_thread.run_sync(client.voted_commits, 2)) == 1
             assert client.rpc_requests() == asked, "the woken read came from the mirror"
             monkeypatch.setattr(watch, "SEAL_GRACE_S", 0.2)
+            monkeypatch.setattr(mirror_module, "SEAL_GRACE_S", 0.2)
             moves = watcher.moves
             await trio.to_thread.run_sync(led.commit, 1, 2, agg, ALL_THREE)  # automine: no block after it
             await until(lambda: watcher.moves > moves)
