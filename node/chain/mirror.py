@@ -4,11 +4,13 @@ A peer on a public endpoint may make some ten requests a round (issue 27); its r
 events would make dozens (every commit wakes a read of the open round). While `ChainFeed` runs, every log
 of the ledger reaches the peer anyway: `LedgerMirror` keeps them, and answers a read of blocks it holds
 whole with no request. It holds a block whole (sealed) once a later head was pushed (an endpoint pushes
-a block's logs before the heads after it: Anvil, geth), or at once where the head's logs bloom has no bit
-of the ledger's address (a bloom has no false negatives); from the first block whose logs were certainly
-subscribed to (the one after the first head pushed: a block mined while the subscriptions were being
-made may have had its logs missed). Blocks before that, or past the last sealed one, are read from the
-endpoint as before, so the mirror only saves requests, never decides what a read returns.
+a block's logs before the heads after it, nearly always: Anvil has been seen to push them after the next
+head under load, so a block whose head's bloom may hold a ledger log and that has none pushed waits for a
+second later head), or at once where the head's logs bloom has no bit of the ledger's address (a bloom
+has no false negatives); from the first block whose logs were certainly subscribed to (the one after the
+first head pushed: a block mined while the subscriptions were being made may have had its logs missed).
+Blocks past the last sealed one are read from the endpoint as before; the blocks before the first pushed
+are read into the mirror once (`gap`, `backfill`).
 
 What would make it hold a wrong block resets it (it starts again at the next head, the reads going to
 the endpoint meanwhile, and `on_reset` listeners are told, for their kept reads): a reorganisation (a
@@ -42,6 +44,7 @@ log = logging.getLogger("swarm.chain")
 SEAL_GRACE_S = 1.0
 MIRROR_LOGS = 50_000  # logs kept (about 1 kB each as formatted; a round at 16 members holds some 20)
 TIMESTAMPS_KEPT = 4096  # headers' timestamps kept, by hash
+BLOOMS_KEPT = 256  # recent heads whose bloom verdict is kept
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class LedgerMirror:
         self._sealed = -1  # the last block held whole (from `_start`)
         self._head = -1  # the last head pushed
         self._head_at = 0.0  # when (time.monotonic)
+        self._maybe_ours: dict[int, bool] = {}  # recent heads: whether their bloom may hold a ledger log
         self._logs: dict[int, list[MirroredLog]] = {}  # block -> its logs, in log order
         self._count = 0  # logs held
         self._timestamps: dict[bytes, int] = {}  # header hash -> timestamp, the last TIMESTAMPS_KEPT
@@ -121,8 +125,17 @@ class LedgerMirror:
                 self._start, self._sealed = header.number + 1, header.number
                 return
             quiet = header.bloom is not None and not bloom_has(header.bloom, self._address)
+            self._maybe_ours[header.number] = not quiet
+            if len(self._maybe_ours) > BLOOMS_KEPT:
+                del self._maybe_ours[next(iter(self._maybe_ours))]
             whole = header.number if quiet and header.number not in self._logs else header.number - 1
-            self._sealed = max(self._sealed, whole)
+            block = self._sealed + 1
+            while block <= whole:
+                # a block whose bloom may hold a ledger log and that holds none waits for a second head
+                if self._maybe_ours.get(block) and block not in self._logs and header.number < block + 2:
+                    break
+                block += 1
+            self._sealed = max(self._sealed, block - 1)
             self._prune()
 
     def take_log(self, block: int, index: int, topics: tuple[bytes, ...], formatted: Any, removed: bool) -> None:
@@ -216,12 +229,13 @@ class LedgerMirror:
     # ---------------------------------------------------------------- read by the ledger client
 
     def readable(self, at: int) -> int:
-        """The block to read at for a read at `at` (the head less the confirmations): the block
-        before where `at` is the head, not held whole yet and came less than SEAL_GRACE_S ago (its
-        next head makes the reads of it need no request; the watcher wakes the reads then), else `at`."""
+        """The block to read at for a read at `at` (the head less the confirmations): the last one
+        held whole where `at` is past it and the last head came less than SEAL_GRACE_S ago (the
+        next head makes the blocks up to `at` whole; the watcher wakes the reads then; `at` may
+        also be a head the client's guard took that the mirror is about to), else `at`."""
         with self._lock:
             fresh = time.monotonic() - self._head_at < SEAL_GRACE_S
-            waiting = self._start is not None and at == self._head == self._sealed + 1 and fresh
+            waiting = self._start is not None and at > self._sealed and fresh
             return self._sealed if waiting else at
 
     def covers(self, from_block: int, to_block: int) -> bool:

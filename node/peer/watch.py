@@ -169,7 +169,7 @@ class ChainWatcher:
         self._new_block(block)
         deep = {b for b in self._pending if b <= block}
         self._pending -= deep
-        sealed = {b for b in self._unsealed if b < head}  # a later head: the mirror holds it whole
+        sealed = {b for b in self._unsealed if self._mirror is None or self._mirror.covers(b, b)}
         if self._mirror is not None:  # (the feed gave the mirror this head first)
             for b in deep:
                 if not self._mirror.covers(b, b):
@@ -201,16 +201,16 @@ class ChainWatcher:
         reads; a removed one (a reorganisation) at once, so the waiters read the ledger again."""
         if not self._pushed:
             return
+        reached = not entry.removed and entry.block <= self.block
+        if reached and self._mirror is not None and not self._mirror.covers(entry.block, entry.block):
+            self._hold(entry.block)  # (a log late for its block too)
+            return
         if entry.removed:
             self._pending.discard(entry.block)
             self._moved_at = min(self._moved_at, entry.block - 1)  # the logs of its block again are news
             self._moved(True)
         elif entry.block <= self._moved_at:
             return  # its block's move is counted: a read after it sees the whole block
-        elif (
-            entry.block <= self.block and self._mirror is not None and not self._mirror.covers(entry.block, entry.block)
-        ):
-            self._hold(entry.block)
         elif entry.block <= self.block:  # no confirmations: the head of its block came first
             self._moved_at = entry.block
             self._moved(True)
