@@ -28,10 +28,11 @@ Fed on the trio thread (`ChainFeed`'s listeners), read by the ledger client from
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ SEAL_GRACE_S = 1.0
 MIRROR_LOGS = 50_000  # logs kept (about 1 kB each as formatted; a round at 16 members holds some 20)
 TIMESTAMPS_KEPT = 4096  # headers' timestamps kept, by hash
 BLOOMS_KEPT = 256  # recent heads whose bloom verdict is kept
+MIRROR_BYTES = 64 << 20  # and about this many bytes of them (a log's data may be tens of kB)
+MAX_AHEAD = 64  # a log more blocks past the last head than this is no block of the chain's: dropped
+EARLY_LOGS = 1024  # logs pushed before the first head, kept until it comes
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,12 @@ def bloom_has(bloom: bytes, item: bytes) -> bool:
     return True
 
 
+def _size(entry: MirroredLog) -> int:
+    """About the bytes `entry` holds: its data and a fixed share for the rest."""
+    data = entry.log.get("data", b"") if isinstance(entry.log, Mapping) else b""
+    return len(data) + 512
+
+
 class LedgerMirror:
     """The ledger's pushed logs over the blocks held whole (`covers`), and recent heads' timestamps."""
 
@@ -95,8 +105,11 @@ class LedgerMirror:
         self._head = -1  # the last head pushed
         self._head_at = 0.0  # when (time.monotonic)
         self._maybe_ours: dict[int, bool] = {}  # recent heads: whether their bloom may hold a ledger log
-        self._logs: dict[int, list[MirroredLog]] = {}  # block -> its logs, in log order
-        self._count = 0  # logs held
+        self._logs: dict[int, dict[int, MirroredLog]] = {}  # block -> log index -> log
+        self._order: list[int] = []  # the blocks of `_logs`, ascending
+        self._count = self._bytes = 0  # logs held, and about how many bytes
+        self._early: list[MirroredLog] = []  # logs pushed before the first head (kept if after it)
+        self._read_to = -1  # the highest block `readable` gave in this epoch: it never gives less
         self._timestamps: dict[bytes, int] = {}  # header hash -> timestamp, the last TIMESTAMPS_KEPT
         self._base_fee: int | None = None
         self.resets = 0  # times it started again (reorganisation, out-of-order log, a drop)
@@ -121,18 +134,23 @@ class LedgerMirror:
             if header.number <= self._head:
                 return  # not new (a replaced head comes through `reorganised` first)
             self._head, self._head_at = header.number, time.monotonic()
-            if self._start is None:
-                self._start, self._sealed = header.number + 1, header.number
-                return
             quiet = header.bloom is not None and not bloom_has(header.bloom, self._address)
             self._maybe_ours[header.number] = not quiet
             if len(self._maybe_ours) > BLOOMS_KEPT:
                 del self._maybe_ours[next(iter(self._maybe_ours))]
+            if self._start is None:
+                self._start, self._sealed = header.number + 1, header.number
+                for entry in self._early:  # a log may come before its block's head
+                    if entry.block > header.number:
+                        self._add(entry)
+                self._early.clear()
+                return
             whole = header.number if quiet and header.number not in self._logs else header.number - 1
             block = self._sealed + 1
             while block <= whole:
-                # a block whose bloom may hold a ledger log and that holds none waits for a second head
-                if self._maybe_ours.get(block) and block not in self._logs and header.number < block + 2:
+                # a block whose bloom may hold a ledger log (or whose head never came) and that holds
+                # none waits for a second later head
+                if self._maybe_ours.get(block, True) and block not in self._logs and header.number < block + 2:
                     break
                 block += 1
             self._sealed = max(self._sealed, block - 1)
@@ -143,29 +161,36 @@ class LedgerMirror:
         if removed:
             self.reorganised(block)
             return
+        entry = MirroredLog(block, index, topics, formatted)
         with self._lock:
-            if self._start is None or block < self._start:
-                return  # before the blocks held whole: read from the endpoint
-            if block <= self._sealed:
-                late = block
-            else:
-                if self._logs and block < next(reversed(self._logs)) and block not in self._logs:
-                    self._logs[block] = []  # out of block order: the dict is kept in block order
-                    self._logs = dict(sorted(self._logs.items()))
-                entries = self._logs.setdefault(block, [])
-                if any(e.index == index for e in entries):
-                    return  # pushed twice
-                entries.append(MirroredLog(block, index, topics, formatted))
-                entries.sort(key=lambda e: e.index)
-                self._count += 1
+            if self._start is None:
+                if self._head < 0 and len(self._early) < EARLY_LOGS:
+                    self._early.append(entry)
                 return
-        log.warning("the endpoint pushed a ledger log of block %d after a later head: the mirror starts again", late)
-        self._reset(late)
+            if block < self._start or block > self._head + MAX_AHEAD:
+                return  # before the blocks held whole (read from the endpoint), or no block of the chain
+            if block > self._sealed:
+                self._add(entry)
+                self._prune()
+                return
+        log.warning("the endpoint pushed a ledger log of block %d after a later head: the mirror starts again", block)
+        self._reset(block)
+
+    def _add(self, entry: MirroredLog) -> None:
+        """Hold `entry` (under the lock); one pushed twice is held once."""
+        held = self._logs.get(entry.block)
+        if held is None:
+            held = self._logs[entry.block] = {}
+            bisect.insort(self._order, entry.block)
+        if entry.index not in held:
+            held[entry.index] = entry
+            self._count += 1
+            self._bytes += _size(entry)
 
     def reorganised(self, first: int) -> None:
         """Blocks `first` on were replaced (a head said so, or a removed log)."""
         with self._lock:
-            held = self._start is not None and first <= max(self._sealed, self._head)
+            held = self._start is not None and (first <= self._head or bool(self._order and self._order[-1] >= first))
         if held:
             self._reset(first)
 
@@ -175,22 +200,27 @@ class LedgerMirror:
 
     def _reset(self, first: int | None) -> None:
         with self._lock:
-            self._start, self._sealed, self._head = None, -1, -1
+            self._start, self._sealed, self._head, self._read_to = None, -1, -1, -1
             self._logs.clear()
-            self._count = 0
+            self._order.clear()
+            self._early.clear()
+            self._count = self._bytes = 0
             self.resets += 1
         if first is not None:
             for listener in self._on_reset:
                 listener(first)
 
     def _prune(self) -> None:
-        """Keep at most MIRROR_LOGS logs (under the lock): the oldest blocks' go, the blocks held
-        whole starting after them."""
+        """Keep at most MIRROR_LOGS logs and MIRROR_BYTES (under the lock): the oldest blocks' go,
+        the blocks held whole starting after them."""
         assert self._start is not None
-        while self._logs and self._count > MIRROR_LOGS:
-            oldest = next(iter(self._logs))
-            self._count -= len(self._logs.pop(oldest))
+        while self._order and (self._count > MIRROR_LOGS or self._bytes > MIRROR_BYTES):
+            oldest = self._order.pop(0)
+            dropped = self._logs.pop(oldest).values()
+            self._count -= len(dropped)
+            self._bytes -= sum(_size(e) for e in dropped)
             self._start = max(self._start, oldest + 1)
+            self._sealed = max(self._sealed, self._start - 1)
 
     # ---------------------------------------------------------------- the blocks before the first pushed
 
@@ -211,18 +241,17 @@ class LedgerMirror:
         with self._lock:
             if epoch != self.resets or self._start is None or to_block != self._start - 1:
                 return False
-            if self._count + len(entries) > MIRROR_LOGS:
+            if any(not from_block <= entry.block <= to_block for entry in entries):
+                return False
+            size = sum(_size(entry) for entry in entries)
+            if self._count + len(entries) > MIRROR_LOGS or self._bytes + size > MIRROR_BYTES:
                 self._no_backfill = epoch
                 return False
-            blocks: dict[int, list[MirroredLog]] = {}
+            order = self._order
+            self._order = []
             for entry in entries:
-                if not from_block <= entry.block <= to_block:
-                    return False
-                blocks.setdefault(entry.block, []).append(entry)
-            for held in blocks.values():
-                held.sort(key=lambda e: e.index)
-            self._logs = dict(sorted(blocks.items())) | self._logs
-            self._count += len(entries)
+                self._add(entry)  # the blocks before every one held: their order first, then the rest
+            self._order = sorted(set(self._order)) + order
             self._start = from_block
             return True
 
@@ -236,7 +265,9 @@ class LedgerMirror:
         with self._lock:
             fresh = time.monotonic() - self._head_at < SEAL_GRACE_S
             waiting = self._start is not None and at > self._sealed and fresh
-            return self._sealed if waiting else at
+            block = max(self._sealed, min(self._read_to, at)) if waiting else at
+            self._read_to = max(self._read_to, block)
+            return block
 
     def covers(self, from_block: int, to_block: int) -> bool:
         """Whether every ledger log of blocks from_block..to_block is held."""
@@ -248,11 +279,11 @@ class LedgerMirror:
         with self._lock:
             if self._start is None or not self._start <= from_block or to_block > self._sealed:
                 return None
-            if to_block - from_block < len(self._logs):
-                blocks = [b for b in range(from_block, to_block + 1) if b in self._logs]
-            else:
-                blocks = sorted(b for b in self._logs if from_block <= b <= to_block)
-            return [e for b in blocks for e in self._logs[b]]
+            low, high = bisect.bisect_left(self._order, from_block), bisect.bisect_right(self._order, to_block)
+            return [e for b in self._order[low:high] for e in self._in_order(b)]
+
+    def _in_order(self, block: int) -> list[MirroredLog]:
+        return sorted(self._logs[block].values(), key=lambda e: e.index)
 
     def last_log(self, topics: frozenset[bytes], at: int) -> MirroredLog | None:
         """The last held log by block `at` whose first topic is one of `topics`, where every block
@@ -260,10 +291,8 @@ class LedgerMirror:
         with self._lock:
             if self._start is None or at > self._sealed:
                 return None
-            for block in reversed(self._logs):  # in block order (`take_log`)
-                if block > at:
-                    continue
-                for entry in reversed(self._logs[block]):
+            for block in reversed(self._order[: bisect.bisect_right(self._order, at)]):
+                for entry in reversed(self._in_order(block)):
                     if entry.topics and entry.topics[0] in topics:
                         return entry
             return None
@@ -276,8 +305,8 @@ class LedgerMirror:
         with self._lock:
             if self._start is None or at > self._sealed or at < self._start - 1:
                 return None
-            changed = next((b for b in reversed(self._logs) if b <= at), self._start - 1)
-            return self.resets, changed
+            below = bisect.bisect_right(self._order, at)
+            return self.resets, self._order[below - 1] if below else self._start - 1
 
     def timestamp(self, block_hash: bytes) -> int | None:
         """The timestamp of a recent pushed head, by its hash."""

@@ -178,6 +178,7 @@ class PipelinedClient:
         self._signatures = {e["name"]: "0x" + event_abi_to_log_topic(e).hex() for e in abi if e["type"] == "event"}
         self._events_by_signature = {topic: name for name, topic in self._signatures.items()}
         self._codec, self._errors = ViewCodec(abi), RevertDecoder(abi)
+        self._committed_topic = bytes.fromhex(self._signatures["Committed"][2:])
         self._opening_topics = frozenset(bytes.fromhex(self._signatures[n][2:]) for n in ROUND_OPENINGS)
         self.confirmations = confirmations
         self.from_block = from_block
@@ -215,6 +216,7 @@ class PipelinedClient:
         self.pushed_base_fee: Callable[[], int | None] | None = None
         # the ledger's logs as the subscription pushed them, while it runs (`use_mirror`)
         self.mirror: LedgerMirror | None = None
+        self._local = threading.local()  # per thread: its log reads sent to the endpoint
         self._read_latest = False  # a view read "latest" since the last pushed head was used
         self._tx = (
             TransactionSender(
@@ -544,6 +546,7 @@ class PipelinedClient:
         return self._until_complete(read)
 
     def _round_info_at(self, round: int, at: int) -> tuple[RoundInfo, str | None]:
+        reads = self._endpoint_log_reads()
         current = self.current_round(block=at)
         if round > current:
             return RoundInfo(round, RoundState.OPEN, 0, 0, 0, 0, None, 0, 0), None
@@ -590,7 +593,7 @@ class PipelinedClient:
                 opened_at,
                 closed_at,
             ), None
-        held = self.mirror is not None and self.mirror.covers(opened_block, at)  # no log of it lags
+        held = self.mirror is not None and self._endpoint_log_reads() == reads  # all from the mirror: none lags
         if not held and self.voting_round(block=at) != VotingRound(round, True, _count(closed)):
             return _UNREAD, lagging  # the state has it ended: its RoundFinalized or RoundAborted lags
         return RoundInfo(
@@ -1121,6 +1124,7 @@ class PipelinedClient:
         held = self._mirrored(from_block, to_block)
         if held is not None:
             return self._held_logs(held, names, topics)
+        self._local.log_reads = self._endpoint_log_reads() + 1
         query_topics: list[Any] = [[self._signatures[name] for name in names], *topics]
         found: list[Any] = []
         for start in range(from_block, to_block + 1, LOG_CHUNK_BLOCKS):
@@ -1128,6 +1132,10 @@ class PipelinedClient:
             query: FilterParams = {"address": self.address, "fromBlock": start, "toBlock": end, "topics": query_topics}
             found += with_retries(partial(self.w3.eth.get_logs, query), what=f"get_logs {'/'.join(names)}")
         return sorted((self._decode(log) for log in found), key=lambda e: (e["blockNumber"], e["logIndex"]))
+
+    def _endpoint_log_reads(self) -> int:
+        """Log reads this thread sent to the endpoint so far (a read the mirror did not answer)."""
+        return int(getattr(self._local, "log_reads", 0))
 
     def _mirrored(self, from_block: int, to_block: int) -> list[MirroredLog] | None:
         """The mirror's logs of from_block..to_block (`node.chain.mirror`), the blocks before the first
@@ -1151,9 +1159,29 @@ class PipelinedClient:
                     if not topics:
                         raise LedgerError(f"a log of {self.address} with no topic")
                     entries.append(MirroredLog(int(log["blockNumber"]), int(log["logIndex"]), topics, log))
-            if self.mirror.backfill(epoch, 0, first - 1, entries):
+            claimed = 0 if self._params is not None else deployed  # (before the deployment: no logs)
+            if self._backfill_agrees(entries, first - 1) and self.mirror.backfill(epoch, claimed, first - 1, entries):
                 held = self.mirror.logs(from_block, to_block)
         return held
+
+    def _backfill_agrees(self, entries: list[MirroredLog], at: int) -> bool:
+        """Whether `entries`, the ledger's logs up to block `at` read from the endpoint, account for
+        its state there (the open round, its participant count): an endpoint whose logs lag its
+        blocks may answer the last ones without them, which the mirror would hold for good."""
+        openings = [e for e in entries if e.topics[0] in self._opening_topics]
+        if not openings:
+            return False  # the deployment itself opens round 1
+        opening = self._decoded(openings[-1])
+        current = _opened_round(opening)
+        committed = sum(
+            1
+            for e in entries
+            if e.topics[0] == self._committed_topic
+            and (e.block, e.index) > (openings[-1].block, openings[-1].index)
+            and int(self._decoded(e)["args"]["round"]) == current
+        )
+        state = int(self._call_view("currentRound", (), at)), int(self._call_view("openRoundCounts", (), at)[0])
+        return state == (current, committed)
 
     def _held_logs(
         self, held: list[MirroredLog], names: tuple[str, ...], topics: tuple[list[str] | None, ...]

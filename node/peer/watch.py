@@ -183,9 +183,11 @@ class ChainWatcher:
 
     def _hold(self, block: int) -> None:
         """No confirmations: a pushed log's move waits for the head after its block (`SEAL_GRACE_S`)."""
-        if len(self._unsealed) < MAX_PENDING_LOGS:
-            self._unsealed.setdefault(block, trio.current_time())
-            self._feed_changed.set()  # `run` times the grace
+        if len(self._unsealed) >= MAX_PENDING_LOGS:  # (a flood): a move now, read from the endpoint
+            self._moved(True)
+            return
+        self._unsealed.setdefault(block, trio.current_time())
+        self._feed_changed.set()  # `run` times the grace
 
     def _unseal(self, before: float) -> None:
         """The blocks awaiting a next head since `before` are moves now: read from the endpoint."""
@@ -233,7 +235,9 @@ class ChainWatcher:
         from the last block taken)."""
         self._pushed = self._catch_up = live
         self._pending.clear()
-        self._unsealed.clear()
+        if self._unsealed:  # moves that waited for a head that may not come now
+            self._unsealed.clear()
+            self._moved(True)
         self._feed_changed.set()  # `run` wakes: to read the chain once, or to poll
 
     async def next_tick(self) -> None:

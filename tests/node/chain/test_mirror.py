@@ -239,7 +239,7 @@ def test_a_mirrored_client_reads_what_the_endpoint_says_at_every_block(automine_
             for at in range(start, head):
                 await trio.to_thread.run_sync(partial(reads, mirrored, at))
             assert mirrored.rpc_requests() == asked, "every block read again from the mirror"
-            assert mirror.covers(0, start), "the blocks before the first pushed were read into it once"
+            assert mirror.covers(deployed, start), "the blocks before the first pushed were read into it once"
             nursery.cancel_scope.cancel()
 
     trio.run(play)
@@ -304,3 +304,50 @@ def test_a_pushed_commit_wakes_the_watcher_once_its_block_is_held_whole(automine
             nursery.cancel_scope.cancel()
 
     trio.run(play)
+
+
+def test_what_a_hostile_or_disordered_feed_pushes_is_bounded_and_never_held_wrong():
+    """A log far past the head is dropped; a log before the first head is kept only if after it; a
+    removed log of a block not pushed yet still starts the mirror again; `readable` never goes back;
+    bytes are bounded as well as logs."""
+    mirror = LedgerMirror(ADDRESS)
+    push_log(mirror, 11)  # before any head: kept until the first head says whether it is after it
+    push_log(mirror, 9)
+    mirror.take_header(header(10))
+    push_log(mirror, 10 + mirror_module.MAX_AHEAD + 1)  # no block of the chain's
+    mirror.take_header(header(11, bloom=bloom_of(ADDRESS)))
+    mirror.take_header(header(12))
+    assert [e.block for e in mirror.logs(11, 12)] == [11] and mirror._count == 1
+    push_log(mirror, 14)  # ahead of the head
+    push_log(mirror, 14, removed=True)  # taken out before its head came
+    assert mirror.resets == 1 and mirror._count == 0
+    mirror.take_header(header(20))
+    mirror.take_header(header(21, bloom=bloom_of(ADDRESS)))
+    assert mirror.readable(21) == 20
+    mirror.take_header(header(22, bloom=bloom_of(ADDRESS)))
+    mirror.take_header(header(23, bloom=bloom_of(ADDRESS)))
+    assert mirror.readable(23) == 21 and mirror.readable(21) == 21, "never behind a block given before"
+    big = MirroredLog(24, 0, (b"\x01" * 32,), {"blockNumber": 24, "data": b"x" * (mirror_module.MIRROR_BYTES // 2)})
+    for n in range(24, 28):
+        mirror.take_log(n, 0, big.topics, big.log, False)
+        mirror.take_header(header(n + 1, bloom=bloom_of(ADDRESS)))
+    assert mirror._bytes <= mirror_module.MIRROR_BYTES and mirror.logs(24, 24) is None
+
+
+def test_a_backfill_that_lacks_the_endpoints_last_logs_is_not_taken(automine_chain, kit):
+    """An endpoint whose logs lag its blocks answers the backfill without the last ones: checked
+    against the state at its last block (the open round and its count), it is not held."""
+    led = Ledger(automine_chain, kit, 3)
+    for i in range(3):
+        led.commit(i, 1)
+    led.commit(0, 2, kit.digest("agg"), ALL_THREE)
+    client = PipelinedClient(connect(automine_chain.url), led.reader.address, from_block=led.members[0].from_block)
+    at = automine_chain.block_number()
+    logs = client.w3.eth.get_logs({"address": client.address, "fromBlock": client.from_block, "toBlock": at})
+    entries = [
+        MirroredLog(int(e["blockNumber"]), int(e["logIndex"]), tuple(bytes(t) for t in e["topics"]), e) for e in logs
+    ]
+    assert client._backfill_agrees(entries, at)
+    assert not client._backfill_agrees(entries[:-1], at), "round 2's one commit lagging"
+    before_close = [e for e in entries if e.block < entries[-1].block - 1]  # round 1's last commit and close lag
+    assert not client._backfill_agrees(before_close, at), "round 1's close lagging"
