@@ -27,6 +27,7 @@ from node.chain.pipelined import load_pipelined_artifact
 from node.chain.registration import sign_registration
 from node.chain.sender import FEE_BUMP, ContractCall, TransactionSender
 from tests.e2e.testnet_box import ChainChaos, ProxyFaults, RpcProxy, rpc_proxy
+from tests.node.chain.test_testnet_faults import in_background
 
 ACCOUNT = 6  # a dev account of the shared chains (its nonce is read from the chain: others may use it too)
 STEADY = {"eth_estimateGas", "eth_sendRawTransaction", "eth_getTransactionReceipt"}
@@ -199,16 +200,7 @@ def test_a_chain_without_a_base_fee_gets_a_legacy_gas_price() -> None:
 
 def _sent_in_background(anvil: Anvil, send: Callable[[], TxReceipt]) -> tuple[threading.Thread, dict[str, Any], dict]:
     """`send` run in a thread once automine is off: (thread, its outcome, its transaction in the pool)."""
-    out: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            out["value"] = send()
-        except BaseException as exc:  # the test asserts on it
-            out["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
+    thread, out = in_background(send)
     deadline = time.monotonic() + 20
     while not (pool := anvil.rpc("eth_getBlockByNumber", ["pending", True])["transactions"]):
         assert time.monotonic() < deadline and thread.is_alive(), f"nothing in the pool: {out}"
