@@ -111,7 +111,6 @@ class LedgerMirror:
         self._early: list[MirroredLog] = []  # logs pushed before the first head (kept if after it)
         self._read_to = -1  # the highest block `readable` gave in this epoch: it never gives less
         self._timestamps: dict[bytes, int] = {}  # header hash -> timestamp, the last TIMESTAMPS_KEPT
-        self._base_fee: int | None = None
         self.resets = 0  # times it started again (reorganisation, out-of-order log, a drop)
         self._no_backfill = -1  # the epoch (`resets`) in which a backfill was refused: not asked again
         self._on_reset: list[Callable[[int], None]] = []
@@ -130,7 +129,6 @@ class LedgerMirror:
                 self._timestamps[header.hash] = header.timestamp
             if len(self._timestamps) > TIMESTAMPS_KEPT:
                 del self._timestamps[next(iter(self._timestamps))]
-            self._base_fee = header.base_fee
             if header.number <= self._head:
                 return  # not new (a replaced head comes through `reorganised` first)
             self._head, self._head_at = header.number, time.monotonic()
@@ -312,8 +310,3 @@ class LedgerMirror:
         """The timestamp of a recent pushed head, by its hash."""
         with self._lock:
             return self._timestamps.get(block_hash)
-
-    def base_fee(self) -> int | None:
-        """The base fee of the last pushed head (None before London, or before any head)."""
-        with self._lock:
-            return self._base_fee

@@ -72,7 +72,7 @@ def test_a_block_is_held_whole_once_a_later_head_came_or_its_bloom_excludes_the_
     assert mirror.covers(11, 15), "a second later head: taken as a bloom's false positive"
     assert mirror.last_change(14) == (0, 11) and mirror.last_change(10) == (0, 10)
     assert mirror.last_change(9) is None and mirror.last_change(16) is None
-    assert mirror.timestamp(header(12).hash) == 1_012 and mirror.base_fee() == 7
+    assert mirror.timestamp(header(12).hash) == 1_012
 
 
 def test_a_log_pushed_after_the_next_head_is_waited_for_where_the_bloom_says_so():
