@@ -1,12 +1,12 @@
-"""The swarm's libp2p host: GossipSub announcements and `/swarm/blob/2.0.0` blob exchange in verified pieces.
+"""The swarm's libp2p host: GossipSub announcements and `/swarm/blob/3.0.0` blob exchange in verified pieces.
 
 `open_host(config, store, allowed)` starts a py-libp2p host (TCP, Noise, Yamux; optional private
 network via a pre-shared key), joins the swarm's GossipSub topic, serves blobs from `store`, keeps
 the bootstrap peers connected, and closes everything when the `async with` block ends.
 
-Admission: `allowed(peer_id)` is asked for every blob stream (a refused peer gets a REFUSED frame)
-and for every gossip message's signed source (a topic validator rejects it, so it is neither
-delivered nor forwarded).
+Admission: `allowed(peer_id)` is asked for every blob stream and every blob asked for on it (a
+refused peer gets a REFUSED frame), and for every gossip message's signed source (a topic validator
+rejects it, so it is neither delivered nor forwarded).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import multiaddr
 import trio
@@ -64,6 +65,11 @@ _OWN_ADDRS_TTL = 1.0
 _MAX_LEARNED = 4096
 _MAX_PIECE_LISTS = 256  # blobs whose piece hashes a host keeps (about 32 bytes per MiB each)
 _MAX_BLAMES = 1024  # blames a host remembers (`SwarmHost.blames`)
+_MAX_OPENS_PER_STREAM = 4096  # blobs one blob stream may ask for (then the client opens another)
+# Idle blob streams a fetcher keeps for its next fetches (docs/P2P.md, "Blob streams are kept"): per
+# holder, and in all
+_IDLE_STREAMS_PER_PEER = 2
+_MAX_IDLE_STREAMS = 256
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,10 @@ class HostConfig:
     # entries, never an honest provider's (a member announces a few digests per round)
     max_digests_per_provider: int = 1024
     gossip_heartbeat: float = 1.0
+    # how long a server keeps a blob stream with no request open for the client's next fetch (a fetcher
+    # reuses an idle stream for at most half of it): longer than a round, so a round's stream to a
+    # committer carries its next round's blob too
+    stream_idle_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.topic:
@@ -127,7 +137,13 @@ class HostConfig:
             raise ValueError(f"parallel_providers must be >= 1, got {self.parallel_providers}")
         if self.psk is not None and len(self.psk) != 32:
             raise ValueError(f"psk must be 32 bytes, got {len(self.psk)}")
-        for name in ("request_timeout", "connect_timeout", "reconnect_interval", "hello_interval"):
+        for name in (
+            "request_timeout",
+            "connect_timeout",
+            "reconnect_interval",
+            "hello_interval",
+            "stream_idle_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 < self.bootstrap_retry_initial <= self.bootstrap_retry_max:
@@ -156,6 +172,14 @@ def peer_id_from_bytes(raw: bytes) -> str:
 def peer_id_to_bytes(peer_id: str) -> bytes:
     """The binary (multihash) form of a base58 peer id."""
     return ID.from_base58(peer_id).to_bytes()
+
+
+class _KeptStream(NamedTuple):
+    """A blob stream a fetcher keeps between fetches: how many OPENs it carried, and since when it is idle."""
+
+    stream: INetStream
+    opens: int
+    since: float = 0.0
 
 
 class SwarmHost:
@@ -203,6 +227,8 @@ class SwarmHost:
         self._piece_lists: collections.OrderedDict[str, tuple[int, bytes]] = collections.OrderedDict()
         self._hashing = trio.Lock()  # one piece list computed at a time: a blob asked for at once is hashed once
         self.blames: collections.deque[Blame] = collections.deque(maxlen=_MAX_BLAMES)  # newest last
+        # holder -> blob streams kept from our earlier fetches, between requests, most recent last
+        self._idle_streams: dict[str, list[_KeptStream]] = {}
 
     # ---- identity and addresses -------------------------------------------------------------
     @property
@@ -553,50 +579,46 @@ class SwarmHost:
 
     # ---- serving blobs ----------------------------------------------------------------------
     async def _serve_blob_stream(self, stream: INetStream) -> None:
+        """Serve one client's requests on `stream`: any number of blobs in turn, each an OPEN and its
+        READs, until the client closes the stream, it stays silent for `stream_idle_timeout` between
+        requests, it breaks the protocol, or _MAX_OPENS_PER_STREAM blobs were asked for."""
         peer = stream.muxed_conn.peer_id.to_base58()
         timeout = self.config.request_timeout
         try:
-            if not self.allowed(peer):
+            refusal = self._refusal(peer, 0)
+            if refusal:  # before reading anything
                 with trio.move_on_after(timeout):
-                    await wire.write_frame(stream, wire.REFUSED + b"peer is not admitted to this swarm")
+                    await wire.write_frame(stream, wire.REFUSED + refusal)
                 return
-            # Request frames are read only up to the exact size of the request expected (OPEN 33 bytes,
-            # READ 13): a larger declared length is refused before its body is read (FrameTooLarge).
-            with trio.fail_after(timeout):
-                digest = wire.parse_open(await wire.read_frame(stream, wire.OPEN_SIZE))
-            size = self.store.size(digest)
-            hashes = None if size is None or size > wire.MAX_BLOB else await self._piece_hashes(digest, size)
-            if size is None or hashes is None:
-                with trio.fail_after(timeout):
-                    await wire.write_frame(stream, wire.NOT_FOUND + digest.encode())
-                return
-            with trio.fail_after(timeout):
-                await wire.write_frame(stream, wire.size_response(size, hashes))
-            # Each READ returns >= 1 byte, so a well-behaved client needs at most `size` requests;
-            # the bound stops a client from keeping a stream busy forever.
-            for _ in range(max(1, math.ceil(size / 1024)) + 8):
-                with trio.move_on_after(timeout) as idle:
-                    body = await wire.read_frame(stream, wire.READ_SIZE)
+            # A new stream says what it wants within request_timeout; later waits are an idle stream's.
+            wait = timeout
+            current: tuple[str, int, int] | None = None  # (digest, size, READs left) of the blob asked for
+            opens = 0
+            while True:
+                # Request frames are read only up to the exact size of the largest request (OPEN, 33
+                # bytes): a larger declared length is refused before its body is read (FrameTooLarge).
+                with trio.move_on_after(wait) as idle:
+                    body = await wire.read_frame(stream, wire.MAX_REQUEST)
                 if idle.cancelled_caught:
                     return
-                offset, length = wire.parse_read(body)
-                if length == 0 or length > wire.PIECE_SIZE or offset + length > size:
-                    with trio.move_on_after(timeout):
-                        await wire.write_frame(
-                            stream,
-                            wire.ERROR
-                            + f"bad range {offset}+{length} (size {size}, "
-                            f"pieces of at most {wire.PIECE_SIZE} bytes)".encode(),
-                        )
+                wait = self.config.stream_idle_timeout
+                if body[:1] == wire.OPEN:
+                    opens += 1
+                    refusal = self._refusal(peer, opens)
+                    if refusal:
+                        with trio.move_on_after(timeout):
+                            await wire.write_frame(stream, wire.REFUSED + refusal)
+                        return
+                    current = await self._answer_open(stream, wire.parse_open(body))
+                    continue
+                if current is None:
+                    raise wire.WireError("expected OPEN(digest) before READ")
+                digest, size, reads_left = current
+                if reads_left <= 0:
+                    raise wire.WireError(f"more READs for blob {digest[:16]} than its {size} bytes need")
+                current = (digest, size, reads_left - 1)
+                if not await self._answer_read(stream, current, wire.parse_read(body)):
                     return
-                chunk = self.store.read(digest, offset, length)
-                if chunk is None:
-                    with trio.move_on_after(timeout):
-                        await wire.write_frame(stream, wire.NOT_FOUND + b"blob removed")
-                    return
-                with trio.fail_after(timeout):
-                    await wire.write_frame(stream, wire.DATA + chunk)
-                self.bytes_served += len(chunk)
         except (wire.StreamEnded, trio.TooSlowError) as exc:
             log.debug("blob stream with %s ended: %s", peer, exc)
         except wire.WireError as exc:  # FrameTooLarge included: say why, then close without reading on
@@ -608,6 +630,52 @@ class SwarmHost:
             with trio.move_on_after(1.0):
                 with suppress(Exception):
                     await stream.close()
+
+    def _refusal(self, peer: str, opens: int) -> bytes:
+        """Why `peer` is not served its `opens`-th blob on a stream (b"" when it is). Admission is
+        checked at every OPEN: a stream outlives changes to the allowlist."""
+        if not self.allowed(peer):
+            return b"peer is not admitted to this swarm"
+        if opens > _MAX_OPENS_PER_STREAM:
+            return f"more than {_MAX_OPENS_PER_STREAM} blobs asked for on one stream: open another".encode()
+        return b""
+
+    async def _answer_open(self, stream: INetStream, digest: str) -> tuple[str, int, int] | None:
+        """SIZE (with the piece list) for a blob we hold, else NOT_FOUND (the stream stays open for
+        the next OPEN). The blob's (digest, size, READs allowed) when it is held: each READ returns >= 1
+        byte, so a well-behaved client needs at most `size` of them; the bound stops a client from
+        keeping a blob's requests going forever."""
+        size = self.store.size(digest)
+        hashes = None if size is None or size > wire.MAX_BLOB else await self._piece_hashes(digest, size)
+        with trio.fail_after(self.config.request_timeout):
+            if size is None or hashes is None:
+                await wire.write_frame(stream, wire.NOT_FOUND + digest.encode())
+                return None
+            await wire.write_frame(stream, wire.size_response(size, hashes))
+        return digest, size, max(1, math.ceil(size / 1024)) + 8
+
+    async def _answer_read(self, stream: INetStream, current: tuple[str, int, int], request: tuple[int, int]) -> bool:
+        """DATA for one READ of the open blob; False (after ERROR or NOT_FOUND) when the stream must end."""
+        digest, size, _ = current
+        offset, length = request
+        timeout = self.config.request_timeout
+        if length == 0 or length > wire.PIECE_SIZE or offset + length > size:
+            with trio.move_on_after(timeout):
+                await wire.write_frame(
+                    stream,
+                    wire.ERROR
+                    + f"bad range {offset}+{length} (size {size}, pieces of at most {wire.PIECE_SIZE} bytes)".encode(),
+                )
+            return False
+        chunk = self.store.read(digest, offset, length)
+        if chunk is None:
+            with trio.move_on_after(timeout):
+                await wire.write_frame(stream, wire.NOT_FOUND + b"blob removed")
+            return False
+        with trio.fail_after(timeout):
+            await wire.write_frame(stream, wire.DATA + chunk)
+        self.bytes_served += len(chunk)
+        return True
 
     async def _piece_hashes(self, digest: str, size: int) -> bytes | None:
         """The sha256 of each piece of a blob we hold, as SIZE declares them; None if the store no
@@ -775,7 +843,8 @@ class SwarmHost:
 
         Raises HolderLied when its answer contradicts its own list or the digest, HolderFailed with
         what went wrong otherwise; the pieces it had not delivered go back to the others (pieces
-        already received are kept)."""
+        already received are kept). The stream is kept for the next fetch from `peer` when this one
+        ends between requests (`_end_blob_stream`), and reset or closed otherwise."""
         timeout = self.config.request_timeout
         try:
             peer_id = ID.from_base58(peer)
@@ -783,12 +852,15 @@ class SwarmHost:
             raise HolderFailed("malformed peer id") from None
         await self._ensure_connected(peer_id)
         stream: INetStream | None = None
+        opens = 0  # OPENs sent on the stream, this fetch's included
         in_flight: collections.deque[int] = collections.deque()
+        reusable = False  # the stream is between requests: the next fetch may use it
         try:
             with trio.fail_after(timeout):
-                stream = await self.libp2p_host.new_stream(peer_id, [TProtocol(wire.BLOB_PROTOCOL)])
-                await wire.write_frame(stream, wire.open_request(fetch.digest))
-                size, hashes = wire.parse_size(await wire.read_frame(stream))
+                stream, opens, answer = await self._open_blob(peer_id, fetch.digest)
+            if answer[:1] == wire.NOT_FOUND:
+                reusable = True
+            size, hashes = wire.parse_size(answer)
             fetch.declare(peer, size, hashes)  # raises on a size above the limit or a provably false list
             claim = fetch.claims[peer]
             while fetch.follows(peer) and not fetch.complete:
@@ -800,6 +872,7 @@ class SwarmHost:
                     with trio.fail_after(timeout):
                         await wire.write_frame(stream, wire.read_request(*claim.range(index)))
                 if not in_flight:
+                    reusable = True
                     return
                 index = in_flight[0]
                 with trio.fail_after(timeout):
@@ -812,6 +885,7 @@ class SwarmHost:
                 in_flight.popleft()
                 self.bytes_fetched += length
                 fetch.deliver(peer, index, memoryview(body)[1:])  # raises HolderLied on a wrong piece
+            reusable = not in_flight
         except trio.TooSlowError:
             raise HolderFailed(f"no answer within {timeout}s") from None
         except (wire.StreamEnded, wire.WireError) as exc:
@@ -823,12 +897,86 @@ class SwarmHost:
         finally:
             fetch.give_back(peer, in_flight)
             if stream is not None:
-                # Shielded: a holder cancelled because the others completed the blob still ends its
-                # stream. With READs unanswered, reset it so the holder stops sending at once.
-                with trio.move_on_after(1.0) as cleanup:
-                    cleanup.shield = True
-                    with suppress(Exception):
-                        await (stream.reset() if in_flight else stream.close())
+                await self._end_blob_stream(peer, _KeptStream(stream, opens), reusable=reusable, reset=bool(in_flight))
+
+    async def _open_blob(self, peer_id: ID, digest: str) -> tuple[INetStream, int, bytes]:
+        """A blob stream to `peer_id` on which `digest` was asked for, the OPENs sent on it so far, and
+        the holder's answer (SIZE, NOT_FOUND, ...). Takes a stream kept from an earlier fetch when there
+        is one; a kept stream the holder has since closed (idle, or its connection gone) is ended and the
+        next one, or a new stream, is tried."""
+        peer = peer_id.to_base58()
+        while (kept := await self._take_kept_stream(peer)) is not None:
+            answer = await self._ask_open(kept.stream, digest, kept=True)
+            if answer is not None:
+                return kept.stream, kept.opens + 1, answer
+        stream = await self.libp2p_host.new_stream(peer_id, [TProtocol(wire.BLOB_PROTOCOL)])
+        answer = await self._ask_open(stream, digest, kept=False)
+        assert answer is not None  # a new stream's failures raise
+        return stream, 1, answer
+
+    async def _ask_open(self, stream: INetStream, digest: str, *, kept: bool) -> bytes | None:
+        """The holder's answer to OPEN `digest` on `stream`. On any failure the stream is ended; the
+        failure is raised, but for a kept stream that ended (None: the holder closed it meanwhile)."""
+        try:
+            await wire.write_frame(stream, wire.open_request(digest))
+            return await wire.read_frame(stream)
+        except BaseException as exc:
+            await _end_stream(stream, reset=True)
+            if kept and isinstance(exc, wire.StreamEnded):
+                return None
+            raise
+
+    async def _take_kept_stream(self, peer: str) -> _KeptStream | None:
+        """The most recently kept idle stream to `peer` still within half the holder's idle timeout
+        (older ones are ended: the holder may be closing them), or None."""
+        kept = self._idle_streams.get(peer, [])
+        while kept:
+            taken = kept.pop()
+            if not kept:
+                del self._idle_streams[peer]
+            if trio.current_time() - taken.since < self.config.stream_idle_timeout / 2:
+                return taken
+            await _end_stream(taken.stream, reset=True)
+        return None
+
+    async def _end_blob_stream(self, peer: str, used: _KeptStream, *, reusable: bool, reset: bool) -> None:
+        """Keep `used.stream` for the next fetch from `peer` (when `reusable` and the bounds allow: a
+        full pool first ends the streams too old to be used), or end it: reset when requests are
+        unanswered, so the holder stops sending at once, closed otherwise."""
+        if reusable and self._idle_stream_count() >= _MAX_IDLE_STREAMS:
+            for old in self._expired_streams():
+                await _end_stream(old, reset=True)
+        kept = self._idle_streams.setdefault(peer, [])
+        room = len(kept) < _IDLE_STREAMS_PER_PEER and self._idle_stream_count() < _MAX_IDLE_STREAMS
+        if reusable and room and used.opens < _MAX_OPENS_PER_STREAM:
+            kept.append(_KeptStream(used.stream, used.opens, trio.current_time()))
+            return
+        if not kept:
+            del self._idle_streams[peer]
+        await _end_stream(used.stream, reset=reset)
+
+    def _expired_streams(self) -> list[INetStream]:
+        """Remove and return the kept streams too old to be used (of every holder)."""
+        now, limit = trio.current_time(), self.config.stream_idle_timeout / 2
+        expired = []
+        for peer, kept in list(self._idle_streams.items()):
+            expired += [k.stream for k in kept if now - k.since >= limit]
+            kept[:] = [k for k in kept if now - k.since < limit]
+            if not kept:
+                del self._idle_streams[peer]
+        return expired
+
+    def _idle_stream_count(self) -> int:
+        return sum(len(kept) for kept in self._idle_streams.values())
+
+
+async def _end_stream(stream: INetStream, *, reset: bool) -> None:
+    """Reset or close `stream`, within a second. Shielded: a holder cancelled because the others
+    completed the blob still ends its stream."""
+    with trio.move_on_after(1.0) as cleanup:
+        cleanup.shield = True
+        with suppress(Exception):
+            await (stream.reset() if reset else stream.close())
 
 
 def _security_options(key_pair: KeyPair) -> dict[TProtocol, ISecureTransport]:

@@ -1,12 +1,17 @@
-"""Wire formats: the `/swarm/blob/2.0.0` frames and the gossip envelope.
+"""Wire formats: the `/swarm/blob/3.0.0` frames and the gossip envelope.
 
-Blob protocol (one stream per blob; every message is a frame `u32 big-endian length || body`, because in
-py-libp2p a reader waiting for EOF after the writer's close() hangs; see docs/P2P.md):
+Blob protocol (every message is a frame `u32 big-endian length || body`, because in py-libp2p a reader
+waiting for EOF after the writer's close() hangs; see docs/P2P.md):
 
     client -> server  OPEN  b"O" || digest(32)          server -> client  SIZE  b"S" || u64 size || piece hashes
                       READ  b"R" || u64 offset || u32 length             DATA  b"D" || bytes
                                                                          NOT_FOUND / REFUSED / ERROR:
                                                                          b"N" / b"X" / b"E" || utf-8 reason
+
+A stream carries any number of blobs, one after the other: an OPEN starts the next (the READs that
+follow are for it). A client keeps a stream whose requests were all answered for its next fetch from
+the same holder; the server closes a stream silent for its idle timeout (docs/P2P.md, "Blob streams are
+kept"). The stream also survives NOT_FOUND; it ends after REFUSED and ERROR.
 
 A blob is cut into pieces of PIECE_SIZE bytes (the last one shorter); SIZE carries the sha256 of each
 piece, in order (32 bytes each, none for an empty blob), so a fetcher checks every piece as it arrives
@@ -14,8 +19,8 @@ piece, in order (32 bytes each, none for an empty blob), so a fetcher checks eve
 
 The client may keep several READs in flight; the server answers them in order. Requests are tiny and
 of fixed size (OPEN 33 bytes, READ 13 bytes), so the server reads a request frame only if its declared
-length is at most that of the request it expects (at most MAX_REQUEST = 33 bytes); a larger one is
-refused with ERROR before any of its body is read, and the stream is closed.
+length is at most MAX_REQUEST = 33 bytes; a larger one is refused with ERROR before any of its body is
+read, and the stream is closed. A request frame of the wrong length for its type is refused the same way.
 
 Gossip envelope: kind(1) || u16 length of addresses || addresses (utf-8, newline-separated) || body.
 Kinds: b"A" application payload, b"H" "I hold these blobs" (1 to MAX_HAVE_DIGESTS digests of 32 bytes,
@@ -28,7 +33,7 @@ from __future__ import annotations
 import struct
 from typing import NoReturn, Protocol
 
-BLOB_PROTOCOL = "/swarm/blob/2.0.0"
+BLOB_PROTOCOL = "/swarm/blob/3.0.0"
 PIECE_SIZE = 1 << 20  # 1 MiB: pieces stay well below the 8 MB single-message failures seen in py-libp2p
 _FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME = PIECE_SIZE + 64

@@ -1,7 +1,7 @@
 """Benchmark the p2p blob exchange on real libp2p hosts over 127.0.0.1; writes section "p2p" of
 docs/BENCHMARKS.md.
 
-1. Throughput of a 64 MB chunked fetch (`/swarm/blob/2.0.0`, 1 MiB pieces, pipelined) against a single
+1. Throughput of a 64 MB chunked fetch (`/swarm/blob/3.0.0`, 1 MiB pieces, pipelined) against a single
    4 MB request/response on the same pair of hosts in the same run (target: ratio >= 0.8).
 2. All-to-all: N peers each hold one 2 MB blob; every peer fetches every other peer's blob (all peers
    at once, each fetching its N-1 blobs one after another), for N = 4, 8, 16, 32. All hosts share one

@@ -1,4 +1,4 @@
-"""Blob exchange in verified pieces over `/swarm/blob/2.0.0` between real hosts on 127.0.0.1 (lying
+"""Blob exchange in verified pieces over `/swarm/blob/3.0.0` between real hosts on 127.0.0.1 (lying
 holders: tests/p2p/test_p2p_pieces.py)."""
 
 from __future__ import annotations
@@ -210,8 +210,8 @@ async def test_private_network_psk(config, hosts):
 
 
 async def test_oversized_request_frames_are_refused_unread_and_the_host_keeps_serving(config, hosts):
-    """Requests are at most 33 bytes (OPEN) and 13 bytes (READ): a frame declaring more is refused with
-    ERROR at once, before its body is read, and the stream is closed; other requests are still served."""
+    """Requests are at most 33 bytes (OPEN; a READ is 13): a frame declaring more is refused with ERROR
+    at once, before its body is read, and the stream is closed; other requests are still served."""
     holder_store = MemoryBlobStore()
     data = os.urandom(MiB)
     digest = holder_store.put(data)
@@ -243,9 +243,9 @@ async def test_oversized_request_frames_are_refused_unread_and_the_host_keeps_se
         for declared in (wire.MAX_FRAME, wire.OPEN_SIZE + 1):
             answer = await refused(declared, wire.open_request(digest), after_open=False)
             assert answer[:1] == wire.ERROR and f"frame of {declared} bytes exceeds the limit of 33".encode() in answer
-        # After a valid OPEN, a frame one byte above a READ.
-        answer = await refused(wire.READ_SIZE + 1, wire.read_request(0, 1024), after_open=True)
-        assert answer[:1] == wire.ERROR and b"frame of 14 bytes exceeds the limit of 13" in answer
+        # After a valid OPEN (a stream carries further OPENs), a frame one byte above an OPEN.
+        answer = await refused(wire.OPEN_SIZE + 1, wire.read_request(0, 1024), after_open=True)
+        assert answer[:1] == wire.ERROR and b"frame of 34 bytes exceeds the limit of 33" in answer
         # The holder keeps serving: the same peer over the same connection, and another peer.
         assert await attacker.fetch(digest, providers=[holder.peer_id], timeout=30) == data
         await member.connect(holder.addrs[0])
