@@ -351,7 +351,7 @@ def _check_ranges(c: Config) -> None:
         (c.chain.eps_cap >= 0, "chain.eps_cap", "must be >= 0 (0 = exactly what swarm.rounds rounds spend)"),
         (c.chain.record_eps_cap >= 0, "chain.record_eps_cap", "must be >= 0 (0 = what swarm.rounds rounds spend)"),
         (0 <= c.chain.max_samples < 2**32, "chain.max_samples", "must be in 0..2^32 - 1 (0 = the largest shard)"),
-        (c.chain.fetch_timeout > 0, "chain.fetch_timeout", "must be > 0"),
+        (c.chain.fetch_timeout >= 0, "chain.fetch_timeout", "must be >= 0 (0 = the default for the swarm)"),
         (c.chain.block_time > 0, "chain.block_time", "must be > 0"),
         (c.chain.run_timeout > 0, "chain.run_timeout", "must be > 0"),
         (0 <= c.chain.confirmations <= 64, "chain.confirmations", "must be in 0..64 blocks"),
@@ -410,6 +410,17 @@ def _reads_pixels(c: Config) -> bool:
     if not c.train.dp_sgd or c.data.dataset not in DATASETS or c.model.name not in (*MODELS, "auto"):
         return False
     return c.data.dataset in IMAGE_DATASETS and c.model_name not in SCATTER_MODELS
+
+
+# seconds a peer fetches a round's blobs before leaving the missing ones out, where chain.fetch_timeout is 0 and
+# no local swarm sized it (node/runs/local.py `local_fetch_timeout`): ample for peers on machines of their own
+DEFAULT_FETCH_TIMEOUT = 10.0
+
+
+def fetch_timeout(c: Config) -> float:
+    """chain.fetch_timeout, where 0 means DEFAULT_FETCH_TIMEOUT (`swarm up` writes the figure it sized for
+    its peers into their config.toml instead)."""
+    return c.chain.fetch_timeout or DEFAULT_FETCH_TIMEOUT
 
 
 def quorum(c: Config) -> int:

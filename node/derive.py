@@ -15,7 +15,7 @@ from mechanisms.accounting import cumulative_spend
 from mechanisms.record_level import DPSGDPolicy, record_level_spend
 from mechanisms.secagg import accounting as secagg_accounting
 from mechanisms.secagg.policy import SecAggPolicy, secagg_spend
-from node.config import SECURE_AGGREGATION, Config
+from node.config import SECURE_AGGREGATION, Config, fetch_timeout
 from node.learning.data import DatasetError, dataset_meta, load_dataset
 from node.learning.device import resolve_device
 from node.learning.models import build_model, init_model, model_inputs
@@ -264,7 +264,7 @@ def peer_settings(config: Config, *, fault: str | None = None) -> PeerSettings:
         lr_decay=t.lr_decay,
         momentum=t.momentum,
         rounds=config.swarm.rounds,
-        fetch_timeout=config.chain.fetch_timeout,
+        fetch_timeout=fetch_timeout(config),
         device=resolve_device(t.device).type,  # per peer, not shared: "auto" becomes this machine's choice
         augmentations=t.dp_augmentations,
         fault=fault,

@@ -4,8 +4,8 @@
 network via a pre-shared key), joins the swarm's GossipSub topic, serves blobs from `store`, keeps
 the bootstrap peers connected, and closes everything when the `async with` block ends.
 
-Admission: `allowed(peer_id)` is asked for every blob stream and every blob asked for on it (a
-refused peer gets a REFUSED frame), and for every gossip message's signed source (a topic validator
+Admission: `allowed(peer_id)` is asked for every blob stream and every request on it (a refused
+peer gets a REFUSED frame), and for every gossip message's signed source (a topic validator
 rejects it, so it is neither delivered nor forwarded).
 """
 
@@ -18,6 +18,7 @@ import random
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import NamedTuple
 
 import multiaddr
@@ -613,6 +614,11 @@ class SwarmHost:
                     continue
                 if current is None:
                     raise wire.WireError("expected OPEN(digest) before READ")
+                refusal = self._refusal(peer, 0)  # a READ of a blob opened before the peer's removal too
+                if refusal:
+                    with trio.move_on_after(timeout):
+                        await wire.write_frame(stream, wire.REFUSED + refusal)
+                    return
                 digest, size, reads_left = current
                 if reads_left <= 0:
                     raise wire.WireError(f"more READs for blob {digest[:16]} than its {size} bytes need")
@@ -632,8 +638,8 @@ class SwarmHost:
                     await stream.close()
 
     def _refusal(self, peer: str, opens: int) -> bytes:
-        """Why `peer` is not served its `opens`-th blob on a stream (b"" when it is). Admission is
-        checked at every OPEN: a stream outlives changes to the allowlist."""
+        """Why `peer` is not served its `opens`-th blob on a stream, or a READ (`opens` 0), b"" when it
+        is. Admission is checked at every request: a stream outlives changes to the allowlist."""
         if not self.allowed(peer):
             return b"peer is not admitted to this swarm"
         if opens > _MAX_OPENS_PER_STREAM:
@@ -944,8 +950,10 @@ class SwarmHost:
         full pool first ends the streams too old to be used), or end it: reset when requests are
         unanswered, so the holder stops sending at once, closed otherwise."""
         if reusable and self._idle_stream_count() >= _MAX_IDLE_STREAMS:
-            for old in self._expired_streams():
-                await _end_stream(old, reset=True)
+            # Together, within the one second one reset may take: stalled connections do not add up.
+            async with trio.open_nursery() as nursery:
+                for old in self._expired_streams():
+                    nursery.start_soon(partial(_end_stream, old, reset=True))
         kept = self._idle_streams.setdefault(peer, [])
         room = len(kept) < _IDLE_STREAMS_PER_PEER and self._idle_stream_count() < _MAX_IDLE_STREAMS
         if reusable and room and used.opens < _MAX_OPENS_PER_STREAM:

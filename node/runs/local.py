@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import math
 import os
 import secrets
 import signal
@@ -39,7 +40,7 @@ from node.chain.anvil import find_anvil, free_port
 from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
 from node.chain.registration import sign_registration
-from node.config import Config, quorum, window_seconds
+from node.config import DEFAULT_FETCH_TIMEOUT, Config, quorum, window_seconds
 from node.derive import (
     eps_cap_micro,
     eps_step_micro,
@@ -96,6 +97,35 @@ def default_out_dir() -> Path:
     return Path("runs") / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
 
 
+# How long a local swarm's peers fetch a round's blobs, where chain.fetch_timeout is 0. Its N peers share
+# this machine's cores, and each fetches and serves N - 1 blobs a round on about cores / N of a core, so
+# the exchange takes time in proportion to N^2 / cores. Measured on 2 cores (docs/SCALING.md, "The ledger
+# mirror"): 16 peers fetch within the default's 10 s; 32 do not (every round aborted, blobs "served by
+# nobody within the fetch timeout") and finalize every round with 30 s. The default covers N^2 / cores up
+# to LOCAL_EXCHANGE_LOAD (16 peers on 2 cores); beyond, the timeout grows in proportion (32 on 2: 40 s).
+LOCAL_EXCHANGE_LOAD = 128
+
+
+def local_fetch_timeout(peers: int, cores: int) -> float:
+    """The fetch timeout for `peers` peer processes sharing `cores` cores (see LOCAL_EXCHANGE_LOAD)."""
+    if peers < 1 or cores < 1:
+        raise ValueError(f"need peers >= 1 and cores >= 1, got {peers} and {cores}")
+    return DEFAULT_FETCH_TIMEOUT * max(1.0, peers * peers / cores / LOCAL_EXCHANGE_LOAD)
+
+
+def size_exchange(config: Config, cores: int) -> None:
+    """Resolve chain.fetch_timeout = 0 for a local swarm of config.swarm.peers on `cores` cores, in place;
+    where the attestation window's seconds are 0 (its blocks' time) and shorter than twice that timeout,
+    set them to twice it, as `_check_fetch_fits_attestation` requires (the ledger's window ends once both
+    its blocks and its seconds passed). A figure set in the config is kept."""
+    if config.chain.fetch_timeout:
+        return
+    config.chain.fetch_timeout = local_fetch_timeout(config.swarm.peers, cores)
+    needed = math.ceil(2 * config.chain.fetch_timeout)
+    if not config.chain.attest_window_seconds and window_seconds(config)[1] < needed:
+        config.chain.attest_window_seconds = needed
+
+
 def _check_fetch_fits_attestation(config: Config) -> None:
     block_seconds = config.chain.attest_window * config.chain.block_time
     seconds = window_seconds(config)[1]
@@ -144,9 +174,11 @@ class LocalSwarm:
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"--out {out} exists and is not empty: choose a new folder")
         # The sample cap resolved once, here, into the config.toml every peer runs with: a peer's own
-        # data choices (`peer_overrides`) cannot then change the genesis it derives.
+        # data choices (`peer_overrides`) cannot then change the genesis it derives. So is the fetch
+        # timeout, sized for the peers sharing this machine.
         config = copy.deepcopy(config)
         config.chain.max_samples = max_samples(config)
+        size_exchange(config, len(os.sched_getaffinity(0)))  # the peers share this machine's cores
         self.config, self.out = config, out
         self.faults = faults or {}
         self.peer_overrides = peer_overrides or {}  # per-peer --set: local choices (its data)
