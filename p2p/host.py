@@ -933,8 +933,8 @@ class SwarmHost:
             raise
 
     async def _take_kept_stream(self, peer: str) -> _KeptStream | None:
-        """The most recently kept idle stream to `peer` still within half the holder's idle timeout
-        (older ones are ended: the holder may be closing them), or None."""
+        """The most recently kept idle stream to `peer` still within half of `stream_idle_timeout`
+        (older ones are ended: a holder with the same setting may be closing them), or None."""
         kept = self._idle_streams.get(peer, [])
         while kept:
             taken = kept.pop()

@@ -178,11 +178,19 @@ class LocalSwarm:
         # timeout, sized for the peers sharing this machine.
         config = copy.deepcopy(config)
         config.chain.max_samples = max_samples(config)
-        size_exchange(config, len(os.sched_getaffinity(0)))  # the peers share this machine's cores
+        cores = len(os.sched_getaffinity(0))
+        sized = not config.chain.fetch_timeout
+        size_exchange(config, cores)  # the peers share this machine's cores
         self.config, self.out = config, out
         self.faults = faults or {}
         self.peer_overrides = peer_overrides or {}  # per-peer --set: local choices (its data)
         self.say = say or (lambda msg: None)
+        if sized and config.chain.fetch_timeout > DEFAULT_FETCH_TIMEOUT:
+            self.say(
+                f"{config.swarm.peers} peers share {cores} cores: each waits up to {config.chain.fetch_timeout:g} s "
+                f"for a round's blobs (chain.fetch_timeout), and a round's attestation window lasts at least "
+                f"{window_seconds(config)[1]} s"
+            )
         self.peers: list[PeerProcess] = []
         self._through: set[int] = set()  # peers seen past start-up and their first training (the ticker's)
         self._password = secrets.token_hex(16)

@@ -386,3 +386,35 @@ def test_a_lagging_pushed_head_never_takes_reads_back_behind_a_read_at_latest(au
     requests = reader.rpc_requests()
     assert reader.registered_count() == 1
     assert reader.rpc_requests() - requests == 1  # once caught up, a pinned read asks no head
+
+
+def test_the_pushed_base_fee_is_the_last_heads_while_live_and_none_otherwise(automine_chain):
+    """What the sender builds its fees from (node/chain/sender.py): the base fee of the last head the
+    subscription pushed, a spike included; a feed that is not live answers None (the sender asks the
+    endpoint)."""
+    swarm = Swarm(automine_chain, 1)
+    feed = ChainFeed(ws_url_for(automine_chain.url, "auto"), swarm.address, swarm.reader.take_head)
+    assert feed.live_base_fee() is None
+    spike = 7 * 10**11  # 700 gwei
+
+    def latest_base_fee() -> int:
+        return int(automine_chain.rpc("eth_getBlockByNumber", ["latest", False])["baseFeePerGas"], 16)
+
+    async def body(nursery: trio.Nursery) -> None:
+        await until(lambda: feed.live)
+        automine_chain.mine(1)
+        await until(lambda: feed.head == automine_chain.block_number())
+        assert feed.live_base_fee() == latest_base_fee()
+        automine_chain.rpc("anvil_setNextBlockBaseFeePerGas", [hex(spike)])
+        automine_chain.mine(1)
+        await until(lambda: feed.head == automine_chain.block_number())
+        assert feed.live_base_fee() == latest_base_fee() == spike
+
+    run_with_feed(feed, body)
+    offline = ChainFeed(f"ws://127.0.0.1:{free_port()}", swarm.address, swarm.reader.take_head)
+
+    async def never_live(nursery: trio.Nursery) -> None:
+        await until(lambda: offline._said_polling)  # its first connection refused: polling
+        assert not offline.live and offline.live_base_fee() is None
+
+    run_with_feed(offline, never_live)

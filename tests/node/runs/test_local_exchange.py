@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import copy
+import math
+import os
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,23 @@ def test_a_small_local_swarm_keeps_the_default_and_its_window_and_set_figures_ar
             assert config.chain == before  # an operator's timeout is theirs
         else:
             assert (config.chain.fetch_timeout, config.chain.attest_window_seconds) == (40.0, 600)
+
+
+def test_swarm_up_says_when_it_sized_the_timeout_and_writes_the_figure_into_the_peers_config(tmp_path):
+    from node.runs.local import LocalSwarm
+
+    cores = len(os.sched_getaffinity(0))
+    said: list[str] = []
+    swarm = LocalSwarm(demo("swarm.peers=128"), tmp_path / "run", say=said.append)
+    expected = local_fetch_timeout(128, cores)
+    assert expected > DEFAULT_FETCH_TIMEOUT  # 128 peers on fewer than 128 cores
+    assert swarm.config.chain.fetch_timeout == pytest.approx(expected)
+    assert swarm.config.chain.attest_window_seconds == math.ceil(2 * expected)
+    assert said == [
+        f"128 peers share {cores} cores: each waits up to {expected:g} s for a round's blobs (chain.fetch_timeout), "
+        f"and a round's attestation window lasts at least {math.ceil(2 * expected)} s"
+    ]
+    assert "fetch_timeout = 0" not in swarm.config.to_toml()  # what the peers run with: the figure
+    quiet: list[str] = []
+    LocalSwarm(demo("swarm.peers=4"), tmp_path / "small", say=quiet.append)
+    assert quiet == []
