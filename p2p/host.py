@@ -175,6 +175,18 @@ def peer_id_to_bytes(peer_id: str) -> bytes:
     return ID.from_base58(peer_id).to_bytes()
 
 
+class _Opened(NamedTuple):
+    """The blob a blob stream's client asked for last, and what its READs may still take: each returns
+    at least one byte and each byte is read once (a client reads every piece once from a holder), so
+    a well-behaved client needs at most `size` READs of `size` bytes in all; the READ bound (one per
+    KiB, at least one, plus 8) also stops a stream of tiny READs."""
+
+    digest: str
+    size: int
+    reads_left: int
+    bytes_left: int
+
+
 class _KeptStream(NamedTuple):
     """A blob stream a fetcher keeps between fetches: how many OPENs it carried, and since when it is idle."""
 
@@ -593,7 +605,7 @@ class SwarmHost:
                 return
             # A new stream says what it wants within request_timeout; later waits are an idle stream's.
             wait = timeout
-            current: tuple[str, int, int] | None = None  # (digest, size, READs left) of the blob asked for
+            current: _Opened | None = None  # the blob asked for
             opens = 0
             while True:
                 # Request frames are read only up to the exact size of the largest request (OPEN, 33
@@ -619,11 +631,12 @@ class SwarmHost:
                     with trio.move_on_after(timeout):
                         await wire.write_frame(stream, wire.REFUSED + refusal)
                     return
-                digest, size, reads_left = current
-                if reads_left <= 0:
-                    raise wire.WireError(f"more READs for blob {digest[:16]} than its {size} bytes need")
-                current = (digest, size, reads_left - 1)
-                if not await self._answer_read(stream, current, wire.parse_read(body)):
+                if current.reads_left <= 0:
+                    raise wire.WireError(
+                        f"more READs for blob {current.digest[:16]} than its {current.size} bytes need"
+                    )
+                current = await self._answer_read(stream, current, wire.parse_read(body))
+                if current is None:
                     return
         except (wire.StreamEnded, trio.TooSlowError) as exc:
             log.debug("blob stream with %s ended: %s", peer, exc)
@@ -646,11 +659,9 @@ class SwarmHost:
             return f"more than {_MAX_OPENS_PER_STREAM} blobs asked for on one stream: open another".encode()
         return b""
 
-    async def _answer_open(self, stream: INetStream, digest: str) -> tuple[str, int, int] | None:
-        """SIZE (with the piece list) for a blob we hold, else NOT_FOUND (the stream stays open for
-        the next OPEN). The blob's (digest, size, READs allowed) when it is held: each READ returns >= 1
-        byte, so a well-behaved client needs at most `size` of them; the bound stops a client from
-        keeping a blob's requests going forever."""
+    async def _answer_open(self, stream: INetStream, digest: str) -> _Opened | None:
+        """SIZE (with the piece list) for a blob we hold, and what its READs may take; else NOT_FOUND
+        (the stream stays open for the next OPEN), and None."""
         size = self.store.size(digest)
         hashes = None if size is None or size > wire.MAX_BLOB else await self._piece_hashes(digest, size)
         with trio.fail_after(self.config.request_timeout):
@@ -658,30 +669,32 @@ class SwarmHost:
                 await wire.write_frame(stream, wire.NOT_FOUND + digest.encode())
                 return None
             await wire.write_frame(stream, wire.size_response(size, hashes))
-        return digest, size, max(1, math.ceil(size / 1024)) + 8
+        return _Opened(digest, size, max(1, math.ceil(size / 1024)) + 8, size)
 
-    async def _answer_read(self, stream: INetStream, current: tuple[str, int, int], request: tuple[int, int]) -> bool:
-        """DATA for one READ of the open blob; False (after ERROR or NOT_FOUND) when the stream must end."""
-        digest, size, _ = current
+    async def _answer_read(self, stream: INetStream, opened: _Opened, request: tuple[int, int]) -> _Opened | None:
+        """DATA for one READ of the open blob, and what its next READs may take; None (after ERROR or
+        NOT_FOUND) when the stream must end."""
         offset, length = request
         timeout = self.config.request_timeout
-        if length == 0 or length > wire.PIECE_SIZE or offset + length > size:
+        if length == 0 or length > wire.PIECE_SIZE or offset + length > opened.size:
+            why = f"bad range {offset}+{length} (size {opened.size}, pieces of at most {wire.PIECE_SIZE} bytes)"
+        elif length > opened.bytes_left:  # each byte once: a client reads every piece once from a holder
+            why = f"READs for more than the blob's {opened.size} bytes"
+        else:
+            why = ""
+        if why:
             with trio.move_on_after(timeout):
-                await wire.write_frame(
-                    stream,
-                    wire.ERROR
-                    + f"bad range {offset}+{length} (size {size}, pieces of at most {wire.PIECE_SIZE} bytes)".encode(),
-                )
-            return False
-        chunk = self.store.read(digest, offset, length)
+                await wire.write_frame(stream, wire.ERROR + why.encode())
+            return None
+        chunk = self.store.read(opened.digest, offset, length)
         if chunk is None:
             with trio.move_on_after(timeout):
                 await wire.write_frame(stream, wire.NOT_FOUND + b"blob removed")
-            return False
+            return None
         with trio.fail_after(timeout):
             await wire.write_frame(stream, wire.DATA + chunk)
         self.bytes_served += len(chunk)
-        return True
+        return opened._replace(reads_left=opened.reads_left - 1, bytes_left=opened.bytes_left - length)
 
     async def _piece_hashes(self, digest: str, size: int) -> bytes | None:
         """The sha256 of each piece of a blob we hold, as SIZE declares them; None if the store no

@@ -152,9 +152,9 @@ async def test_kept_streams_per_holder_are_bounded(config, hosts):
 
 
 async def test_hostile_requests_on_one_stream_are_refused_and_the_holder_serves_on(config, hosts):
-    one_byte = os.urandom(1)
+    one_byte, two_kib = os.urandom(1), os.urandom(2048)
     holder_store = MemoryBlobStore()
-    digest = holder_store.put(one_byte)
+    digest, two_kib_digest = holder_store.put(one_byte), holder_store.put(two_kib)
     async with hosts([(config(), holder_store, None), (config(), MemoryBlobStore(), None)]) as (holder, client):
         await client.connect(holder.addrs[0])
         holder_id = ID.from_base58(holder.peer_id)
@@ -178,17 +178,21 @@ async def test_hostile_requests_on_one_stream_are_refused_and_the_holder_serves_
         assert answer[:1] == wire.ERROR and b"expected OPEN(digest)" in answer
         size, *_, answer = await exchange(wire.open_request(digest), wire.READ + bytes(32))
         assert size[:1] == wire.SIZE and answer[:1] == wire.ERROR and b"expected READ(offset, length)" in answer
-        # More READs of a 1-byte blob than its bound (one per KiB, at least 1, + 8): the 10th is refused.
-        answers = await exchange(wire.open_request(digest), *[wire.read_request(0, 1)] * 10)
-        assert answers[0][:1] == wire.SIZE and all(a == wire.DATA + one_byte for a in answers[1:10])
-        assert answers[10][:1] == wire.ERROR and b"more READs for blob" in answers[10]
-        # A new OPEN restarts the count for its blob, on the same stream; the holder keeps serving.
+        # The same byte read twice: each byte of a blob is served once per OPEN.
+        answers = await exchange(wire.open_request(digest), wire.read_request(0, 1), wire.read_request(0, 1))
+        assert answers[1] == wire.DATA + one_byte
+        assert answers[2][:1] == wire.ERROR and b"READs for more than the blob's 1 bytes" in answers[2]
+        # More READs of a 2 KiB blob than its bound (one per KiB, at least 1, + 8), each a new byte: the 11th.
+        answers = await exchange(wire.open_request(two_kib_digest), *[wire.read_request(i, 1) for i in range(11)])
+        assert answers[0][:1] == wire.SIZE and [a[1:] for a in answers[1:11]] == [two_kib[i : i + 1] for i in range(10)]
+        assert answers[11][:1] == wire.ERROR and b"more READs for blob" in answers[11]
+        # A new OPEN restarts both for its blob, on the same stream; the holder keeps serving.
         stream = await client.libp2p_host.new_stream(holder_id, [TProtocol(wire.BLOB_PROTOCOL)])
         with trio.fail_after(5):
             for _ in range(3):
-                await wire.write_frame(stream, wire.open_request(digest))
-                assert wire.parse_size(await wire.read_frame(stream))[0] == 1
-                for _ in range(9):
-                    await wire.write_frame(stream, wire.read_request(0, 1))
-                    assert await wire.read_frame(stream) == wire.DATA + one_byte
+                await wire.write_frame(stream, wire.open_request(two_kib_digest))
+                assert wire.parse_size(await wire.read_frame(stream))[0] == 2048
+                for offset, length in [(0, 1000), (1000, 1), *[(1001 + i, 1) for i in range(7)], (1008, 1040)]:
+                    await wire.write_frame(stream, wire.read_request(offset, length))
+                    assert await wire.read_frame(stream) == wire.DATA + two_kib[offset : offset + length]
         assert await client.fetch(digest, providers=[holder.peer_id], timeout=30) == one_byte

@@ -36,7 +36,7 @@ async def test_a_peer_taken_off_the_allowlist_is_not_served_reads_of_a_blob_it_o
             await wire.write_frame(stream, wire.read_request(0, MiB))
             answer = await wire.read_frame(stream)
         served_before = holder.bytes_served
-        # The blob's READ bound is one per KiB (1032 here): a refused peer could read 1 GiB of it.
+        # Without a check at every READ, a peer removed after its OPEN would read on (the whole blob).
         assert answer[:1] == wire.REFUSED, f"refused peer got {answer[:1]!r} ({served_before} bytes served)"
 
 
