@@ -543,7 +543,9 @@ def report(results: list[dict], idle: list[float], rounds: int, skipped: list[st
             f"{machine_line()}. Real swarms: Anvil (transactions mined at once, an empty block every 0.25 s "
             "from `swarm up`'s clock once the peers are up), the ledger, N `swarm node` "
             f"processes on 127.0.0.1, the demo's configuration (examples/demo.toml) with the same 40,000 training "
-            f"images split over N peers; {rounds} rounds, round 1 left out. Each swarm size on both ledgers, one "
+            f"images split over N peers; {rounds} rounds, round 1 left out; the blob fetch timeout `swarm up`'s for "
+            "N peers sharing this machine's cores (node/runs/local.py `size_exchange`: 10 s up to 16 peers on 2 "
+            "cores, 40 s for 32). Each swarm size on both ledgers, one "
             "after the other in the same run: 'swarm' the SwarmLedger (commit, closeRound, attest), 'pipelined' "
             'the PipelinedLedger (one commit a round carrying the vote on the round before; docs/LEDGER.md "One '
             'transaction per round"), deployed with the same terms and its peers registered there. Per member '
