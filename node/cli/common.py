@@ -275,30 +275,33 @@ def leaves(exc: BaseException) -> list[BaseException]:
     return [exc]
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """`exc` and its causes and contexts, outermost first (cycles cut)."""
+def _everything(exc: BaseException) -> list[BaseException]:
+    """`exc`, the groups and errors inside it, and the causes and contexts of each, every one once."""
     seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not s for s in seen):
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or any(current is s for s in seen):
+            continue
         seen.append(current)
-        current = current.__cause__ or current.__context__
+        todo.append(current.__cause__ or current.__context__)
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(reversed(current.exceptions))
     return seen
 
 
 def expected_failure(exc: BaseException, expected: tuple[type[BaseException], ...]) -> BaseException | None:
     """The first expected error inside `exc` (groups unwrapped), or None when some error inside is
-    not expected (a bug: its traceback matters). An insufficient-funds error anywhere in its chain
-    wins, since it says what to fund (registration failures wrap it)."""
+    not expected (a bug: its traceback matters). An insufficient-funds error anywhere in it wins (in a
+    group, or in the cause or context of an error or group inside), since it says what to fund:
+    registration failures wrap it, and a py-libp2p shutdown race raised while the node stops may
+    carry it only as its context."""
     from node.chain.sender import InsufficientFunds
 
     inner = leaves(exc)
     if not inner or not all(isinstance(e, expected) for e in inner):
         return None
-    for leaf in inner:
-        for link in _chain(leaf):
-            if isinstance(link, InsufficientFunds):
-                return link
-    return inner[0]
+    return next((e for e in _everything(exc) if isinstance(e, InsufficientFunds)), inner[0])
 
 
 def interrupted(exc: BaseException) -> bool:
