@@ -100,9 +100,10 @@ def default_out_dir() -> Path:
 # How long a local swarm's peers fetch a round's blobs, where chain.fetch_timeout is 0. Its N peers share
 # this machine's cores, and each fetches and serves N - 1 blobs a round on about cores / N of a core, so
 # the exchange takes time in proportion to N^2 / cores. Measured on 2 cores (docs/SCALING.md, "The ledger
-# mirror"): 16 peers fetch within the default's 10 s; 32 do not (every round aborted, blobs "served by
-# nobody within the fetch timeout") and finalize every round with 30 s. The default covers N^2 / cores up
-# to LOCAL_EXCHANGE_LOAD (16 peers on 2 cores); beyond, the timeout grows in proportion (32 on 2: 40 s).
+# mirror" and "Kept blob streams"): 16 peers fetch within the default's 10 s; 32 do not (every round
+# aborted, blobs "served by nobody within the fetch timeout") and finalize every round with 30 s. The
+# default covers N^2 / cores up to LOCAL_EXCHANGE_LOAD (16 peers on 2 cores); beyond, the timeout grows in
+# proportion (32 on 2: 40 s).
 LOCAL_EXCHANGE_LOAD = 128
 
 
@@ -113,17 +114,18 @@ def local_fetch_timeout(peers: int, cores: int) -> float:
     return DEFAULT_FETCH_TIMEOUT * max(1.0, peers * peers / cores / LOCAL_EXCHANGE_LOAD)
 
 
-def size_exchange(config: Config, cores: int) -> None:
+def size_exchange(config: Config, cores: int) -> bool:
     """Resolve chain.fetch_timeout = 0 for a local swarm of config.swarm.peers on `cores` cores, in place;
     where the attestation window's seconds are 0 (its blocks' time) and shorter than twice that timeout,
     set them to twice it, as `_check_fetch_fits_attestation` requires (the ledger's window ends once both
-    its blocks and its seconds passed). A figure set in the config is kept."""
+    its blocks and its seconds passed). A figure set in the config is kept. Whether it sized the timeout."""
     if config.chain.fetch_timeout:
-        return
+        return False
     config.chain.fetch_timeout = local_fetch_timeout(config.swarm.peers, cores)
     needed = math.ceil(2 * config.chain.fetch_timeout)
     if not config.chain.attest_window_seconds and window_seconds(config)[1] < needed:
         config.chain.attest_window_seconds = needed
+    return True
 
 
 def _check_fetch_fits_attestation(config: Config) -> None:
@@ -179,8 +181,7 @@ class LocalSwarm:
         config = copy.deepcopy(config)
         config.chain.max_samples = max_samples(config)
         cores = len(os.sched_getaffinity(0))
-        sized = not config.chain.fetch_timeout
-        size_exchange(config, cores)  # the peers share this machine's cores
+        sized = size_exchange(config, cores)  # the peers share this machine's cores
         self.config, self.out = config, out
         self.faults = faults or {}
         self.peer_overrides = peer_overrides or {}  # per-peer --set: local choices (its data)

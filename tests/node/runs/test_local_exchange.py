@@ -50,7 +50,7 @@ def test_a_local_swarm_of_32_on_2_cores_gets_40_s_and_an_attestation_window_twic
     assert window_seconds(config)[1] == 40  # 160 blocks of 0.25 s: too short for a 40 s fetch
     with pytest.raises(ValueError, match="must be at most half the attestation window"):
         _check_fetch_fits_attestation(demo("swarm.peers=32", "chain.fetch_timeout=40"))
-    size_exchange(config, 2)
+    assert size_exchange(config, 2)
     assert (config.chain.fetch_timeout, config.chain.attest_window_seconds) == (40.0, 80)
     assert window_seconds(config)[1] == 80
     _check_fetch_fits_attestation(config)  # passes
@@ -63,7 +63,7 @@ def test_a_small_local_swarm_keeps_the_default_and_its_window_and_set_figures_ar
     for overrides in (["chain.fetch_timeout=12"], ["chain.attest_window_seconds=600"]):
         config = demo("swarm.peers=32", *overrides)
         before = copy.deepcopy(config.chain)
-        size_exchange(config, 2)
+        assert size_exchange(config, 2) is overrides[0].startswith("chain.attest_window_seconds")
         if overrides[0].startswith("chain.fetch_timeout"):
             assert config.chain == before  # an operator's timeout is theirs
         else:
