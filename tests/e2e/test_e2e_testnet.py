@@ -43,7 +43,9 @@ BOX = [
     "chain.block_time=1.0",  # 12 s blocks on a 12x clock
     "chain.commit_window=30",  # Sepolia's recommended 30 and 60 blocks (docs/TESTNET.md)
     "chain.attest_window=60",
-    "chain.fetch_timeout=6",
+    # chain.fetch_timeout left at 0: what `swarm up` sizes for 4 peers on this machine's cores (10 s on 2). A
+    # committer serves its blob only once its commit is `confirmations` deep and read back, the moment its
+    # fetchers see it too, so their first tries find nothing; with 6 s, round 1 once aborted on a loaded CI machine.
     f"chain.confirmations={CONFIRMATIONS}",
 ]
 # what a hosted endpoint does, on the same 12x clock for Retry-After (a hosted one says 1 s or more)

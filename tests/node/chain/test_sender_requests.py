@@ -170,14 +170,15 @@ def test_without_a_pushed_base_fee_the_latest_block_gives_it(
 ) -> None:
     """No subscription running (the base fee None): the latest block is read for its base fee (as
     web3 would), the tip still kept, the receipt read at once (a polled head: a local chain mines
-    during the send)."""
+    during the send) and again, without a head read, until it is there (Anvil's automine mines in
+    a task of its own: on a loaded machine the first read can come before the block)."""
     member = member_on(automine_chain)
     _, asked, _ = member.counted_send(member.deployment(), "deploy")
     assert asked["eth_getBlockByNumber"] == 1 and asked["eth_maxPriorityFeePerGas"] == 1, asked
     base_fee = int(automine_chain.rpc("eth_getBlockByNumber", ["latest", False])["baseFeePerGas"], 16)
     receipt, asked, _ = member.counted_send(member.deployment(), "deploy")
     assert set(asked) == STEADY | {"eth_getBlockByNumber"}, asked
-    assert asked["eth_getBlockByNumber"] == 1 and asked["eth_getTransactionReceipt"] == 1, asked
+    assert asked["eth_getBlockByNumber"] == 1 and asked["eth_getTransactionReceipt"] >= 1, asked
     tip = int(automine_chain.rpc("eth_maxPriorityFeePerGas"), 16)
     assert member.fees_of(receipt) == (2 * base_fee + tip, tip)
 
