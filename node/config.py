@@ -124,7 +124,7 @@ class ChainConfig:
     run_timeout: float
     confirmations: int  # blocks on top of the head a peer's chain reads and receipts wait for (docs/TESTNET.md)
     ws_url: str  # auto | off | a ws(s):// URL: where a peer subscribes to new heads and the ledger's logs
-    ledger_kind: str  # the contract `swarm deploy` deploys: swarm | pipelined (a peer reads it from the code)
+    ledger_kind: str  # the contract `swarm deploy` and `swarm up` deploy: swarm | pipelined (a peer reads the code)
     max_samples: int = 0  # cap on a commit's numSamples (the FedAvg weight); 0 = the largest shard (node.derive)
     rpc_url: str | None = None
     ledger: str | None = None

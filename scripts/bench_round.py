@@ -69,37 +69,6 @@ def demo_config(peers: int, rounds: int, extra: list[str] = ()):  # type: ignore
     )
 
 
-def use_pipelined_ledger(swarm) -> None:
-    """Point an entered, not yet started LocalSwarm at a PipelinedLedger of the same terms, its peers
-    registered there (LocalSwarm deploys a SwarmLedger; `swarm node` picks its client and round loop
-    by the code at --ledger, node.chain.kind)."""
-    from eth_account import Account
-
-    from node.chain.pipelined import PipelinedClient
-    from node.chain.registration import sign_registration
-    from node.derive import genesis
-    from node.protocol.blob import sha256
-    from node.runs.local import _ledger_terms
-    from p2p import peer_id_to_bytes
-    from p2p.identity import load_or_create_identity
-
-    terms = vars(_ledger_terms(swarm.config)).copy()
-    terms.pop("secure_aggregation")
-    deployer = Account.from_key(swarm.anvil.private_keys[0])
-    ledger = PipelinedClient.deploy(swarm.w3, deployer, genesis_digest=sha256(genesis(swarm.config)), **terms)
-    for p in swarm.peers:
-        member = PipelinedClient(swarm.w3, ledger.address, swarm.chain.peer_account(p.index))
-        key = load_or_create_identity(p.workdir / "p2p.key", swarm._password.encode()).private_key
-        member.register(
-            peer_id_to_bytes(p.peer_id), sign_registration(key, ledger.chain_id(), ledger.address, p.address)
-        )
-    swarm.ledger = swarm.chain.ledger = ledger
-    swarm.run_info = swarm.chain.write_run_info(**{k: v for k, v in swarm.run_info.items() if k not in LEDGER_FIELDS})
-
-
-LEDGER_FIELDS = ("ledger", "chain_id", "rpc_url", "started")  # what RunChain.write_run_info writes itself
-
-
 def chain_figures(ledger, w3, rounds: int) -> dict:
     """The ledger's transactions by the round they name (every transaction to the ledger mined after
     round 2 opened, up to the block that ended the last round, reverted ones included): per
@@ -171,8 +140,6 @@ def run_swarm(peers: int, rounds: int, kind: str, watch: str = "subscribed", by_
         LocalSwarm(config, Path(tmp) / "run") as swarm,
         contextlib.ExitStack() as proxied,
     ):
-        if kind == "pipelined":
-            use_pipelined_ledger(swarm)
         anvil_url, proxy = swarm.anvil.url, None
         if by_method:
             from tests.e2e.testnet_box import ProxyFaults, rpc_proxy

@@ -68,8 +68,8 @@ def load(args: argparse.Namespace, shortcuts: dict[str, str]) -> Config:
 
 
 def require_swarm_ledger(config: Config, command: str) -> None:
-    """For the commands that deploy a ledger of their own (`swarm up`, `swarm simulate --ledger`):
-    they deploy and read a SwarmLedger only, so chain.ledger_kind = pipelined is refused, not ignored."""
+    """For `swarm simulate --ledger`, which records its rounds on a SwarmLedger only (its simulated
+    peers commit, close and attest): chain.ledger_kind = pipelined is refused there, not ignored."""
     from node.cli import CLIError
 
     if config.chain.ledger_kind != "swarm":

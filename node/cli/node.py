@@ -226,7 +226,6 @@ def _warn(line: str) -> None:
 
 def _run(args: argparse.Namespace, plan: _Plan) -> int:
     """The peer until its last round (or Ctrl-C), its output, page and event log around it."""
-    from node.chain.client import LedgerClient
     from node.cli.node_output import NodeReporter
     from node.peer.runner import NodeOptions
 
@@ -265,9 +264,7 @@ def _run(args: argparse.Namespace, plan: _Plan) -> int:
     )
     served = dashboard.start(args, args.workdir)
     source = (plan.rpc_url, plan.ledger)
-    # the event log decodes SwarmLedger's events: a pipelined ledger's are not kept yet
-    keep_events = args.chain_events and isinstance(ledger, LedgerClient)
-    events = dashboard.log_events(args, args.workdir, lambda: source) if keep_events else None
+    events = dashboard.log_events(args, args.workdir, lambda: source) if args.chain_events else None
     try:
         status = _run_peer(config, options, reporter)
     finally:

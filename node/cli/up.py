@@ -84,7 +84,6 @@ def _checked_config(args: argparse.Namespace) -> Config:
     from node.cli import CLIError
 
     config = common.load(args, SHORTCUTS)
-    common.require_swarm_ledger(config, "swarm up")
     common.check_data_dir(config)
     dashboard.check_options(args)
     if args.out is not None and args.out.exists() and any(args.out.iterdir()):

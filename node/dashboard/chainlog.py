@@ -20,6 +20,8 @@ from eth_utils import event_abi_to_log_topic
 from web3 import Web3
 
 from node.chain.client import LedgerClient, connect, load_artifact
+from node.chain.kind import ledger_kind
+from node.chain.pipelined import PipelinedClient, load_pipelined_artifact
 from node.dashboard.snapshot import EVENTS_FILE
 from node.runfiles import MetricsWriter
 
@@ -88,8 +90,11 @@ class ChainEventLog:
 
     def _follow(self, rpc_url: str, address: str) -> None:
         w3 = connect(rpc_url, timeout=5.0, check_evm=False)  # read only: any EVM serves logs
-        ledger = LedgerClient(w3, address)
-        abi = [item for item in load_artifact()["abi"] if item.get("type") == "event"]
+        # either ledger kind (`swarm up` deploys the config's): its own client and its artifact's events
+        pipelined = ledger_kind(w3, address) == "pipelined"
+        ledger = PipelinedClient(w3, address) if pipelined else LedgerClient(w3, address)
+        artifact = load_pipelined_artifact() if pipelined else load_artifact()
+        abi = [item for item in artifact["abi"] if item.get("type") == "event"]
         events = {event_abi_to_log_topic(item): getattr(ledger.contract.events, item["name"])() for item in abi}
         next_block = ledger.params().deploy_block
         self.folder.mkdir(parents=True, exist_ok=True)

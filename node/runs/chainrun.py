@@ -1,6 +1,7 @@
 """The chain side of a run folder, shared by `swarm up` (`LocalSwarm`) and `swarm simulate
 --ledger` (`ChainRecorder`): start Anvil on loopback, archive the genesis blob, deploy the ledger
-from Anvil's first dev account, write run.json, and dump the chain's state into the folder so
+(a SwarmLedger, or for `swarm up` with chain.ledger_kind = pipelined a PipelinedLedger) from
+Anvil's first dev account, write run.json, and dump the chain's state into the folder so
 `swarm verify --run DIR` can re-check the run after the chain has stopped.
 
     out/run.json          ledger address, chain id, RPC URL, start time, plus the caller's fields
@@ -14,12 +15,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from eth_account import Account
 from eth_account.signers.local import LocalAccount
+from web3 import Web3
 
 from node.chain.anvil import Anvil, start_anvil
 from node.chain.client import LedgerClient, connect
+from node.chain.pipelined import PipelinedClient
+from node.config import LEDGER_KINDS
 from node.protocol.blob import sha256
 from node.runfiles import write_json_atomic
 from p2p.store import DiskBlobStore
@@ -56,7 +61,12 @@ class RunChain:
         peers: int,
         block_time: float | None = None,
         mixed_mining: bool = False,
+        ledger_kind: str = "swarm",
     ) -> None:
+        if ledger_kind not in LEDGER_KINDS:
+            raise ValueError(f"ledger_kind is one of {', '.join(LEDGER_KINDS)}, not {ledger_kind!r}")
+        if ledger_kind == "pipelined" and terms.secure_aggregation:
+            raise ValueError("a pipelined ledger has no secure-aggregation steps")
         self.out = Path(out)
         (self.out / "chain").mkdir(parents=True, exist_ok=True)
         self.archive = DiskBlobStore(self.out / "archive")
@@ -65,22 +75,8 @@ class RunChain:
         try:
             self.w3 = connect(self.anvil.url)
             self.chain_id = int(self.w3.eth.chain_id)
-            self.ledger = LedgerClient.deploy(
-                self.w3,
-                Account.from_key(self.anvil.private_keys[0]),
-                min_peers=terms.min_peers,
-                commit_window=terms.commit_window,
-                attest_window=terms.attest_window,
-                commit_window_seconds=terms.commit_window_seconds,
-                attest_window_seconds=terms.attest_window_seconds,
-                eps_cap_micro=terms.eps_cap_micro,
-                delta=terms.delta,
-                genesis_digest=sha256(genesis_blob),
-                eps_step_micro=terms.eps_step_micro,
-                record_eps_cap_micro=terms.record_eps_cap_micro,
-                record_delta=terms.record_delta,
-                max_samples=terms.max_samples,
-                secure_aggregation=terms.secure_aggregation,
+            self.ledger = _deploy(
+                self.w3, Account.from_key(self.anvil.private_keys[0]), genesis_blob, terms, ledger_kind
             )
         except BaseException:
             self.anvil.stop()
@@ -116,3 +112,26 @@ class RunChain:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+
+def _deploy(
+    w3: Web3, account: LocalAccount, genesis_blob: bytes, terms: LedgerTerms, ledger_kind: str
+) -> LedgerClient | PipelinedClient:
+    """The run's ledger of `ledger_kind`, deployed from `account` with `terms`."""
+    common: dict[str, Any] = dict(
+        min_peers=terms.min_peers,
+        commit_window=terms.commit_window,
+        attest_window=terms.attest_window,
+        commit_window_seconds=terms.commit_window_seconds,
+        attest_window_seconds=terms.attest_window_seconds,
+        eps_cap_micro=terms.eps_cap_micro,
+        delta=terms.delta,
+        genesis_digest=sha256(genesis_blob),
+        eps_step_micro=terms.eps_step_micro,
+        record_eps_cap_micro=terms.record_eps_cap_micro,
+        record_delta=terms.record_delta,
+        max_samples=terms.max_samples,
+    )
+    if ledger_kind == "pipelined":
+        return PipelinedClient.deploy(w3, account, **common)
+    return LedgerClient.deploy(w3, account, secure_aggregation=terms.secure_aggregation, **common)

@@ -37,7 +37,6 @@ import mechanisms
 from mechanisms.secagg.policy import NAME as SECAGG
 from mechanisms.secagg.policy import PROTECTS as SECAGG_PROTECTS
 from node.chain.anvil import find_anvil, free_port
-from node.chain.client import LedgerClient
 from node.chain.records import PROTECTS_WORDS
 from node.chain.registration import sign_registration
 from node.config import DEFAULT_FETCH_TIMEOUT, Config, quorum, window_seconds
@@ -204,7 +203,9 @@ class LocalSwarm:
         # Transactions are mined at once; the empty blocks that make windows pass come from the
         # ticker, held at a slow pace while the peers start (node/runs/ticker.py: round 1's window
         # opened at deployment, and 16 peers take over a minute to import and load).
-        self.chain = RunChain(out, genesis(config), _ledger_terms(config), peers=config.swarm.peers)
+        self.chain = RunChain(
+            out, genesis(config), _ledger_terms(config), peers=config.swarm.peers, ledger_kind=config.chain.ledger_kind
+        )
         try:
             self.ticker = BlockTicker(self.chain.anvil.url, config.chain.block_time, self._peers_ready)
         except BaseException:
@@ -218,7 +219,8 @@ class LocalSwarm:
             self.chain.archive,
         )
         try:
-            self.say(f"ledger {self.ledger.address} on {self.anvil.url} (chain id {self.chain.chain_id})")
+            contract = "PipelinedLedger" if config.chain.ledger_kind == "pipelined" else "SwarmLedger"
+            self.say(f"{contract} {self.ledger.address} on {self.anvil.url} (chain id {self.chain.chain_id})")
             self._create_and_register_peers(config.swarm.peers)
             self.run_info = self.chain.write_run_info(
                 peers=[{"index": p.index, "address": p.address, "peer_id": p.peer_id} for p in self.peers],
@@ -243,7 +245,7 @@ class LocalSwarm:
             multiaddr = f"/ip4/127.0.0.1/tcp/{free_port()}/p2p/{peer_id}"
             self.peers.append(PeerProcess(i, workdir, self.chain.peer_account(i).address, peer_id, multiaddr))
         for p in self.peers:  # registered up front: a round may close as soon as all committed
-            client = LedgerClient(self.w3, self.ledger.address, self.chain.peer_account(p.index))
+            client = type(self.ledger)(self.w3, self.ledger.address, self.chain.peer_account(p.index))
             signature = sign_registration(keys[p.index], client.chain_id(), client.address, p.address)
             client.register(peer_id_to_bytes(p.peer_id), signature)
 

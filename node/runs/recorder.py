@@ -110,6 +110,8 @@ class ChainRecorder:
             record_delta=dp.delta if dp is not None else 0.0,
         )
         self.chain = RunChain(self.out, genesis, terms, peers=len(sim.peers))
+        if not isinstance(self.chain.ledger, LedgerClient):  # RunChain deploys a SwarmLedger unless told otherwise
+            raise TypeError("swarm simulate --ledger records on a SwarmLedger")
         self.ledger = self.chain.ledger
         self.identities = [simulated_identity(peer.name) for peer in sim.peers]
         self.peer_ids = [simulated_peer_id(peer.name) for peer in sim.peers]

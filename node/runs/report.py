@@ -11,6 +11,7 @@ from typing import Protocol
 from matplotlib.figure import Figure
 
 from node.chain.client import LedgerClient
+from node.chain.pipelined import PipelinedClient
 from node.protocol.wire import eps_from_micro
 from node.runfiles import MetricsWriter, write_json_atomic
 
@@ -124,7 +125,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def write_report(
-    out: Path, peers: Sequence[PeerRecord], ledger: LedgerClient, run_info: dict, interrupted: bool
+    out: Path, peers: Sequence[PeerRecord], ledger: LedgerClient | PipelinedClient, run_info: dict, interrupted: bool
 ) -> dict:
     rows = round_rows(peers)
     with MetricsWriter(out / "metrics.jsonl") as metrics:

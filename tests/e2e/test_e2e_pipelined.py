@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,18 @@ SETS = [
     "chain.ledger_kind=pipelined",
 ]
 RUN_TIMEOUT_S = 480
+BASELINE = Path(__file__).resolve().parents[2] / "scripts" / "baseline.toml"
+UP_PEERS, UP_ROUNDS = 3, 2
+UP_SETS = [
+    "data.limit=600",
+    "data.test_limit=200",
+    "model.name=logreg",
+    "train.epochs=1",
+    f"swarm.peers={UP_PEERS}",
+    f"swarm.rounds={UP_ROUNDS}",
+    "chain.min_peers=2",
+    "chain.ledger_kind=pipelined",
+]
 
 
 def cli(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -145,6 +158,9 @@ def test_four_nodes_three_rounds_on_a_pipelined_ledger(tmp_path):
             rounds = {m["round"]: m for m in read_metrics(workdir / "metrics.jsonl") if "round" in m}
             assert [rounds[r]["state"] for r in range(1, ROUNDS + 1)] == ["finalized"] * ROUNDS, rounds
             assert rounds[ROUNDS]["global_digest"] == final.hex(), rounds[ROUNDS]
+            # each node keeps the pipelined ledger's events, decoded, for its dashboard (chain-events.jsonl)
+            events = read_metrics(workdir / "chain-events.jsonl")
+            assert sum(e["event"] == "Committed" for e in events) == PEERS * ROUNDS, events
 
         verify = cli(
             "verify", "--rpc-url", anvil.url, "--ledger", address, "--rounds", str(ROUNDS), "--json",
@@ -154,3 +170,34 @@ def test_four_nodes_three_rounds_on_a_pipelined_ledger(tmp_path):
         assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
         report = json.loads(verify.stdout)
         assert report["ok"] and [r["round"] for r in report["rounds"]] == list(range(1, ROUNDS + 1))
+
+
+def test_swarm_up_runs_a_pipelined_swarm_that_verifies(tmp_path):
+    """`swarm up --set chain.ledger_kind=pipelined` deploys a PipelinedLedger (node/runs/chainrun.py) and
+    runs its peers on it: every round finalized in report.json; the events it keeps in chain-events.jsonl
+    are the pipelined ledger's (each member's vote riding in its next commit, the last round's in final
+    votes, no attestation), one commit per member and round; `swarm verify --run` holds from the saved
+    chain."""
+    out = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("SWARM_PRIVATE_KEY", "SWARM_KEYSTORE_PASSWORD")}
+    up = cli(
+        "up", "--config", str(BASELINE), "--out", str(out), "--json", *(a for s in UP_SETS for a in ("--set", s)),
+        env=env, timeout=RUN_TIMEOUT_S,
+    )  # fmt: skip
+    logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(out.glob("peers/*/peer.log")))
+    assert up.returncode == 0, up.stdout[-2000:] + up.stderr[-2000:] + logs
+    report = json.loads((out / "report.json").read_text())
+    assert report["failure"] is None and [r["state"] for r in report["rounds"]] == ["finalized"] * UP_ROUNDS
+
+    events = read_metrics(out / "chain-events.jsonl")
+    names = Counter(e["event"] for e in events)
+    assert names["Attested"] == 0 and names["Voted"] >= 2 and names["RoundFinalized"] == UP_ROUNDS, names
+    commits = Counter((e["args"]["round"], e["args"]["peer"]) for e in events if e["event"] == "Committed")
+    assert len(commits) == UP_PEERS * UP_ROUNDS and set(commits.values()) == {1}, commits
+    round_2 = [e["args"] for e in events if e["event"] == "Committed" and e["args"]["round"] == 2]
+    assert all(int(str(c["voteDigest"]), 16) != 0 for c in round_2), round_2  # the vote on round 1 rides along
+
+    verify = cli("verify", "--run", str(out), "--json", env=env)
+    assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-3000:]
+    verdict = json.loads(verify.stdout)
+    assert verdict["ok"] and [r["round"] for r in verdict["rounds"] if r["state"] != "open"] == [1, 2], verdict

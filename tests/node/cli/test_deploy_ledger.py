@@ -113,15 +113,13 @@ def test_an_address_without_a_ledger_is_one_line(automine_chain, deployer):
         common.open_deployed_ledger(w3, other)
 
 
-@pytest.mark.parametrize(
-    ("argv", "command"),
-    [(["up"], "swarm up"), (["simulate", "--ledger"], "swarm simulate --ledger")],
-)
-def test_the_commands_deploying_their_own_ledger_refuse_a_pipelined_one(tmp_path, capsys, argv, command):
+def test_the_simulators_ledger_refuses_a_pipelined_one(tmp_path, capsys):
+    """`swarm simulate --ledger` records on a SwarmLedger only (`swarm up` runs either kind:
+    tests/e2e/test_e2e_swarm.py)."""
     out = tmp_path / "run"
-    assert main([*argv, "--out", str(out), "--set", "chain.ledger_kind=pipelined"]) == 2
+    assert main(["simulate", "--ledger", "--out", str(out), "--set", "chain.ledger_kind=pipelined"]) == 2
     err = capsys.readouterr().err
-    assert f"{command} runs on a SwarmLedger only, not chain.ledger_kind = pipelined" in err
+    assert "swarm simulate --ledger runs on a SwarmLedger only, not chain.ledger_kind = pipelined" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
