@@ -6,7 +6,7 @@ below are re-exported for convenience. libp2p is imported lazily so `p2p.store` 
 
 from __future__ import annotations
 
-from .errors import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, IdentityError, P2PError
+from .errors import BlobNotFound, BlobNotHeld, BlobTooLarge, DigestMismatch, FetchTimeout, IdentityError, P2PError
 
 
 def peer_id_from_bytes(raw: bytes) -> str:
@@ -27,6 +27,7 @@ __all__ = [
     "P2PError",
     "IdentityError",
     "BlobNotFound",
+    "BlobNotHeld",
     "DigestMismatch",
     "BlobTooLarge",
     "FetchTimeout",

@@ -15,6 +15,12 @@ class BlobNotFound(P2PError):
     """No provider served the blob (none known, all refused, all vanished)."""
 
 
+class BlobNotHeld(BlobNotFound):
+    """Every holder asked answered that it does not hold the blob (NOT_FOUND): none was silent, none
+    refused or lied. A committer answers so between its commit and storing its blob, so a caller
+    may take it as "not yet" rather than as a failure to serve."""
+
+
 class DigestMismatch(P2PError):
     """No holder served bytes that hash to the digest asked for, and some holder served or declared
     (piece hashes) other bytes; nothing was stored."""

@@ -39,9 +39,9 @@ from libp2p.tools.anyio_service import background_trio_service
 
 from . import pubsub_reader, pubsub_records, task_parents, wire, yamux_window
 from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
-from .errors import BlobNotFound, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
+from .errors import BlobNotFound, BlobNotHeld, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
 from .gossip import MESH_DEGREE, swarm_gossipsub
-from .pieces import HolderFailed, HolderLied, PieceFetch, piece_hashes
+from .pieces import HolderDoesNotHold, HolderFailed, HolderLied, PieceFetch, piece_hashes
 from .store import BlobStore, check_digest
 
 log = logging.getLogger(__name__)
@@ -833,7 +833,10 @@ class SwarmHost:
                     f"blob {digest[:16]}: no holder served bytes that hash to it (blamed: "
                     f"{self._describe(fetch.blamed)}; failures: {self._describe(fetch.failures)}); nothing stored"
                 )
-            raise BlobNotFound(f"blob {digest[:16]}: no provider served it ({self._describe(fetch.failures)})")
+            not_held = bool(fetch.failures) and fetch.not_held == fetch.failures.keys()
+            raise (BlobNotHeld if not_held else BlobNotFound)(
+                f"blob {digest[:16]}: no provider served it ({self._describe(fetch.failures)})"
+            )
         assert fetch.current is not None
         self._remember_pieces(digest, fetch.current.size, fetch.current.hashes)
         return data
@@ -879,6 +882,7 @@ class SwarmHost:
                 stream, opens, answer = await self._open_blob(peer_id, fetch.digest)
             if answer[:1] == wire.NOT_FOUND:
                 reusable = True
+                raise HolderDoesNotHold(f"not found: {answer[1:200].decode('utf-8', 'replace')}")
             size, hashes = wire.parse_size(answer)
             fetch.declare(peer, size, hashes)  # raises on a size above the limit or a provably false list
             claim = fetch.claims[peer]

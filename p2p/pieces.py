@@ -44,6 +44,10 @@ class HolderLied(HolderFailed):
     """A holder's answer contradicts its own piece list or the digest: it is blamed."""
 
 
+class HolderDoesNotHold(HolderFailed):
+    """A holder answered NOT_FOUND to the OPEN: it does not hold the blob (or not yet)."""
+
+
 def piece_range(size: int, index: int) -> tuple[int, int]:
     """(offset, length) of piece `index` of a blob of `size` bytes."""
     offset = index * wire.PIECE_SIZE
@@ -103,6 +107,7 @@ class PieceFetch:
         self.refuted: set[PieceList] = set()  # lists whose complete pieces did not hash to the digest
         self.blamed: dict[str, str] = {}  # holder -> what it did (proved): dropped from this fetch
         self.failures: dict[str, str] = {}  # holder -> why it could not serve (nothing proved)
+        self.not_held: set[str] = set()  # the holders of `failures` that answered NOT_FOUND
         self.declared: dict[str, int] = {}  # holder -> a size it declared above the limit
         self.contributors: dict[str, None] = {}  # holders whose pieces are in the buffer (in order)
         self.received = 0  # verified bytes put in the buffer, all lists together
@@ -150,6 +155,10 @@ class PieceFetch:
             self.blame(holder, str(exc))
         else:
             self.failures[holder] = str(exc)
+            if isinstance(exc, HolderDoesNotHold):
+                self.not_held.add(holder)
+            else:
+                self.not_held.discard(holder)
             if exc.declared_size is not None:
                 self.declared[holder] = exc.declared_size
             self._choose()

@@ -3,7 +3,8 @@
 Holders are asked one per try, in a random order: no holder, a liar included, is always asked
 first (the order is no secret: it only spreads the asking). A holder whose try failed, because
 it served bytes that do not hash to the digest or served nothing in time, is blamed in the log
-and skipped for that blob while other holders are left to ask. A try gets `request_timeout`
+and skipped for that blob while other holders are left to ask (one that said it does not hold the
+blob is skipped the same way, logged at INFO: `Holders.blame`). A try gets `request_timeout`
 while other holders wait their turn, and the time left when it asks the last of them: a silent
 holder costs one short try, an honest sole holder on a slow link is never cut short.
 
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from node.peer.ports import HostPort, StorePort
-from p2p import DigestMismatch
+from p2p import BlobNotHeld, DigestMismatch
 
 log = logging.getLogger("swarm.peer")
 
@@ -62,7 +63,7 @@ class Holders:
     def __init__(self, what: str, *, order: Callable[[list[str]], list[str]] = shuffled) -> None:
         self.what = what
         self.blamed: dict[str, str] = {}  # holder -> what it did, skipped while others are left
-        self.ever_blamed: set[str] = set()  # logged as a warning once, then quietly
+        self.warned: set[str] = set()  # warned about once (a failure other than "not held"), then quietly
         self._order = order
 
     def fresh(self, known: list[str]) -> list[str]:
@@ -80,10 +81,20 @@ class Holders:
         return (fresh[0] if fresh else None), len(fresh)
 
     def blame(self, holder: str, exc: Exception) -> None:
-        deed = "served bytes that do not hash to the digest" if isinstance(exc, DigestMismatch) else "served nothing"
+        """Skip `holder` while others are left. Logged as a warning the first time it fails us, unless
+        everyone asked said they do not hold the blob (BlobNotHeld): a committer's fetchers see its
+        commit as soon as it does (at `chain.confirmations` deep) and ask before it has stored the blob,
+        so that answer is "not yet" (logged at INFO); one that never serves is named by the agreement
+        step (withheld, or left out: node/peer/agree.py)."""
+        if isinstance(exc, DigestMismatch):
+            deed = "served bytes that do not hash to the digest"
+        else:
+            deed = "does not hold it (yet)" if isinstance(exc, BlobNotHeld) else "served nothing"
         self.blamed[holder] = f"{deed}: {exc}"
-        level = logging.INFO if holder in self.ever_blamed else logging.WARNING
-        self.ever_blamed.add(holder)
+        warn = holder not in self.warned and not isinstance(exc, BlobNotHeld)
+        if warn:
+            self.warned.add(holder)
+        level = logging.WARNING if warn else logging.INFO
         log.log(level, "%s: holder %s %s (%s); asking the others first", self.what, holder, deed, exc)
 
 

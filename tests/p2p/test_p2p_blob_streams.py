@@ -14,7 +14,7 @@ from libp2p.peer.id import ID
 
 import p2p.host
 from p2p import wire
-from p2p.errors import BlobNotFound
+from p2p.errors import BlobNotFound, BlobNotHeld
 from p2p.store import MemoryBlobStore
 
 pytestmark = pytest.mark.anyio
@@ -60,7 +60,8 @@ async def test_one_stream_carries_a_fetchers_successive_blobs_and_a_miss(config,
         for digest, blob in zip(digests[:2], blobs[:2]):
             assert await fetcher.fetch(digest, providers=[holder.peer_id], timeout=30) == blob
             assert kept(fetcher, holder) == 1
-        with pytest.raises(BlobNotFound, match="not found"):  # NOT_FOUND leaves the stream open
+        # NOT_FOUND leaves the stream open; the only holder asked said it does not hold it: "not held"
+        with pytest.raises(BlobNotHeld, match="not found"):
             await fetcher.fetch("ab" * 32, providers=[holder.peer_id], timeout=30)
         assert await fetcher.fetch(digests[2], providers=[holder.peer_id], timeout=30) == blobs[2]
         assert (log.opened, log.ended, kept(fetcher, holder)) == (1, 0, 1)
@@ -102,8 +103,9 @@ async def test_admission_is_checked_at_every_open_of_a_kept_stream(config, hosts
         await fetcher.connect(holder.addrs[0])
         assert await fetcher.fetch(digests[0], providers=[holder.peer_id], timeout=30) == blobs[0]
         admitted["yes"] = False  # e.g. removed from the allowlist while its stream is kept
-        with pytest.raises(BlobNotFound, match="refused: peer is not admitted"):
+        with pytest.raises(BlobNotFound, match="refused: peer is not admitted") as refused:
             await fetcher.fetch(digests[1], providers=[holder.peer_id], timeout=30)
+        assert not isinstance(refused.value, BlobNotHeld)  # a refusal is no "not held (yet)"
         await log.wait_ended(1)
         assert log.opened == 1 and not fetcher.store.has(digests[1])
 
