@@ -12,7 +12,7 @@ Anvil's first dev account, write run.json, and dump the chain's state into the f
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -118,20 +118,9 @@ def _deploy(
     w3: Web3, account: LocalAccount, genesis_blob: bytes, terms: LedgerTerms, ledger_kind: str
 ) -> LedgerClient | PipelinedClient:
     """The run's ledger of `ledger_kind`, deployed from `account` with `terms`."""
-    common: dict[str, Any] = dict(
-        min_peers=terms.min_peers,
-        commit_window=terms.commit_window,
-        attest_window=terms.attest_window,
-        commit_window_seconds=terms.commit_window_seconds,
-        attest_window_seconds=terms.attest_window_seconds,
-        eps_cap_micro=terms.eps_cap_micro,
-        delta=terms.delta,
-        genesis_digest=sha256(genesis_blob),
-        eps_step_micro=terms.eps_step_micro,
-        record_eps_cap_micro=terms.record_eps_cap_micro,
-        record_delta=terms.record_delta,
-        max_samples=terms.max_samples,
-    )
+    # LedgerTerms' fields are the deploy functions' keyword arguments; only a SwarmLedger takes secure_aggregation
+    common: dict[str, Any] = {k: v for k, v in asdict(terms).items() if k != "secure_aggregation"}
+    common["genesis_digest"] = sha256(genesis_blob)
     if ledger_kind == "pipelined":
         return PipelinedClient.deploy(w3, account, **common)
     return LedgerClient.deploy(w3, account, secure_aggregation=terms.secure_aggregation, **common)
