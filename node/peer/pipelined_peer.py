@@ -147,9 +147,12 @@ class PipelinedPeer(Peer):
             info = await self.chain(self.ledger.round_info, r)
             out.committed = await self.chain(self._committed, r)
             is_open = info.state == RoundState.OPEN
+            # The prefetch has a scope of its own: cancelling the nursery's would cancel its body too,
+            # and with it `_conclude` below, once it had taken r - 1's outcome (lost, never emitted).
+            prefetching = trio.CancelScope()
             async with trio.open_nursery() as early:
                 if is_open:
-                    early.start_soon(self._prefetch, r)
+                    early.start_soon(self._prefetch_within, r, prefetching)
                 if is_open and not out.committed:
                     self._base = self._own_base(r) or await self._finalized_base(r)
                     if self._base is None:
@@ -158,7 +161,7 @@ class PipelinedPeer(Peer):
                         await self._commit(r, self._base.vector, out)
                 if not out.committed:
                     await self._final_vote()  # took part in r - 1 but not in r: its vote goes alone
-                    early.cancel_scope.cancel()  # a follower aggregates nothing: no need of the blobs
+                    prefetching.cancel()  # a follower aggregates nothing: no need of the blobs
                 await self._conclude()  # r - 1's end: r closes only after it
                 self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
                 info = await self.watcher.closed(r)
@@ -170,6 +173,10 @@ class PipelinedPeer(Peer):
                 if self._held is not None:
                     await self._agree_and_aggregate(r, self._held, out)
         self._voting = out
+
+    async def _prefetch_within(self, r: int, scope: trio.CancelScope) -> None:
+        with scope:
+            await self._prefetch(r)
 
     def _own_base(self, r: int) -> Base | None:
         """Our aggregate of r - 1, with its bitmap, if we computed one (we took part in r - 1);

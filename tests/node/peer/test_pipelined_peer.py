@@ -21,6 +21,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 
 from node.chain.anvil import start_anvil
 from node.chain.client import connect
+from node.chain.errors import LedgerError
 from node.chain.pipelined import PipelinedClient
 from node.chain.records import Commitment
 from node.peer.pipelined_peer import NO_BASE, Base, PipelinedPeer
@@ -36,8 +37,7 @@ GAS_TARGET = 60_000  # gas per member per round (docs/LEDGER.md "One transaction
 FINALIZE_AND_CLOSE_GAS = 66_000  # the dearest commit: it finalizes the round before and closes its own
 # Long windows: in steady state a round closes in its last expected commit, never by its window,
 # and a loaded machine must not close one early.
-WINDOW_BLOCKS = 120
-WINDOW_SECONDS = 120
+WINDOW_BLOCKS = 120  # and as many seconds
 RUN_TIMEOUT_S = 120  # a broken loop fails here rather than hanging the suite
 # py-libp2p drops a stream now and then on a loaded machine (docs/P2P.md, "Protocol CPU per round"):
 # a peer that then misses a blob leaves it out and may lose its vote, which the protocol absorbs (a
@@ -51,15 +51,16 @@ def anvil():
         yield chain
 
 
-def deploy(anvil: Any, min_peers: int = PEERS) -> PipelinedClient:
+def deploy(anvil: Any, min_peers: int = PEERS, window: int = WINDOW_BLOCKS) -> PipelinedClient:
+    """A ledger whose windows last `window` blocks and as many seconds."""
     return PipelinedClient.deploy(
         connect(anvil.url),
         Account.from_key(anvil.private_keys[0]),
         min_peers=min_peers,
-        commit_window=WINDOW_BLOCKS,
-        attest_window=WINDOW_BLOCKS,
-        commit_window_seconds=WINDOW_SECONDS,
-        attest_window_seconds=WINDOW_SECONDS,
+        commit_window=window,
+        attest_window=window,
+        commit_window_seconds=window,
+        attest_window_seconds=window,
         eps_cap_micro=10**12,
         delta=0.0,
         genesis_digest=genesis_digest(),
@@ -298,3 +299,36 @@ def test_a_clean_stop_ends_with_the_final_vote_on_the_round_taken_part_in(anvil)
     for mine in outcomes:
         assert [(o.round, o.state) for o in mine] == [(1, "finalized"), (2, "finalized")]
         assert mine[-1].global_digest == round_2[0].hex()
+
+
+class RefusedInRound2(PipelinedPeer):
+    """Its round 2 commit is refused by the chain (as a late one is: the window closed), after its
+    round 1 commit was counted: it follows round 2, round 1 still pending its votes."""
+
+    def _send_commit(self, r: int, digest: bytes, num_samples: int, spent: Any) -> Any:
+        if r == 2:
+            raise LedgerError("commit: the commit window of round 2 closed (refused by the test)")
+        return super()._send_commit(r, digest, num_samples, spent)
+
+
+def test_a_refused_commit_keeps_the_outcome_of_the_round_before(anvil):
+    """A member whose commit is refused follows the round, and still records how the round before
+    ended (its outcome is emitted once that round ends, while this one runs: it was lost when the
+    prefetch's cancellation cancelled that wait too)."""
+    torch.set_num_threads(1)
+    ledger = deploy(anvil, min_peers=2, window=20)  # round 2 then closes by its window, without the refused
+    outcomes = trio.run(run_swarm, anvil, ledger, (PipelinedPeer, PipelinedPeer, RefusedInRound2))
+    member = Account.from_key(anvil.private_keys[PEERS]).address
+
+    finalized = [ledger.finalized(r) for r in range(1, ROUNDS + 1)]
+    assert all(f is not None for f in finalized), finalized
+    assert member in ledger.participants(1) and member not in ledger.participants(2)
+    refused = outcomes[2]
+    assert [(o.round, o.state, o.committed) for o in refused] == [
+        (1, "finalized", True),
+        (2, "finalized", False),
+        (3, "finalized", True),
+    ], refused
+    assert refused[0].global_digest == finalized[0][0].hex()  # type: ignore[index]
+    for mine in outcomes[:2]:
+        assert [o.round for o in mine] == [1, 2, 3] and all(o.state == "finalized" for o in mine)
