@@ -37,6 +37,7 @@ import mechanisms
 from mechanisms.secagg.policy import NAME as SECAGG
 from mechanisms.secagg.policy import PROTECTS as SECAGG_PROTECTS
 from node.chain.anvil import find_anvil, free_port
+from node.chain.kind import CONTRACT_NAMES
 from node.chain.records import PROTECTS_WORDS
 from node.chain.registration import sign_registration
 from node.config import DEFAULT_FETCH_TIMEOUT, Config, quorum, window_seconds
@@ -219,7 +220,7 @@ class LocalSwarm:
             self.chain.archive,
         )
         try:
-            contract = "PipelinedLedger" if config.chain.ledger_kind == "pipelined" else "SwarmLedger"
+            contract = CONTRACT_NAMES[config.chain.ledger_kind]
             self.say(f"{contract} {self.ledger.address} on {self.anvil.url} (chain id {self.chain.chain_id})")
             self._create_and_register_peers(config.swarm.peers)
             self.run_info = self.chain.write_run_info(
