@@ -15,8 +15,8 @@ import collections
 import logging
 import math
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -222,6 +222,8 @@ class SwarmHost:
         self._announce_send, self._announce_recv = trio.open_memory_channel[Announcement](config.announcement_buffer)
         self._pending_have: dict[str, None] = {}  # fetched digests not yet announced (insertion order)
         self._have_due = trio.Event()
+        self._coming: dict[str, trio.Event] = {}  # digests about to be stored (`blob_coming`), set once they are
+        self._fetching: dict[str, trio.Event] = {}  # digests being fetched, set when that fetch ends (`fetch`)
         self._fetches_running = 0
         self._last_fetch_done = 0.0  # trio.current_time() when the last fetch finished
         self.dropped_announcements = 0
@@ -236,6 +238,7 @@ class SwarmHost:
         )
         self.bytes_served = 0  # blob bytes sent to other peers (piece payloads)
         self.bytes_fetched = 0  # blob bytes received from other peers (piece payloads)
+        self.not_found_answers = 0  # OPENs answered NOT_FOUND (an asker too early, or asking the wrong holder)
         # digest -> (size, piece hashes) of blobs served or fetched, least recently used first
         self._piece_lists: collections.OrderedDict[str, tuple[int, bytes]] = collections.OrderedDict()
         self._hashing = trio.Lock()  # one piece list computed at a time: a blob asked for at once is hashed once
@@ -403,6 +406,29 @@ class SwarmHost:
         for sent in batch:
             self._pending_have.pop(sent, None)
         await self._publish(wire.KIND_HAVE, wire.have_body(batch))
+
+    @contextmanager
+    def blob_coming(self, digest: str) -> Iterator[None]:
+        """While the body runs, an OPEN for `digest` that the store does not hold yet waits for the body
+        to end (at most half of `request_timeout`, so the asker still gets an answer within its own)
+        instead of answering NOT_FOUND at once; then it is answered from the store: SIZE if the body
+        stored the blob, NOT_FOUND if it did not (a refused commit, say).
+
+        Why: a committer stores its update only once its commit is read back from the chain (the
+        release is public only once its spend is on chain), the moment its fetchers see that commit
+        too. Their first OPEN came too early, and each NOT_FOUND cost a fetcher a try of every other
+        connected peer (`fetch`'s fallback) and the prefetch of that blob. Nothing is served earlier
+        than before: a waiter gets the blob only once the body stored it. Nested uses of one digest
+        are the outermost's."""
+        check_digest(digest)
+        owner = digest not in self._coming
+        if owner:
+            self._coming[digest] = trio.Event()
+        try:
+            yield
+        finally:
+            if owner:
+                self._coming.pop(digest).set()
 
     def _announce_later(self, digest: str) -> None:
         """Queue a fetched digest for the next batched HAVE (see `_announce_batches`)."""
@@ -661,11 +687,18 @@ class SwarmHost:
 
     async def _answer_open(self, stream: INetStream, digest: str) -> _Opened | None:
         """SIZE (with the piece list) for a blob we hold, and what its READs may take; else NOT_FOUND
-        (the stream stays open for the next OPEN), and None."""
+        (the stream stays open for the next OPEN), and None. A blob about to be stored is waited for
+        (`blob_coming`)."""
         size = self.store.size(digest)
+        coming = self._coming.get(digest) if size is None else None
+        if coming is not None:
+            with trio.move_on_after(self.config.request_timeout / 2):
+                await coming.wait()
+            size = self.store.size(digest)
         hashes = None if size is None or size > wire.MAX_BLOB else await self._piece_hashes(digest, size)
         with trio.fail_after(self.config.request_timeout):
             if size is None or hashes is None:
+                self.not_found_answers += 1
                 await wire.write_frame(stream, wire.NOT_FOUND + digest.encode())
                 return None
             await wire.write_frame(stream, wire.size_response(size, hashes))
@@ -737,11 +770,21 @@ class SwarmHost:
         against the piece hashes its holder declared (p2p/pieces.py): a holder caught lying is blamed
         (logged, added to `blames`) and dropped, and its pieces are asked of the others; a holder that
         fails hands its unfinished pieces to the others and the next candidate takes its place.
+        A fetch of a digest already being fetched waits for that one, then takes the blob from the
+        store, or fetches it itself in the time left if that one failed: a prefetch still running
+        when the round closes serves the agreement step's fetch of the same blob (node/peer/peer.py
+        `_prefetch`), instead of being cancelled, its stream reset, and the blob asked for again.
         Raises BlobNotFound, DigestMismatch, BlobTooLarge or FetchTimeout (all P2PError)."""
         check_digest(digest)
         limit = self.config.max_blob_size if max_size is None else max_size
         if limit <= 0:
             raise ValueError(f"max_size must be positive, got {max_size}")
+        deadline = trio.current_time() + timeout
+        while (running := self._fetching.get(digest)) is not None:
+            with trio.move_on_at(deadline):
+                await running.wait()
+            if not running.is_set():
+                raise FetchTimeout(f"blob {digest[:16]}: another fetch of it did not finish within {timeout}s")
         if self.store.has(digest):
             data = self.store.get(digest)
             if data is not None and len(data) <= limit:
@@ -750,12 +793,15 @@ class SwarmHost:
         if not any(candidates):
             raise BlobNotFound(f"blob {digest[:16]}: no provider known and no peer connected")
         self._fetches_running += 1
+        done = self._fetching[digest] = trio.Event()
         try:
-            data = await self._fetch_verified(digest, candidates, limit, timeout)
+            data = await self._fetch_verified(digest, candidates, limit, max(0.0, deadline - trio.current_time()))
+            self.store.put(data)
         finally:
             self._fetches_running -= 1
             self._last_fetch_done = trio.current_time()
-        self.store.put(data)
+            del self._fetching[digest]
+            done.set()
         if announce:
             self._announce_later(digest)
         return data

@@ -18,9 +18,10 @@ only when no holder it reached served bytes that hash to the digest.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import trio
 
@@ -51,6 +52,23 @@ async def obtain(
     if data is not None:
         return data
     return await host.fetch(digest_hex, providers=providers, max_size=max_size, timeout=timeout)
+
+
+@contextlib.asynccontextmanager
+async def round_fetches() -> AsyncIterator[trio.Nursery]:
+    """A nursery for a round's prefetches (`Peer._prefetch`): they run on past the round's close,
+    into the agreement step whose fetches join them, and are cancelled when the body ends. The
+    body's own exception comes out as itself, not in an ExceptionGroup: the prefetches never raise
+    (each catches its errors), and the callers of a round handle its errors by type (WrongRound:
+    read the chain's round again)."""
+    try:
+        async with trio.open_nursery() as nursery:
+            yield nursery
+            nursery.cancel_scope.cancel()  # what is still running was not needed
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 class BlobUnavailable(Exception):

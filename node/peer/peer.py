@@ -31,7 +31,7 @@ from node.peer.agree import Agreement, NothingToAggregate, Withholding
 from node.peer.catchup import CatchUp, ModelUnavailable
 from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.endpoints import Witness
-from node.peer.fetching import obtain
+from node.peer.fetching import obtain, round_fetches
 from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
 from node.peer.round_outcome import Phase, RoundOutcome, gas_used, mined_in
 from node.peer.secure_round import Membership, secure_rounds
@@ -307,9 +307,10 @@ class Peer:
         with self._measured(out):
             if self.secure is not None:
                 return out, await self.secure.play(r, global_vector, out)
-            info = await self._commit_and_wait_close(r, global_vector, out)
-            if info.state == RoundState.CLOSED and out.committed and global_vector is not None:
-                await self._aggregate_and_attest(r, global_vector, out)
+            async with round_fetches() as fetches:  # prefetches outlive the close: see `_prefetch`
+                info = await self._commit_and_wait_close(r, global_vector, out, fetches)
+                if info.state == RoundState.CLOSED and out.committed and global_vector is not None:
+                    await self._aggregate_and_attest(r, global_vector, out)
             self._set(Phase.WAITING_FINAL)
             info = await self.watcher.ended(r)
             out.state = info.state.name.lower()
@@ -334,15 +335,17 @@ class Peer:
         out.phase_seconds = {k: round(v, 4) for k, v in self._phase_seconds.items() if v > 0}
         out.bytes_sent, out.bytes_received = self.host.bytes_served - sent0, self.host.bytes_fetched - received0
 
-    async def _commit_and_wait_close(self, r: int, global_vector: torch.Tensor | None, out: RoundOutcome) -> RoundInfo:
-        """While round r is open: fetch the others' blobs as their commits land, train and commit
-        ours (unless the chain holds it already); then wait until the round is closed."""
+    async def _commit_and_wait_close(
+        self, r: int, global_vector: torch.Tensor | None, out: RoundOutcome, fetches: trio.Nursery
+    ) -> RoundInfo:
+        """While round r is open: fetch the others' blobs as their commits land (in `fetches`), train
+        and commit ours (unless the chain holds it already); then wait until the round is closed."""
         info = await self.chain(self.ledger.round_info, r)
         out.committed = await self.chain(self._committed, r)
         is_open = info.state == RoundState.OPEN
         async with trio.open_nursery() as early:
             if is_open:
-                early.start_soon(self._prefetch, r)
+                early.start_soon(self._prefetch, r, fetches)
             if is_open and not out.committed:
                 if global_vector is None:
                     log.warning("round %d: following: this peer does not hold the last finalized model", r)
@@ -397,22 +400,25 @@ class Peer:
         return vector
 
     # ----------------------------------------------------------- overlapping
-    async def _prefetch(self, r: int) -> None:
-        """While round r is open: vet each commitment as it lands on chain and fetch its blob,
-        so that at close only the last committers' blobs are left to fetch. Best effort: any
-        failure here is met again, and handled, by the agreement step."""
+    async def _prefetch(self, r: int, fetches: trio.Nursery) -> None:
+        """While round r is open: vet each commitment as it lands on chain and fetch its blob (in
+        `fetches`), so that at close only the last committers' blobs are left to fetch. Best effort:
+        any failure here is met again, and handled, by the agreement step. The caller cancels this
+        loop at close, but lets the fetches it started run on into the agreement step, whose fetch
+        of the same blob joins them (`SwarmHost.fetch`): the last commit closes the round, so its
+        blob is always in flight then, and cancelling it cost a reset stream, a new one and a
+        second OPEN per fetcher and round."""
         started: set[bytes] = set()
-        async with trio.open_nursery() as nursery:
-            while True:  # until play_round cancels us at close
-                moves = self.watcher.moves
-                with contextlib.suppress(Exception):
-                    # no round_info first: commitments() reads it anyway, and a move while the round
-                    # is open is almost always a new commit (a view call costs a few ms of CPU)
-                    for c in await self._off_loop(self.ledger.commitments, r):
-                        if bytes(c.digest) not in started:
-                            started.add(bytes(c.digest))
-                            nursery.start_soon(self._prefetch_one, r, c)
-                await self.watcher.moved_since(moves)  # a commit is a ledger event
+        while True:  # until the caller cancels us at close
+            moves = self.watcher.moves
+            with contextlib.suppress(Exception):
+                # no round_info first: commitments() reads it anyway, and a move while the round
+                # is open is almost always a new commit (a view call costs a few ms of CPU)
+                for c in await self._off_loop(self.ledger.commitments, r):
+                    if bytes(c.digest) not in started:
+                        started.add(bytes(c.digest))
+                        fetches.start_soon(self._prefetch_one, r, c)
+            await self.watcher.moved_since(moves)  # a commit is a ledger event
 
     async def _prefetch_one(self, r: int, c: Commitment) -> None:
         try:
@@ -459,27 +465,29 @@ class Peer:
         self._set(Phase.COMMITTING)
         receipt: Any = None
         own: Commitment | None = None
-        try:
-            receipt = await self.chain(self._send_commit, r, digest, num_samples, spent)
-        except LedgerError:
-            # A commit can be mined although its reply was lost (the resend then reads "nonce too
-            # low"): if the chain holds this very digest from us, it is ours, spent and counted in
-            # the round, so store, serve and attest it like any other.
-            own = await self.chain(self._own_commit, r, digest)
-            if own is None:
-                raise
-            log.warning("round %d: the commit's reply was lost, but the chain holds it: going on", r)
-        if own is None:  # a receipt is only the endpoint's word: the chain's Committed event is the commit
-            own = await self._read_back_commit(r, digest, mined_in(receipt))
-        if self.witness is not None:
-            await self.chain(self.witness.confirm_commit, r, self.address, digest, own.block_number)
-        self.spending.committed(int(self.train_y.shape[0]))
-        # Commit first, then serve: the release is public only once its eps is on chain, and a
-        # refused commit (an exception above) leaves nothing stored or announced.
-        self.store.put(data)
-        if self.s.fault in ("wrong-bytes", "withhold"):
-            # testing: commit this digest, serve other bytes or nothing (node/peer/faults.py)
-            cast(PoisonableStore, self.store).poison(digest.hex())
+        # Fetchers see the commit when we do: their OPENs wait for the store instead of NOT_FOUND.
+        with self.host.blob_coming(digest.hex()):
+            try:
+                receipt = await self.chain(self._send_commit, r, digest, num_samples, spent)
+            except LedgerError:
+                # A commit can be mined although its reply was lost (the resend then reads "nonce too
+                # low"): if the chain holds this very digest from us, it is ours, spent and counted in
+                # the round, so store, serve and attest it like any other.
+                own = await self.chain(self._own_commit, r, digest)
+                if own is None:
+                    raise
+                log.warning("round %d: the commit's reply was lost, but the chain holds it: going on", r)
+            if own is None:  # a receipt is only the endpoint's word: the chain's Committed event is the commit
+                own = await self._read_back_commit(r, digest, mined_in(receipt))
+            if self.witness is not None:
+                await self.chain(self.witness.confirm_commit, r, self.address, digest, own.block_number)
+            self.spending.committed(int(self.train_y.shape[0]))
+            # Commit first, then serve: the release is public only once its eps is on chain, and a
+            # refused commit (an exception above) leaves nothing stored or announced.
+            self.store.put(data)
+            if self.s.fault in ("wrong-bytes", "withhold"):
+                # testing: commit this digest, serve other bytes or nothing (node/peer/faults.py)
+                cast(PoisonableStore, self.store).poison(digest.hex())
         # Batched with the round's other HAVEs: fetchers know the committer from the chain (one gossip
         # message per peer and round instead of three or four: docs/NODE.md, "Announcements").
         await self.host.announce_blob(digest.hex(), later=True)

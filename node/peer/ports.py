@@ -8,6 +8,7 @@ Protocols structurally; the unit tests (tests/node/peer/fakes.py) satisfy them i
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, TypeAlias, TypeVar
 
 from node.chain.records import Attestation, Commitment, RoundInfo, SwarmParams
@@ -85,6 +86,7 @@ class HostPort(Protocol):
     def bytes_fetched(self) -> int: ...
 
     async def announce_blob(self, digest: str, *, later: bool = False) -> None: ...
+    def blob_coming(self, digest: str) -> AbstractContextManager[None]: ...  # OPENs for it wait while it runs
     def providers(self, digest: str) -> list[str]: ...
     async def fetch(
         self, digest: str, *, providers: list[str] | None = None, max_size: int | None = None, timeout: float = 60.0

@@ -14,6 +14,7 @@ delay in trio time; a host can be unreachable, a transfer can stall forever.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from collections import Counter
@@ -417,6 +418,9 @@ class FakeHost:
         if self.peer_id not in holders:
             holders.append(self.peer_id)
         await trio.lowlevel.checkpoint()
+
+    def blob_coming(self, digest: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()  # the fake serves straight from the store: nothing to wait for
 
     def providers(self, digest: str) -> list[str]:
         return list(self.network.announced.get(digest, []))
