@@ -60,9 +60,10 @@ _ADDR_TTL = 3600  # seconds an announced address stays in the peerstore
 # Parsing multiaddrs costs about a millisecond per gossip message in py-multiaddr, and every envelope
 # carries the sender's addresses: each is parsed once per sender and text, re-added to the peerstore
 # after _RELEARN_AFTER s (well inside _ADDR_TTL); our own advertised list is rebuilt at most once per
-# _OWN_ADDRS_TTL s (a listener added later reaches peers within that time).
+# _OWN_ADDRS_TTL s (a listener added later reaches peers within that time; rebuilding it, py-libp2p's
+# `get_addrs`, was 2.6% of a 16-peer swarm's event loop with a rebuild per HAVE, once a second).
 _RELEARN_AFTER = 600.0
-_OWN_ADDRS_TTL = 1.0
+_OWN_ADDRS_TTL = 30.0
 _MAX_LEARNED = 4096
 _MAX_PIECE_LISTS = 256  # blobs whose piece hashes a host keeps (about 32 bytes per MiB each)
 _MAX_BLAMES = 1024  # blames a host remembers (`SwarmHost.blames`)
@@ -223,7 +224,8 @@ class SwarmHost:
         self._pending_have: dict[str, None] = {}  # fetched digests not yet announced (insertion order)
         self._have_due = trio.Event()
         self._coming: dict[str, trio.Event] = {}  # digests about to be stored (`blob_coming`), set once they are
-        self._fetching: dict[str, trio.Event] = {}  # digests being fetched, set when that fetch ends (`fetch`)
+        # digest -> (set when its fetch ends, the first provider it was given): fetches others may join (`fetch`)
+        self._fetching: dict[str, tuple[trio.Event, str | None]] = {}
         self._fetches_running = 0
         self._last_fetch_done = 0.0  # trio.current_time() when the last fetch finished
         self.dropped_announcements = 0
@@ -770,21 +772,26 @@ class SwarmHost:
         against the piece hashes its holder declared (p2p/pieces.py): a holder caught lying is blamed
         (logged, added to `blames`) and dropped, and its pieces are asked of the others; a holder that
         fails hands its unfinished pieces to the others and the next candidate takes its place.
-        A fetch of a digest already being fetched waits for that one, then takes the blob from the
-        store, or fetches it itself in the time left if that one failed: a prefetch still running
-        when the round closes serves the agreement step's fetch of the same blob (node/peer/peer.py
-        `_prefetch`), instead of being cancelled, its stream reset, and the blob asked for again.
+        A fetch of a digest already being fetched from the same first provider waits for that one
+        (the holder it names is being asked), then takes the blob from the store, or fetches it
+        itself in the time left if that one failed: a prefetch still running when the round closes
+        serves the agreement step's fetch of the same blob from the same committer (node/peer/peer.py
+        `_prefetch`), instead of being cancelled, its stream reset, and the blob asked for again. A
+        fetch that names another first provider runs on its own: joining would wait on a holder it
+        did not name (a committer trickling its blob to one victim would hold up every other
+        holder's try, and be blamed on them).
         Raises BlobNotFound, DigestMismatch, BlobTooLarge or FetchTimeout (all P2PError)."""
         check_digest(digest)
         limit = self.config.max_blob_size if max_size is None else max_size
         if limit <= 0:
             raise ValueError(f"max_size must be positive, got {max_size}")
         deadline = trio.current_time() + timeout
-        while (running := self._fetching.get(digest)) is not None:
+        first = providers[0] if providers else None
+        while (running := self._fetching.get(digest)) is not None and running[1] == first:
             with trio.move_on_at(deadline):
-                await running.wait()
-            if not running.is_set():
-                raise FetchTimeout(f"blob {digest[:16]}: another fetch of it did not finish within {timeout}s")
+                await running[0].wait()
+            if not running[0].is_set():
+                raise FetchTimeout(f"blob {digest[:16]}: a fetch of it from {first} did not finish within {timeout}s")
         if self.store.has(digest):
             data = self.store.get(digest)
             if data is not None and len(data) <= limit:
@@ -793,14 +800,18 @@ class SwarmHost:
         if not any(candidates):
             raise BlobNotFound(f"blob {digest[:16]}: no provider known and no peer connected")
         self._fetches_running += 1
-        done = self._fetching[digest] = trio.Event()
+        done = trio.Event()
+        leading = digest not in self._fetching  # else one from another first provider runs: both go on
+        if leading:
+            self._fetching[digest] = (done, first)
         try:
             data = await self._fetch_verified(digest, candidates, limit, max(0.0, deadline - trio.current_time()))
             self.store.put(data)
         finally:
             self._fetches_running -= 1
             self._last_fetch_done = trio.current_time()
-            del self._fetching[digest]
+            if leading:
+                del self._fetching[digest]
             done.set()
         if announce:
             self._announce_later(digest)

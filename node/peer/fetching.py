@@ -67,8 +67,20 @@ async def round_fetches() -> AsyncIterator[trio.Nursery]:
             nursery.cancel_scope.cancel()  # what is still running was not needed
     except BaseExceptionGroup as group:
         if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
+            only = group.exceptions[0]
+            raise only from only.__cause__  # its own cause kept, the group's wrapping not shown
         raise
+
+
+class Prefetch:
+    """The two scopes of one round's prefetch (`Peer._prefetch`, a task in the round's
+    `round_fetches` nursery): `watching` ends its loop that starts a fetch as each commit lands (the
+    round closed: the fetches run on into the agreement step), `whole` ends the fetches too (a
+    follower aggregates nothing). Either may be cancelled before the task entered it."""
+
+    def __init__(self) -> None:
+        self.whole = trio.CancelScope()
+        self.watching = trio.CancelScope()
 
 
 class BlobUnavailable(Exception):

@@ -31,7 +31,7 @@ from node.peer.agree import Agreement, NothingToAggregate, Withholding
 from node.peer.catchup import CatchUp, ModelUnavailable
 from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.endpoints import Witness
-from node.peer.fetching import obtain, round_fetches
+from node.peer.fetching import Prefetch, obtain, round_fetches
 from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
 from node.peer.round_outcome import Phase, RoundOutcome, gas_used, mined_in
 from node.peer.secure_round import Membership, secure_rounds
@@ -343,19 +343,19 @@ class Peer:
         info = await self.chain(self.ledger.round_info, r)
         out.committed = await self.chain(self._committed, r)
         is_open = info.state == RoundState.OPEN
-        async with trio.open_nursery() as early:
-            if is_open:
-                early.start_soon(self._prefetch, r, fetches)
-            if is_open and not out.committed:
-                if global_vector is None:
-                    log.warning("round %d: following: this peer does not hold the last finalized model", r)
-                else:
-                    await self._commit(r, global_vector, out)
-            if not out.committed:
-                early.cancel_scope.cancel()  # a follower aggregates nothing: no need of the blobs
-            self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
-            info = await self.watcher.closed(r)
-            early.cancel_scope.cancel()
+        prefetch = Prefetch()
+        if is_open:
+            fetches.start_soon(self._prefetch, r, prefetch)
+        if is_open and not out.committed:
+            if global_vector is None:
+                log.warning("round %d: following: this peer does not hold the last finalized model", r)
+            else:
+                await self._commit(r, global_vector, out)
+        if not out.committed:
+            prefetch.whole.cancel()  # a follower aggregates nothing: no need of the blobs
+        self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
+        info = await self.watcher.closed(r)
+        prefetch.watching.cancel()  # the fetches started run on into the agreement step
         return info
 
     async def _commit(self, r: int, global_vector: torch.Tensor, out: RoundOutcome) -> None:
@@ -400,25 +400,29 @@ class Peer:
         return vector
 
     # ----------------------------------------------------------- overlapping
-    async def _prefetch(self, r: int, fetches: trio.Nursery) -> None:
-        """While round r is open: vet each commitment as it lands on chain and fetch its blob (in
-        `fetches`), so that at close only the last committers' blobs are left to fetch. Best effort:
-        any failure here is met again, and handled, by the agreement step. The caller cancels this
-        loop at close, but lets the fetches it started run on into the agreement step, whose fetch
-        of the same blob joins them (`SwarmHost.fetch`): the last commit closes the round, so its
-        blob is always in flight then, and cancelling it cost a reset stream, a new one and a
-        second OPEN per fetcher and round."""
+    async def _prefetch(self, r: int, prefetch: Prefetch) -> None:
+        """While round r is open: vet each commitment as it lands on chain and fetch its blob, so
+        that at close only the last committers' blobs are left to fetch. Best effort: any failure
+        here is met again, and handled, by the agreement step. At close the caller ends the loop
+        (`prefetch.watching`) but not the fetches it started: they run on into the agreement step,
+        whose fetch of the same blob from the same holder joins them (`SwarmHost.fetch`), until the
+        round's `round_fetches` nursery ends. The last commit closes the round, so its blob is always
+        in flight then, and cancelling it cost a reset stream, a new one and a second OPEN per
+        fetcher and round. A follower ends everything (`prefetch.whole`)."""
         started: set[bytes] = set()
-        while True:  # until the caller cancels us at close
-            moves = self.watcher.moves
-            with contextlib.suppress(Exception):
-                # no round_info first: commitments() reads it anyway, and a move while the round
-                # is open is almost always a new commit (a view call costs a few ms of CPU)
-                for c in await self._off_loop(self.ledger.commitments, r):
-                    if bytes(c.digest) not in started:
-                        started.add(bytes(c.digest))
-                        fetches.start_soon(self._prefetch_one, r, c)
-            await self.watcher.moved_since(moves)  # a commit is a ledger event
+        with prefetch.whole:
+            async with trio.open_nursery() as fetches:
+                with prefetch.watching:
+                    while True:  # until the caller cancels us at close
+                        moves = self.watcher.moves
+                        with contextlib.suppress(Exception):
+                            # no round_info first: commitments() reads it anyway, and a move while the
+                            # round is open is almost always a new commit (a view call costs a few ms of CPU)
+                            for c in await self._off_loop(self.ledger.commitments, r):
+                                if bytes(c.digest) not in started:
+                                    started.add(bytes(c.digest))
+                                    fetches.start_soon(self._prefetch_one, r, c)
+                        await self.watcher.moved_since(moves)  # a commit is a ledger event
 
     async def _prefetch_one(self, r: int, c: Commitment) -> None:
         try:

@@ -29,7 +29,7 @@ from node.chain.pipelined import PipelinedClient
 from node.chain.records import Commitment, RoundInfo, RoundState
 from node.chain.votes import leading
 from node.peer.cpu import PROCESS_COMPUTE
-from node.peer.fetching import round_fetches
+from node.peer.fetching import Prefetch, round_fetches
 from node.peer.peer import Peer
 from node.peer.ports import LedgerPort, Receipt
 from node.peer.round_outcome import Phase, RoundOutcome, gas_used
@@ -148,27 +148,25 @@ class PipelinedPeer(Peer):
             info = await self.chain(self.ledger.round_info, r)
             out.committed = await self.chain(self._committed, r)
             is_open = info.state == RoundState.OPEN
-            # The prefetch loop has a scope of its own: cancelling the nursery's would cancel its body
-            # too, and with it `_conclude` below, once it had taken r - 1's outcome (lost, never emitted).
-            # Its fetches run in `fetches`, on into the agreement step (`Peer._prefetch`).
-            prefetching = trio.CancelScope()
+            # No cancel scope covers this body but the round's (at its end): cancelling one would
+            # cancel `_conclude` too, once it had taken r - 1's outcome (lost, never emitted).
+            prefetch = Prefetch()
             async with round_fetches() as fetches:
-                async with trio.open_nursery() as early:
-                    if is_open:
-                        early.start_soon(self._prefetch_within, r, prefetching, fetches)
-                    if is_open and not out.committed:
-                        self._base = self._own_base(r) or await self._finalized_base(r)
-                        if self._base is None:
-                            log.warning("round %d: following: this peer holds no model to train from", r)
-                        else:
-                            await self._commit(r, self._base.vector, out)
-                    if not out.committed:
-                        await self._final_vote()  # took part in r - 1 but not in r: its vote goes alone
-                        prefetching.cancel()  # a follower aggregates nothing: no need of the blobs
-                    await self._conclude()  # r - 1's end: r closes only after it
-                    self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
-                    info = await self.watcher.closed(r)
-                    early.cancel_scope.cancel()
+                if is_open:
+                    fetches.start_soon(self._prefetch, r, prefetch)
+                if is_open and not out.committed:
+                    self._base = self._own_base(r) or await self._finalized_base(r)
+                    if self._base is None:
+                        log.warning("round %d: following: this peer holds no model to train from", r)
+                    else:
+                        await self._commit(r, self._base.vector, out)
+                if not out.committed:
+                    await self._final_vote()  # took part in r - 1 but not in r: its vote goes alone
+                    prefetch.whole.cancel()  # a follower aggregates nothing: no need of the blobs
+                await self._conclude()  # r - 1's end: r closes only after it
+                self._set(Phase.WAITING_CLOSE if out.committed else Phase.FOLLOWING)
+                info = await self.watcher.closed(r)
+                prefetch.watching.cancel()  # the fetches started run on into the agreement step
                 out.state = info.state.name.lower()
                 if info.state == RoundState.CLOSED and out.committed:
                     if self._held_round != r - 1:  # committed before a restart: r's base is r - 1's model
@@ -176,10 +174,6 @@ class PipelinedPeer(Peer):
                     if self._held is not None:
                         await self._agree_and_aggregate(r, self._held, out)
         self._voting = out
-
-    async def _prefetch_within(self, r: int, scope: trio.CancelScope, fetches: trio.Nursery) -> None:
-        with scope:
-            await self._prefetch(r, fetches)
 
     def _own_base(self, r: int) -> Base | None:
         """Our aggregate of r - 1, with its bitmap, if we computed one (we took part in r - 1);

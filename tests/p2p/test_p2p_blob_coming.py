@@ -44,7 +44,7 @@ class AskedStore(MemoryBlobStore):
 async def joined(fetcher, digest: str) -> None:
     """Until a second fetch of `digest` waits for the running one."""
     with trio.fail_after(10):
-        while fetcher._fetching[digest].statistics().tasks_waiting < 1:
+        while fetcher._fetching[digest][0].statistics().tasks_waiting < 1:
             await trio.sleep(0.01)
 
 
@@ -171,4 +171,29 @@ async def test_a_fetch_that_joined_one_that_failed_fetches_on_its_own(config, ho
                 await holder_store.wait_asked(digest, times=2)  # the second's own OPEN
                 holder_store.put(blob)
         assert fetched == [blob]
+        assert not fetcher.blames
+
+
+async def test_a_fetch_naming_another_holder_asks_it_instead_of_joining(config, hosts):
+    blob, digest = a_blob()
+    slow_store, honest_store = AskedStore(), AskedStore()
+    honest_store.put(blob)
+    async with hosts(
+        [(config(), slow_store, None), (config(), honest_store, None), (config(), MemoryBlobStore(), None)]
+    ) as (slow, honest, fetcher):
+        for holder in (slow, honest):
+            await fetcher.connect(holder.addrs[0])
+        got: list[bytes] = []
+        async with trio.open_nursery() as nursery:
+            with slow.blob_coming(digest):  # the first fetch waits at the slow holder
+
+                async def held() -> None:
+                    got.append(await fetcher.fetch(digest, providers=[slow.peer_id], timeout=30))
+
+                nursery.start_soon(held)
+                await slow_store.wait_asked(digest)
+                # Asked of the honest holder while the first fetch is held: served at once, not joined.
+                assert await fetcher.fetch(digest, providers=[honest.peer_id], timeout=30) == blob
+                assert honest_store.lookups[digest] == 1 and not got
+        assert got == [blob]  # the held fetch ends once the slow holder's body is over (from the store)
         assert not fetcher.blames
