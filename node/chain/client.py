@@ -513,6 +513,10 @@ class LedgerClient:
         guard as a polled one: the head taken, which is `head` or the last one (`HeadRefused`)."""
         return self._head.check(lambda: head)
 
+    def take_head_at_once(self, head: int) -> int | None:
+        """`take_head` where it needs no request (`rawrpc.HeadGuard.take_at_once`); None where it does."""
+        return self._head.take_at_once(head)
+
     def _pushed_base_fee(self) -> int | None:
         return self.pushed_base_fee() if self.pushed_base_fee is not None else None
 

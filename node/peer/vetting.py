@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 
 import torch
 
@@ -74,7 +74,7 @@ class Vetter:
             raw = self._peer_ids.get(c.peer) or bytes(await self._call(self.ledger.peer_id_of, c.peer))
             if raw:
                 self._peer_ids[c.peer] = raw  # an account registers once: its peer id never changes
-            verdict = None if c.peer == self.me else await self._registration(c, raw) or await self._commit(r, c)
+            verdict = None if c.peer == self.me else await self._rules_1_to_3(r, c, raw)
             if verdict is not None:
                 log.warning("round %d: leaving out %s: %s: %s", r, c.peer, verdict.check, verdict.reason)
             self._vetted = {k: v for k, v in self._vetted.items() if k[0] >= r - 1}  # older rounds are over
@@ -96,18 +96,20 @@ class Vetter:
 
         return read
 
-    async def _registration(self, c: Commitment, peer_id: bytes) -> Verdict | None:
-        """Rule 1: a squatter's commit (its committer does not own its peer id) is left out
-        unfetched. Registrations precede commits, so every honest peer decides alike."""
-        if self.ownership is None:
-            return None
-        return await self._call(self.ownership, c.peer, peer_id)
-
-    async def _commit(self, r: int, c: Commitment) -> Verdict | None:
-        """Rules 2 and 3, from the committer's commits through round r (chain data only)."""
+    async def _rules_1_to_3(self, r: int, c: Commitment, peer_id: bytes) -> Verdict | None:
+        """Rule 1, a squatter's commit (its committer does not own its peer id) left out unfetched
+        (registrations precede commits, so every honest peer decides alike); then rules 2 and 3,
+        from the committer's commits through round r (chain data only). Both in one call off the
+        event loop: a thread hop costs more CPU than a cached verdict (docs/SCALING.md)."""
         rulebook = await self.rulebook()
         counts = [int(h.num_samples) for h in await self._history_through(c) if h.round <= r]
-        return await self._call(rulebook.commit_verdict, c, counts)
+        ownership = self.ownership
+
+        def verdict() -> Verdict | None:
+            squatter = ownership(c.peer, peer_id) if ownership is not None else None
+            return squatter or rulebook.commit_verdict(c, counts)
+
+        return cast(Verdict | None, await self._call(verdict))
 
     def closed_round(self, r: int, commitments: list[Commitment]) -> None:
         """Round r is closed and `commitments` is its whole set (read after the close: the chain

@@ -6,10 +6,16 @@ from __future__ import annotations
 import math
 
 import dp_accounting
+import numpy as np
 import pytest
+from dp_accounting import NeighboringRelation
+from dp_accounting.pld import common
+from dp_accounting.pld import privacy_loss_distribution as pld
+from dp_accounting.pld.pld_pmf import DensePLDPmf
 from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
 from mechanisms.gaussian import analytic_gaussian_epsilon
+from mechanisms.pld_self_compose import self_compose
 from mechanisms.record_level import (
     VALUE_DISCRETIZATION,
     DPSGDPolicy,
@@ -117,3 +123,33 @@ def test_the_figure_is_dp_accountings_pld_accountant_bit_for_bit(groups):
         assert _pld_epsilon(groups, delta) == expected  # the step PLDs built in this call
         _pld_epsilon.cache_clear()
         assert _pld_epsilon(groups, delta) == expected  # the step PLDs kept from the call before
+
+
+@pytest.mark.parametrize("relation", [NeighboringRelation.REPLACE_ONE, NeighboringRelation.ADD_OR_REMOVE_ONE])
+@pytest.mark.parametrize("times", [1, 10, 37, 400])
+def test_the_kept_self_composition_is_the_librarys_float_for_float(relation, times):
+    """`pld_self_compose.self_compose` keeps the step's log-MGFs across calls: each PMF it returns
+    (both of an asymmetric PLD too) must be the library's, every probability, the lower loss and
+    the infinity mass, whether the kept part was computed now or before; a sparse PMF goes to the library."""
+    step = pld.from_gaussian_mechanism(
+        standard_deviation=1.2,
+        value_discretization_interval=VALUE_DISCRETIZATION,
+        sampling_prob=0.2048,
+        neighboring_relation=relation,
+    )
+    for _ in range(2):
+        ours, theirs = self_compose(step, times), step.self_compose(times)
+        assert ours._symmetric == theirs._symmetric == (relation == NeighboringRelation.REPLACE_ONE)
+        pairs = [(ours._pmf_remove, theirs._pmf_remove)] + (
+            [] if ours._symmetric else [(ours._pmf_add, theirs._pmf_add)]
+        )
+        for a, b in pairs:
+            assert (a._lower_loss, a._infinity_mass, a._discretization) == (
+                b._lower_loss,
+                b._infinity_mass,
+                b._discretization,
+            )
+            assert np.array_equal(a._probs, b._probs)
+    sparse = pld.from_privacy_parameters(common.DifferentialPrivacyParameters(1.0, 1e-6))
+    assert not isinstance(sparse._pmf_remove, DensePLDPmf)
+    assert self_compose(sparse, 3).get_epsilon_for_delta(1e-5) == sparse.self_compose(3).get_epsilon_for_delta(1e-5)

@@ -85,6 +85,31 @@ def test_heads_and_ledger_logs_arrive_pushed(automine_chain):
     assert swarm.reader.take_head(heads[-1]) == heads[-1]
 
 
+def test_a_pushed_head_takes_no_thread_where_the_guard_needs_no_request(automine_chain):
+    """The runner's feed (`take_head_at_once` given): the blocking `take_head` runs only for a head
+    the guard must ask the endpoint about (here the first), every later head is taken at once."""
+    swarm = Swarm(automine_chain, 3)
+    blocking: list[int] = []
+
+    def take_head(n: int) -> int:
+        blocking.append(n)
+        return swarm.reader.take_head(n)
+
+    feed = ChainFeed(ws_url_for(automine_chain.url, "auto"), swarm.address, take_head, swarm.reader.take_head_at_once)
+    heads: list[int] = []
+    feed.on_head(heads.append)
+
+    async def body(nursery: trio.Nursery) -> None:
+        await until(lambda: feed.live)
+        await trio.to_thread.run_sync(swarm.register, 2)  # two transactions: two blocks
+        target = automine_chain.block_number()
+        await until(lambda: bool(heads) and heads[-1] == target)
+
+    run_with_feed(feed, body)
+    assert len(heads) >= 2 and heads == sorted(set(heads))
+    assert len(blocking) <= 1 and (not blocking or blocking[0] == heads[0])
+
+
 def test_a_reorganisation_shows_in_the_heads_and_the_watcher_reads_again(automine_chain):
     swarm = Swarm(automine_chain, 3)
     swarm.register(1)

@@ -103,6 +103,22 @@ def test_a_head_never_goes_back_and_a_jump_past_the_bound_needs_its_block():
     assert guard.last is None
 
 
+def test_a_pushed_head_is_taken_at_once_only_where_the_guard_needs_no_request():
+    """`take_at_once` (a subscription's head without a thread hop) takes what `check` would take
+    without asking the endpoint, and leaves to `check` the first head, a far jump and a busy guard."""
+    chain = Reads([], blocks=40 + HEAD_SLACK)
+    guard = HeadGuard(chain.exists, clock=lambda: chain.now)
+    assert guard.take_at_once(30) is None  # the first head: its block must be asked for
+    assert guard.check(lambda: 30) == 30
+    assert guard.take_at_once(31) == 31 and guard.last == 31
+    assert guard.take_at_once(29) == 31  # went back: refused, 31 stands
+    assert guard.take_at_once(31 + LIE) is None and guard.last == 31  # a jump past the bound: `check` asks
+    chain.now = 1.0  # the bound grows with the time since the last head taken
+    assert guard.take_at_once(31 + HEAD_SLACK + 50) == 31 + HEAD_SLACK + 50
+    with guard._lock:  # a check in progress (another thread): never waited for on the event loop
+        assert guard.take_at_once(32 + HEAD_SLACK + 50) is None
+
+
 def ahead(times: int) -> Any:
     """A lie: the next `times` heads LIE blocks ahead of the real one, then the truth."""
     told = [0]
