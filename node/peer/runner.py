@@ -297,11 +297,7 @@ async def run_node(config: Config, options: NodeOptions) -> int:
             )
             # new heads and the ledger's logs pushed where the endpoint offers it; polled otherwise
             ws_url = ws_url_for(options.rpc_url, config.chain.ws_url)
-            feed = (
-                ChainFeed(ws_url, ledger.address, ledger.take_head, ledger.take_head_at_once)
-                if ws_url is not None
-                else None
-            )
+            feed = ChainFeed(ws_url, ledger.address, ledger.take_head, ledger.take_head_at_once) if ws_url else None
             async with trio.open_nursery() as nursery:
                 if isinstance(peer, PipelinedPeer):
                     await nursery.start(stop_on_signals, peer.stop)
