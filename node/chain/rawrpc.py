@@ -30,9 +30,13 @@ log = logging.getLogger("swarm.chain")
 MAX_ANSWER_BYTES = 1 << 20  # a head or a view's answer is small; a larger one is not an RPC's
 # logs of up to LOG_CHUNK_BLOCKS blocks (node.chain.client): a Committed log is about 1 kB of JSON
 MAX_LOGS_ANSWER_BYTES = 64 << 20
-# A head further ahead of the last one than HEAD_SLACK blocks plus MAX_BLOCKS_PER_SECOND for each
-# second since is taken only once the endpoint serves that block too (a local chain stuffed with
-# failing transactions made 163 blocks/s: such a chain only pays one more read per head)
+# A head is taken without asking whether the endpoint serves it only within a credit of blocks: at
+# most HEAD_SLACK, refilled at MAX_BLOCKS_PER_SECOND and spent by every head taken so (a token
+# bucket), else only once the endpoint serves that block too (which refills the credit). A chain
+# faster than that (a local chain stuffed with failing transactions made 163 blocks/s) pays one more
+# read per head past the credit; a liar pushing heads each HEAD_SLACK ahead gains HEAD_SLACK once,
+# then MAX_BLOCKS_PER_SECOND, however many it pushes (measured from the last head taken, the slack
+# was granted again with every head: 10,000 pushes walked the head 640,000 blocks ahead).
 MAX_BLOCKS_PER_SECOND = 50.0
 HEAD_SLACK = 64
 HEAD_REREADS = 2  # reads again of a head that is refused, before the endpoint is held unusable
@@ -144,17 +148,19 @@ class HeadRefused(LedgerUnavailable):
 class HeadGuard:
     """The chain head an endpoint reports, held to monotonic, bounded progress. A head behind the
     last one taken is refused and the last one stands (the nodes behind one load-balanced endpoint
-    lag each other; a chain's head never goes back); one further ahead than the bound (HEAD_SLACK +
-    MAX_BLOCKS_PER_SECOND x the seconds since the last head taken), or the first one, is taken only
-    if the endpoint serves that block (`block_exists`), else read again (HEAD_REREADS times) and
-    then refused with `HeadRefused`. Safe to call from threads."""
+    lag each other; a chain's head never goes back); one further ahead than the credit allows
+    (HEAD_SLACK blocks at most, refilled at MAX_BLOCKS_PER_SECOND, spent by the heads taken
+    without asking), or the first one, is taken only if the endpoint serves that block
+    (`block_exists`), else read again (HEAD_REREADS times) and then refused with `HeadRefused`.
+    Safe to call from threads."""
 
     def __init__(self, block_exists: Callable[[int], bool], *, clock: Callable[[], float] = time.monotonic) -> None:
         self._exists = block_exists
         self._clock = clock
         self._lock = threading.Lock()
         self.last: int | None = None  # the last head taken
-        self._taken_at = 0.0  # clock() when it was taken
+        self._credit = 0.0  # blocks a head may go past `last` without asking, as of `_credit_at`
+        self._credit_at = 0.0  # clock() then
 
     def check(self, read: Callable[[], int]) -> int:
         """The head `read()` reports, once it passes; else the last one taken (a head that went
@@ -166,8 +172,9 @@ class HeadGuard:
                 taken = self._within_bound(head)
                 if taken is not None:
                     return taken
+                now = self._clock()  # (before asking: a slow answer must not refill the credit)
                 if self._exists(head):
-                    self.last, self._taken_at = head, self._clock()
+                    self.last, self._credit, self._credit_at = head, float(HEAD_SLACK), now
                     return head
                 seen.append(head)
             raise HeadRefused(
@@ -180,7 +187,7 @@ class HeadGuard:
         or within the bound: a subscription's every head but the first and a far jump): the head
         taken; None where it would need one, or while a check holds the guard (the caller then
         calls `check` off its event loop). A subscription's head costs no thread hop this way
-        (docs/SCALING.md: ~30 a round for a 16-peer swarm's peer, a third of its hops)."""
+        (docs/SCALING.md: ~30 a round for a 16-peer swarm's peer, a quarter of its hops)."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
@@ -190,7 +197,8 @@ class HeadGuard:
 
     def _within_bound(self, head: int) -> int | None:
         """The head taken without asking whether the endpoint serves it (the lock held): the last one
-        for a head at or behind it, `head` within the bound; None where the endpoint must be asked."""
+        for a head at or behind it, `head` within the credit (spending it); None where the endpoint
+        must be asked."""
         if self.last is None:
             return None
         if head <= self.last:
@@ -198,9 +206,10 @@ class HeadGuard:
                 log.debug("the RPC reported head %d, behind %d already seen: refused", head, self.last)
             return self.last
         now = self._clock()
-        if head > self.last + HEAD_SLACK + MAX_BLOCKS_PER_SECOND * (now - self._taken_at):
+        credit = min(float(HEAD_SLACK), self._credit + MAX_BLOCKS_PER_SECOND * max(0.0, now - self._credit_at))
+        if head - self.last > credit:
             return None
-        self.last, self._taken_at = head, now
+        self.last, self._credit, self._credit_at = head, credit - (head - self.last), now
         return head
 
 

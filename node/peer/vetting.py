@@ -102,14 +102,21 @@ class Vetter:
         from the committer's commits through round r (chain data only). Both in one call off the
         event loop: a thread hop costs more CPU than a cached verdict (docs/SCALING.md)."""
         rulebook = await self.rulebook()
-        counts = [int(h.num_samples) for h in await self._history_through(c) if h.round <= r]
+        failure: Exception | None = None
+        try:
+            counts: list[int] | None = [int(h.num_samples) for h in await self._history_through(c) if h.round <= r]
+        except Exception as exc:  # a squatter is left out on rule 1 all the same; anyone else, raised below
+            counts, failure = None, exc
         ownership = self.ownership
 
         def verdict() -> Verdict | None:
             squatter = ownership(c.peer, peer_id) if ownership is not None else None
-            return squatter or rulebook.commit_verdict(c, counts)
+            return squatter if squatter is not None or counts is None else rulebook.commit_verdict(c, counts)
 
-        return cast(Verdict | None, await self._call(verdict))
+        found = cast(Verdict | None, await self._call(verdict))
+        if found is None and failure is not None:
+            raise failure
+        return found
 
     def closed_round(self, r: int, commitments: list[Commitment]) -> None:
         """Round r is closed and `commitments` is its whole set (read after the close: the chain

@@ -32,7 +32,7 @@ from web3 import Web3
 
 from node.chain.anvil import free_port, start_anvil
 from node.chain.client import LedgerClient, connect
-from node.chain.rawrpc import HEAD_SLACK, HeadGuard, HeadRefused
+from node.chain.rawrpc import HEAD_SLACK, MAX_BLOCKS_PER_SECOND, HeadGuard, HeadRefused
 from node.chain.registration import sign_registration
 from node.cli import main
 from node.config import load_config
@@ -105,18 +105,44 @@ def test_a_head_never_goes_back_and_a_jump_past_the_bound_needs_its_block():
 
 def test_a_pushed_head_is_taken_at_once_only_where_the_guard_needs_no_request():
     """`take_at_once` (a subscription's head without a thread hop) takes what `check` would take
-    without asking the endpoint, and leaves to `check` the first head, a far jump and a busy guard."""
-    chain = Reads([], blocks=40 + HEAD_SLACK)
+    without asking the endpoint, and leaves to `check` the first head, a jump past the credit and a
+    busy guard (without waiting for it: it runs on the event loop)."""
+    chain = Reads([], blocks=1000)
     guard = HeadGuard(chain.exists, clock=lambda: chain.now)
     assert guard.take_at_once(30) is None  # the first head: its block must be asked for
     assert guard.check(lambda: 30) == 30
     assert guard.take_at_once(31) == 31 and guard.last == 31
     assert guard.take_at_once(29) == 31  # went back: refused, 31 stands
-    assert guard.take_at_once(31 + LIE) is None and guard.last == 31  # a jump past the bound: `check` asks
-    chain.now = 1.0  # the bound grows with the time since the last head taken
-    assert guard.take_at_once(31 + HEAD_SLACK + 50) == 31 + HEAD_SLACK + 50
-    with guard._lock:  # a check in progress (another thread): never waited for on the event loop
-        assert guard.take_at_once(32 + HEAD_SLACK + 50) is None
+    assert guard.take_at_once(31 + LIE) is None and guard.last == 31  # past the credit: `check` asks
+    assert guard.take_at_once(31 + HEAD_SLACK) is None  # 63 blocks of credit left, not 64
+    assert guard.take_at_once(30 + HEAD_SLACK) == 30 + HEAD_SLACK
+    chain.now = 0.5  # the credit refills with time (25 blocks), up to HEAD_SLACK
+    assert guard.take_at_once(30 + HEAD_SLACK + 25) == 30 + HEAD_SLACK + 25
+    assert guard.take_at_once(31 + HEAD_SLACK + 25) is None
+    taken: list[int | None] = []
+    with guard._lock:  # a check in progress in another thread
+        worker = threading.Thread(target=lambda: taken.append(guard.take_at_once(guard.last or 0)), daemon=True)
+        worker.start()
+        worker.join(timeout=10)
+    assert taken == [None]  # answered at once: never waited for on the event loop
+
+
+def test_heads_pushed_each_at_the_bound_do_not_walk_the_head_away():
+    """The slack is a credit, not a bound granted again with every head: a liar pushing heads each
+    HEAD_SLACK ahead, as fast as it likes, gets HEAD_SLACK once, then MAX_BLOCKS_PER_SECOND; past
+    that its head is asked about (and refused when the endpoint does not serve it)."""
+    real = 100
+    chain = Reads([], blocks=real)
+    guard = HeadGuard(chain.exists, clock=lambda: chain.now)
+    assert guard.check(lambda: real) == real
+    pushed = [guard.take_at_once((guard.last or 0) + HEAD_SLACK) for _ in range(100)]
+    assert pushed[0] == real + HEAD_SLACK and pushed[1:] == [None] * 99
+    chain.now = 1.0
+    assert guard.take_at_once(real + HEAD_SLACK + int(MAX_BLOCKS_PER_SECOND)) == real + HEAD_SLACK + 50
+    assert guard.take_at_once(real + HEAD_SLACK + 51) is None
+    with pytest.raises(HeadRefused):
+        guard.check(lambda: real + 10 * HEAD_SLACK)  # through `check`: asked, not served
+    assert guard.last == real + HEAD_SLACK + 50
 
 
 def ahead(times: int) -> Any:

@@ -7,9 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import trio
 
+from node.chain.errors import LedgerError
 from node.peer.vetting import Vetter
+from node.rules import Verdict
 from tests.node.peer.harness import SHARED, FakeSwarm, genesis_vector, run_virtual, update_blob
 
 D = genesis_vector().numel()
@@ -101,5 +104,36 @@ def test_a_round_not_seen_whole_is_read_from_the_chain():
             swarm.commit(i, update_blob(i, 4), r=4)
         assert (await vetter.vet(4, ledger.commitments(4)[1]))[1] is None
         assert len(reads) == 2
+
+    run_virtual(main)
+
+
+def test_a_squatter_is_left_out_even_when_its_history_cannot_be_read():
+    """Rules 1 to 3 run in one call off the loop, the committer's history read first: a failing
+    history read must not turn a squatter's commit (rule 1) into an error of the round's vetting,
+    and must still raise for a committer that owns its peer id (its rules 2-3 cannot be decided)."""
+
+    async def main():
+        swarm = FakeSwarm(3)
+        swarm.register(0, 1, 2)
+        ledger = swarm.members[0].ledger
+        squatters = {swarm.members[1].address}
+
+        def ownership(address: str, peer_id: bytes) -> Verdict | None:
+            return Verdict("registration", "not its peer id") if address in squatters else None
+
+        vetter = Vetter(ledger, SHARED, D, me=ledger.account.address, call=inline_call, ownership=ownership)
+        vetter.ledger = reader = ledger.__class__(swarm.chain, ledger.account.address)
+
+        def unreadable(address: str, from_block: int | None = None) -> list:
+            raise LedgerError("eth_getLogs: block range too large")
+
+        reader.commit_history = unreadable
+        for i in (1, 2):
+            swarm.commit(i, update_blob(i, 1), r=1)
+        squatter, honest = ledger.commitments(1)
+        assert (await vetter.vet(1, squatter))[1] == Verdict("registration", "not its peer id")
+        with pytest.raises(LedgerError, match="range too large"):
+            await vetter.vet(1, honest)
 
     run_virtual(main)
