@@ -426,7 +426,7 @@ class Peer:
 
     async def _prefetch_one(self, r: int, c: Commitment) -> None:
         try:
-            raw_id, refused = await self._vet(r, c)
+            raw_id, refused = await self._prefetch_vet(r, c)
             if refused is None and c.peer != self.address:
                 await self._obtain(bytes(c.digest).hex(), [peer_id_from_bytes(raw_id)], self.s.fetch_timeout)
                 self.withholding.served(c.peer)  # it serves again: awaited from now on
@@ -590,6 +590,10 @@ class Peer:
     async def _vet(self, r: int, c: Commitment) -> Vetted:
         """Commitment c's peer id and its verdict under rules 1 to 3 (`Vetter.vet`)."""
         return await self.vetting.vet(r, c)
+
+    async def _prefetch_vet(self, r: int, c: Commitment) -> Vetted:
+        """What a prefetch must know before it fetches c's blob: `_vet`'s verdict."""
+        return await self._vet(r, c)
 
     async def _aggregate(
         self,

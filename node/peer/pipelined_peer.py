@@ -279,11 +279,19 @@ class PipelinedPeer(Peer):
         applies it): a commit of round r whose vote digest (the model it claims it was trained from)
         is not r - 1's finalized digest is left out, "trained from another base", ours included (our
         aggregate of r - 1 lost). Known only once r - 1 finalized (always so once r closed); not
-        applied before (a prefetch fetches it), in round 1, or in the round that opens after an abort."""
+        applied before, by a prefetch (`_prefetch_vet`), in round 1, or in the round that opens after an abort."""
         raw, verdict = await super()._vet(r, c)
         if verdict is None and r > 1:
             verdict = await self._base_verdict(r, c)
         return raw, verdict
+
+    async def _prefetch_vet(self, r: int, c: Commitment) -> Vetted:
+        """Rules 1 to 3 only. The base rule is known once r - 1 finalized, which for the first half of
+        r's commits is after they landed, and each new commit needed the round's vote digests read
+        again: two reads off the event loop per commit while r is open (docs/SCALING.md). A blob
+        it leaves out is fetched, and left out by the agreement step's `_vet`, which reads the
+        round's vote digests once."""
+        return await super()._vet(r, c)
 
     async def _base_verdict(self, r: int, c: Commitment) -> Verdict | None:
         base = self._bases.get(r - 1)
