@@ -169,7 +169,7 @@ class HeadGuard:
             seen: list[int] = []
             for _ in range(HEAD_REREADS + 1):
                 head = read()
-                taken = self._within_bound(head)
+                taken = self._within_credit(head)
                 if taken is not None:
                     return taken
                 now = self._clock()  # (before asking: a slow answer must not refill the credit)
@@ -183,19 +183,19 @@ class HeadGuard:
             )
 
     def take_at_once(self, head: int) -> int | None:
-        """`check(lambda: head)` where it needs no read of the endpoint (a head behind the last one,
-        or within the bound: a subscription's every head but the first and a far jump): the head
+        """`check(lambda: head)` where it needs no read of the endpoint (a head at or behind the last
+        one, or within the credit: a subscription's every head but the first and a far jump): the head
         taken; None where it would need one, or while a check holds the guard (the caller then
         calls `check` off its event loop). A subscription's head costs no thread hop this way
         (docs/SCALING.md: ~30 a round for a 16-peer swarm's peer, a quarter of its hops)."""
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            return self._within_bound(head)
+            return self._within_credit(head)
         finally:
             self._lock.release()
 
-    def _within_bound(self, head: int) -> int | None:
+    def _within_credit(self, head: int) -> int | None:
         """The head taken without asking whether the endpoint serves it (the lock held): the last one
         for a head at or behind it, `head` within the credit (spending it); None where the endpoint
         must be asked."""

@@ -295,34 +295,19 @@ class PipelinedPeer(Peer):
 
     async def _base_verdict(self, r: int, c: Commitment) -> Verdict | None:
         base = self._bases.get(r - 1)
+        if base is None:
+            info = await self.chain(self.ledger.round_info, r - 1)
+            if info.state != RoundState.FINALIZED or info.finalized_digest is None:
+                return None
+            base = self._bases[r - 1] = info.finalized_digest
+            self._bases = {k: v for k, v in self._bases.items() if k >= r - 2}
         key = (c.peer, bytes(c.digest))
         claims = self._claims.get(r, {})
-        if base is None or key not in claims:  # r - 1 not known finalized, or a commit newer than our last read
-            read_base, read_claims = await self.chain(self._base_and_claims, r, base is None, key not in claims)
-            if read_claims is not None:
-                claims = read_claims
-                self._claims = {k: v for k, v in self._claims.items() if k >= r - 1} | {r: claims}
-            if base is None and read_base is not None:
-                base = self._bases[r - 1] = read_base
-                self._bases = {k: v for k, v in self._bases.items() if k >= r - 2}
+        if key not in claims:  # a commit newer than our last read: read the round's again
+            claims = {(v.peer, v.digest): v.vote_digest for v in await self.chain(self.pipelined.voted_commits, r)}
+            self._claims = {k: v for k, v in self._claims.items() if k >= r - 1} | {r: claims}
         claim = claims.get(key)
-        return None if claim is None or base is None else base_verdict(r, claim, base)
-
-    def _base_and_claims(
-        self, r: int, base: bool, claims: bool
-    ) -> tuple[bytes | None, dict[tuple[str, bytes], bytes] | None]:
-        """(blocking, one call off the loop: a thread hop costs more than these reads) r - 1's
-        finalized digest if `base` (None while it is not finalized: then nothing more is read,
-        the rule is not applied yet), round r's vote digests by (committer, commit digest) if `claims`."""
-        digest = None
-        if base:
-            info = self.ledger.round_info(r - 1)
-            if info.state != RoundState.FINALIZED or info.finalized_digest is None:
-                return None, None
-            digest = info.finalized_digest
-        if not claims:
-            return digest, None
-        return digest, {(v.peer, v.digest): v.vote_digest for v in self.pipelined.voted_commits(r)}
+        return None if claim is None else base_verdict(r, claim, base)
 
     # ------------------------------------------------------------ the votes' end
     async def _final_vote(self) -> None:
