@@ -1,4 +1,4 @@
-"""The swarm's libp2p host: GossipSub announcements and `/swarm/blob/3.0.0` blob exchange in verified pieces.
+"""The swarm's libp2p host: GossipSub announcements and `/swarm/blob/4.0.0` blob exchange in verified pieces.
 
 `open_host(config, store, allowed)` starts a py-libp2p host (TCP, Noise, Yamux; optional private
 network via a pre-shared key), joins the swarm's GossipSub topic, serves blobs from `store`, keeps
@@ -102,6 +102,7 @@ class HostConfig:
     psk: bytes | None = None
     max_blob_size: int = 512 * MiB
     pipeline_depth: int = 8  # READs (one piece each) in flight per holder
+    ask_first: bool = True  # the holder asked first gets FIRST (its SIZE and first piece at once, wire.py); False: OPEN
     parallel_providers: int = 3  # holders a fetch downloads from at once (pieces striped over them)
     request_timeout: float = 10.0
     connect_timeout: float = 5.0
@@ -643,14 +644,14 @@ class SwarmHost:
                 if idle.cancelled_caught:
                     return
                 wait = self.config.stream_idle_timeout
-                if body[:1] == wire.OPEN:
+                if body[:1] in (wire.OPEN, wire.OPEN_FIRST):
                     opens += 1
                     refusal = self._refusal(peer, opens)
                     if refusal:
                         with trio.move_on_after(timeout):
                             await wire.write_frame(stream, wire.REFUSED + refusal)
                         return
-                    current = await self._answer_open(stream, wire.parse_open(body))
+                    current = await self._answer_open(stream, *wire.parse_open(body))
                     continue
                 if current is None:
                     raise wire.WireError("expected OPEN(digest) before READ")
@@ -687,10 +688,10 @@ class SwarmHost:
             return f"more than {_MAX_OPENS_PER_STREAM} blobs asked for on one stream: open another".encode()
         return b""
 
-    async def _answer_open(self, stream: INetStream, digest: str) -> _Opened | None:
+    async def _answer_open(self, stream: INetStream, digest: str, first: bool) -> _Opened | None:
         """SIZE (with the piece list) for a blob we hold, and what its READs may take; else NOT_FOUND
         (the stream stays open for the next OPEN), and None. A blob about to be stored is waited for
-        (`blob_coming`)."""
+        (`blob_coming`). `first` (a FIRST request): the first piece's DATA goes in the same write."""
         size = self.store.size(digest)
         coming = self._coming.get(digest) if size is None else None
         if coming is not None:
@@ -703,8 +704,18 @@ class SwarmHost:
                 self.not_found_answers += 1
                 await wire.write_frame(stream, wire.NOT_FOUND + digest.encode())
                 return None
-            await wire.write_frame(stream, wire.size_response(size, hashes))
-        return _Opened(digest, size, max(1, math.ceil(size / 1024)) + 8, size)
+            opened = _Opened(digest, size, max(1, math.ceil(size / 1024)) + 8, size)
+            if not first or size == 0:
+                await wire.write_frame(stream, wire.size_response(size, hashes))
+                return opened
+            length = min(size, wire.PIECE_SIZE)
+            chunk = self.store.read(digest, 0, length)
+            if chunk is None:  # removed since `size` was read: the fetcher fails this holder, as after a READ
+                await wire.write_frame(stream, wire.size_response(size, hashes), wire.NOT_FOUND + b"blob removed")
+                return None
+            await wire.write_frame(stream, wire.size_response(size, hashes), wire.DATA + chunk)
+        self.bytes_served += length
+        return opened._replace(reads_left=opened.reads_left - 1, bytes_left=size - length)
 
     async def _answer_read(self, stream: INetStream, opened: _Opened, request: tuple[int, int]) -> _Opened | None:
         """DATA for one READ of the open blob, and what its next READs may take; None (after ERROR or
@@ -934,15 +945,22 @@ class SwarmHost:
         opens = 0  # OPENs sent on the stream, this fetch's included
         in_flight: collections.deque[int] = collections.deque()
         reusable = False  # the stream is between requests: the next fetch may use it
+        # The holder asked while no piece list is followed yet is the only one asked, and wants the
+        # first piece: FIRST brings it with the SIZE (wire.py), a request and an answer fewer per blob.
+        first = fetch.current is None and self.config.ask_first
         try:
             with trio.fail_after(timeout):
-                stream, opens, answer = await self._open_blob(peer_id, fetch.digest)
+                stream, opens, answer = await self._open_blob(peer_id, fetch.digest, first=first)
             if answer[:1] == wire.NOT_FOUND:
                 reusable = True
                 raise HolderDoesNotHold(f"not found: {answer[1:200].decode('utf-8', 'replace')}")
             size, hashes = wire.parse_size(answer)
+            if first and size:
+                in_flight.append(0)  # its DATA is on its way, unasked: a stream ended before it arrives is reset
             fetch.declare(peer, size, hashes)  # raises on a size above the limit or a provably false list
             claim = fetch.claims[peer]
+            if in_flight:
+                fetch.arriving(peer, 0)
             while fetch.follows(peer) and not fetch.complete:
                 while len(in_flight) < self.config.pipeline_depth:
                     index = fetch.take(peer, len(in_flight))
@@ -962,9 +980,10 @@ class SwarmHost:
                 length = claim.range(index)[1]
                 if len(body) - 1 != length:
                     raise HolderLied(f"sent {len(body) - 1} bytes for piece {index} of {length} bytes")
-                in_flight.popleft()
                 self.bytes_fetched += length
-                fetch.deliver(peer, index, memoryview(body)[1:])  # raises HolderLied on a wrong piece
+                # raises HolderLied on a wrong piece, which stays in flight: given back below, asked of others
+                fetch.deliver(peer, index, memoryview(body)[1:])
+                in_flight.popleft()
             reusable = not in_flight
         except trio.TooSlowError:
             raise HolderFailed(f"no answer within {timeout}s") from None
@@ -979,26 +998,26 @@ class SwarmHost:
             if stream is not None:
                 await self._end_blob_stream(peer, _KeptStream(stream, opens), reusable=reusable, reset=bool(in_flight))
 
-    async def _open_blob(self, peer_id: ID, digest: str) -> tuple[INetStream, int, bytes]:
-        """A blob stream to `peer_id` on which `digest` was asked for, the OPENs sent on it so far, and
-        the holder's answer (SIZE, NOT_FOUND, ...). Takes a stream kept from an earlier fetch when there
-        is one; a kept stream the holder has since closed (idle, or its connection gone) is ended and the
-        next one, or a new stream, is tried."""
+    async def _open_blob(self, peer_id: ID, digest: str, *, first: bool) -> tuple[INetStream, int, bytes]:
+        """A blob stream to `peer_id` on which `digest` was asked for (FIRST if `first`, else OPEN), the
+        OPENs sent on it so far, and the holder's answer (SIZE, NOT_FOUND, ...). Takes a stream kept from
+        an earlier fetch when there is one; a kept stream the holder has since closed (idle, or its
+        connection gone) is ended and the next one, or a new stream, is tried."""
         peer = peer_id.to_base58()
         while (kept := await self._take_kept_stream(peer)) is not None:
-            answer = await self._ask_open(kept.stream, digest, kept=True)
+            answer = await self._ask_open(kept.stream, digest, kept=True, first=first)
             if answer is not None:
                 return kept.stream, kept.opens + 1, answer
         stream = await self.libp2p_host.new_stream(peer_id, [TProtocol(wire.BLOB_PROTOCOL)])
-        answer = await self._ask_open(stream, digest, kept=False)
+        answer = await self._ask_open(stream, digest, kept=False, first=first)
         assert answer is not None  # a new stream's failures raise
         return stream, 1, answer
 
-    async def _ask_open(self, stream: INetStream, digest: str, *, kept: bool) -> bytes | None:
-        """The holder's answer to OPEN `digest` on `stream`. On any failure the stream is ended; the
-        failure is raised, but for a kept stream that ended (None: the holder closed it meanwhile)."""
+    async def _ask_open(self, stream: INetStream, digest: str, *, kept: bool, first: bool) -> bytes | None:
+        """The holder's answer to OPEN (or FIRST) `digest` on `stream`. On any failure the stream is
+        ended; the failure is raised, but for a kept stream that ended (None: the holder closed it meanwhile)."""
         try:
-            await wire.write_frame(stream, wire.open_request(digest))
+            await wire.write_frame(stream, wire.open_request(digest, first=first))
             return await wire.read_frame(stream)
         except BaseException as exc:
             await _end_stream(stream, reset=True)

@@ -164,10 +164,20 @@ class PieceFetch:
             self._choose()
 
     def blame(self, holder: str, reason: str) -> None:
+        """Drop `holder` from this fetch for `reason` (proved): the pieces outstanding at it alone wait
+        to be handed out again, so an honest holder gone idle takes them (not only a duplicate taker
+        that may stall in turn)."""
         if holder in self.blamed:
             return
         self.blamed[holder] = reason
         self._blamed_hook(holder, reason)
+        for index, asked in list(self.outstanding.items()):
+            if holder in asked:
+                asked.discard(holder)
+                if not asked:
+                    del self.outstanding[index]
+                    self.pending.appendleft(index)
+        self.changed.set()
         self._choose()
 
     def _support(self, claim: PieceList) -> int:
@@ -234,6 +244,16 @@ class PieceFetch:
                     asked.add(holder)
                     return index
         return None
+
+    def arriving(self, holder: str, index: int) -> None:
+        """Piece `index` comes from `holder` unasked (with its SIZE: a FIRST request): outstanding there,
+        as if `take` had handed it out, when the followed list still misses it. Else it is taken as it
+        comes (`deliver` keeps what the followed list can use, checks it against the holder's list)."""
+        if not self.follows(holder) or self.have[index]:
+            return
+        if index in self.pending:
+            self.pending.remove(index)
+        self.outstanding.setdefault(index, set()).add(holder)
 
     def deliver(self, holder: str, index: int, data: memoryview) -> None:
         """Piece `index` from `holder`: checked against the hash `holder` declared for it (HolderLied if

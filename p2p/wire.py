@@ -1,12 +1,18 @@
-"""Wire formats: the `/swarm/blob/3.0.0` frames and the gossip envelope.
+"""Wire formats: the `/swarm/blob/4.0.0` frames and the gossip envelope.
 
 Blob protocol (every message is a frame `u32 big-endian length || body`, because in py-libp2p a reader
 waiting for EOF after the writer's close() hangs; see docs/P2P.md):
 
     client -> server  OPEN  b"O" || digest(32)          server -> client  SIZE  b"S" || u64 size || piece hashes
-                      READ  b"R" || u64 offset || u32 length             DATA  b"D" || bytes
-                                                                         NOT_FOUND / REFUSED / ERROR:
+                      FIRST b"F" || digest(32)                           DATA  b"D" || bytes
+                      READ  b"R" || u64 offset || u32 length             NOT_FOUND / REFUSED / ERROR:
                                                                          b"N" / b"X" / b"E" || utf-8 reason
+
+FIRST is an OPEN that also reads the blob's first piece: a holder that has the blob answers SIZE and,
+unless the blob is empty, the DATA of its first piece in the same write, as if a READ of that piece
+had followed (it counts against the open blob's READs and bytes). A fetcher sends it to the holder it
+asks first, whose first piece it wants anyway: a blob of one piece (a round's update) then costs one
+request and one answer instead of two of each (docs/P2P.md, "One request for a small blob").
 
 A stream carries any number of blobs, one after the other: an OPEN starts the next (the READs that
 follow are for it). A client keeps a stream whose requests were all answered for its next fetch from
@@ -18,7 +24,7 @@ piece, in order (32 bytes each, none for an empty blob), so a fetcher checks eve
 (docs/P2P.md, "Piece hashes"). A client reads whole pieces, so a READ asks for at most PIECE_SIZE bytes.
 
 The client may keep several READs in flight; the server answers them in order. Requests are tiny and
-of fixed size (OPEN 33 bytes, READ 13 bytes), so the server reads a request frame only if its declared
+of fixed size (OPEN and FIRST 33 bytes, READ 13 bytes), so the server reads a request frame only if its declared
 length is at most MAX_REQUEST = 33 bytes; a larger one is refused with ERROR before any of its body is
 read, and the stream is closed. A request frame of the wrong length for its type is refused the same way.
 
@@ -33,18 +39,18 @@ from __future__ import annotations
 import struct
 from typing import NoReturn, Protocol
 
-BLOB_PROTOCOL = "/swarm/blob/3.0.0"
+BLOB_PROTOCOL = "/swarm/blob/4.0.0"  # 4.0.0: FIRST; 3.0.0 servers refuse it, so the versions do not interoperate
 PIECE_SIZE = 1 << 20  # 1 MiB: pieces stay well below the 8 MB single-message failures seen in py-libp2p
 _FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME = PIECE_SIZE + 64
 
-OPEN, READ = b"O", b"R"
+OPEN, OPEN_FIRST, READ = b"O", b"F", b"R"
 DIGEST_SIZE = 32  # sha256
 _SIZE_HEADER = struct.Struct(">Q")
 MAX_PIECES = (MAX_FRAME - 1 - _SIZE_HEADER.size) // DIGEST_SIZE  # piece hashes one SIZE frame can carry
 MAX_BLOB = MAX_PIECES * PIECE_SIZE  # about 32 GiB: the largest blob the protocol can describe
 _READ_ARGS = struct.Struct(">QI")  # offset, length
-OPEN_SIZE = len(OPEN) + DIGEST_SIZE  # 33: the body of a well-formed OPEN frame
+OPEN_SIZE = len(OPEN) + DIGEST_SIZE  # 33: the body of a well-formed OPEN (or FIRST) frame
 READ_SIZE = len(READ) + _READ_ARGS.size  # 13: the body of a well-formed READ frame
 MAX_REQUEST = max(OPEN_SIZE, READ_SIZE)  # 33: no well-formed client -> server frame body is larger
 SIZE, DATA, NOT_FOUND, REFUSED, ERROR = b"S", b"D", b"N", b"X", b"E"
@@ -101,26 +107,29 @@ async def read_frame(stream: ByteReader, max_frame: int = MAX_FRAME) -> bytes:
     return await read_exactly(stream, length)
 
 
-async def write_frame(stream: ByteWriter, body: bytes) -> None:
-    """Write `body` as one frame; StreamEnded if the stream is gone."""
+async def write_frame(stream: ByteWriter, body: bytes, *more: bytes) -> None:
+    """Write `body` (and `more` bodies after it) as frames in one write; StreamEnded if the stream is gone.
+    One write: one muxer frame and one encrypted message where the bodies fit, not one per body."""
     try:
-        await stream.write(_FRAME_HEADER.pack(len(body)) + body)
+        await stream.write(b"".join(_FRAME_HEADER.pack(len(b)) + b for b in (body, *more)))
     except Exception as exc:
         raise StreamEnded(f"{type(exc).__name__}: {exc}") from None
 
 
-def open_request(digest: str) -> bytes:
-    return OPEN + bytes.fromhex(digest)
+def open_request(digest: str, *, first: bool = False) -> bytes:
+    """OPEN `digest`, or FIRST (`first`): OPEN and read its first piece (see the module docstring)."""
+    return (OPEN_FIRST if first else OPEN) + bytes.fromhex(digest)
 
 
 def read_request(offset: int, length: int) -> bytes:
     return READ + _READ_ARGS.pack(offset, length)
 
 
-def parse_open(body: bytes) -> str:
-    if len(body) != OPEN_SIZE or body[:1] != OPEN:
+def parse_open(body: bytes) -> tuple[str, bool]:
+    """(digest, whether the first piece goes with the answer) of an OPEN or FIRST request."""
+    if len(body) != OPEN_SIZE or body[:1] not in (OPEN, OPEN_FIRST):
         raise WireError("expected OPEN(digest)")
-    return body[1:].hex()
+    return body[1:].hex(), body[:1] == OPEN_FIRST
 
 
 def parse_read(body: bytes) -> tuple[int, int]:

@@ -1,9 +1,10 @@
 """Benchmark the p2p blob exchange on real libp2p hosts over 127.0.0.1; writes section "p2p" of
 docs/BENCHMARKS.md.
 
-1. Throughput of a 64 MB chunked fetch (`/swarm/blob/3.0.0`, 1 MiB pieces, pipelined) against a single
+1. Throughput of a 64 MB chunked fetch (`/swarm/blob/4.0.0`, 1 MiB pieces, pipelined) against a single
    4 MB request/response on the same pair of hosts in the same run (target: ratio >= 0.8).
-2. All-to-all: N peers each hold one 2 MB blob; every peer fetches every other peer's blob (all peers
+2. One-piece blobs (30 kB): CPU per fetch with FIRST against OPEN then READ, interleaved in the same run.
+3. All-to-all: N peers each hold one 2 MB blob; every peer fetches every other peer's blob (all peers
    at once, each fetching its N-1 blobs one after another), for N = 4, 8, 16, 32. All hosts share one
    process and one trio loop, so the figures include Noise encryption on both ends on one core.
    Target: aggregate MB/s at N = 16 >= 0.7 x that at N = 4 in the same run (docs/P2P.md, "Where the
@@ -87,6 +88,32 @@ async def bench_chunked_vs_single(reps: int, rng: random.Random) -> dict:
     return {"chunked": statistics.median(chunked), "single": statistics.median(single)}
 
 
+async def bench_one_piece_fetches(count: int, reps: int, rng: random.Random) -> dict:
+    """CPU per fetch of a one-piece blob (30 kB, a round's update) over a kept stream, both ends in this
+    process: FIRST (the SIZE and the piece in one answer) against OPEN then READ, interleaved."""
+    from p2p.host import open_host
+    from p2p.store import MemoryBlobStore
+
+    holder_store = MemoryBlobStore()
+    digests = [holder_store.put(rng.randbytes(30_000)) for _ in range(2 * reps * count + 2)]
+    cpu: dict[bool, list[float]] = {True: [], False: []}
+    async with contextlib.AsyncExitStack() as stack:
+        holder = await stack.enter_async_context(open_host(_config(), holder_store))
+        fetchers = {}
+        for first in (True, False):
+            fetchers[first] = await stack.enter_async_context(open_host(_config(ask_first=first), MemoryBlobStore()))
+            await fetchers[first].connect(holder.addrs[0])
+            await fetchers[first].fetch(digests.pop(), providers=[holder.peer_id], timeout=30, announce=False)
+        for _ in range(reps):
+            for first in (True, False):
+                start = time.process_time()
+                for _ in range(count):
+                    digest = digests.pop()
+                    await fetchers[first].fetch(digest, providers=[holder.peer_id], timeout=30, announce=False)
+                cpu[first].append((time.process_time() - start) / count)
+    return {first: statistics.median(values) for first, values in cpu.items()}
+
+
 async def bench_all_to_all(n: int, rng: random.Random) -> dict:
     from p2p.errors import P2PError
     from p2p.host import open_host
@@ -126,6 +153,7 @@ async def bench_all_to_all(n: int, rng: random.Random) -> dict:
 async def main(args) -> str:
     rng = random.Random(args.seed)
     ratio = await bench_chunked_vs_single(args.reps, rng)
+    small = await bench_one_piece_fetches(200, args.reps, rng)
     rows, throughput = [], {}
     for n in args.sizes:
         try:
@@ -170,6 +198,18 @@ async def main(args) -> str:
                     ["64 MB chunked fetch (1 MiB chunks, 8 in flight, sha256 checked)", f"{ratio['chunked']:.1f}"],
                     ["single 4 MB request/response (baseline)", f"{ratio['single']:.1f}"],
                     ["**ratio chunked / single** (target >= 0.8)", f"**{value:.2f}**"],
+                ],
+            ),
+            "",
+            "One-piece blobs (30 kB, a round's update), 200 fetches over a kept stream, both ends' CPU in this "
+            'process, the two ways interleaved (docs/P2P.md, "One request for a small blob"):',
+            "",
+            table(
+                ["request", "CPU ms per fetch"],
+                [
+                    ["OPEN, then READ (baseline: two requests, two answers)", f"{small[False] * 1e3:.2f}"],
+                    ["FIRST (SIZE and the piece in one answer)", f"{small[True] * 1e3:.2f}"],
+                    ["**ratio FIRST / OPEN + READ**", f"**{small[True] / small[False]:.2f}**"],
                 ],
             ),
             "",

@@ -1,4 +1,4 @@
-"""Blob streams are kept: one `/swarm/blob/3.0.0` stream carries a fetcher's successive blobs from one
+"""Blob streams are kept: one `/swarm/blob/4.0.0` stream carries a fetcher's successive blobs from one
 holder (docs/P2P.md, "Blob streams are kept"), between real hosts on 127.0.0.1. What is checked: the
 reuse itself, a kept stream the holder closed or the connection lost, admission checked at every OPEN,
 the bounds (blobs per stream, kept streams per holder), and a hostile client's requests on a stream."""

@@ -1,4 +1,4 @@
-"""Blob exchange in verified pieces over `/swarm/blob/3.0.0` between real hosts on 127.0.0.1 (lying
+"""Blob exchange in verified pieces over `/swarm/blob/4.0.0` between real hosts on 127.0.0.1 (lying
 holders: tests/p2p/test_p2p_pieces.py)."""
 
 from __future__ import annotations

@@ -29,10 +29,15 @@ def true_hashes_wrong_bytes(blobs: dict[str, bytes], served: list[int]) -> Calla
     async def serve(stream: INetStream) -> None:
         try:
             with trio.fail_after(10):
-                data = blobs[wire.parse_open(await wire.read_frame(stream, wire.OPEN_SIZE))]
+                digest, first = wire.parse_open(await wire.read_frame(stream, wire.OPEN_SIZE))
+                data = blobs[digest]
                 hashes = piece_hashes(lambda offset, length: data[offset : offset + length], len(data))
                 assert hashes is not None
                 await wire.write_frame(stream, wire.size_response(len(data), hashes))
+                if first:  # its first piece, flipped, with the SIZE
+                    piece = data[: wire.PIECE_SIZE]
+                    await wire.write_frame(stream, wire.DATA + bytes([piece[0] ^ 0xFF]) + piece[1:])
+                    served.append(len(piece))
                 while True:
                     offset, length = wire.parse_read(await wire.read_frame(stream, wire.READ_SIZE))
                     piece = data[offset : offset + length]
