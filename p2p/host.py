@@ -811,10 +811,9 @@ class SwarmHost:
         if not any(candidates):
             raise BlobNotFound(f"blob {digest[:16]}: no provider known and no peer connected")
         self._fetches_running += 1
-        done = trio.Event()
         leading = digest not in self._fetching  # else one from another first provider runs: both go on
         if leading:
-            self._fetching[digest] = (done, first)
+            self._fetching[digest] = (trio.Event(), first)  # what fetches naming the same first provider wait on
         try:
             data = await self._fetch_verified(digest, candidates, limit, max(0.0, deadline - trio.current_time()))
             self.store.put(data)
@@ -822,8 +821,7 @@ class SwarmHost:
             self._fetches_running -= 1
             self._last_fetch_done = trio.current_time()
             if leading:
-                del self._fetching[digest]
-            done.set()
+                self._fetching.pop(digest)[0].set()
         if announce:
             self._announce_later(digest)
         return data

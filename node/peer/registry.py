@@ -70,8 +70,8 @@ class RegistryCache:
 
     def _refresh(self) -> None:
         # the head is held to monotonic, bounded progress (rawrpc.HeadGuard), and the block this
-        # scan will record as read must be one the endpoint serves: a head made up within the bound
-        # would otherwise skip the registrations and removals of every block up to it, for good
+        # scan will record as read must be one the endpoint serves: a head made up within the guard's
+        # credit would otherwise skip the registrations and removals of every block up to it, for good
         latest = self.ledger.block_number()
         start = self.ledger.params().deploy_block if self.scanned_to is None else self.scanned_to + 1
         if latest < start:
