@@ -1111,6 +1111,7 @@ async def open_host(
     gossipsub = swarm_gossipsub(config.gossip_heartbeat, config.max_announcements_per_second)
     pubsub = Pubsub(libp2p_host, gossipsub, strict_signing=True)
     body_finished = False
+    body_error: BaseException | None = None
     try:
         async with libp2p_host.run(listen_addrs=listen):
             try:
@@ -1136,6 +1137,9 @@ async def open_host(
                         try:
                             yield host
                             body_finished = True
+                        except BaseException as exc:
+                            body_error = exc
+                            raise
                         finally:
                             nursery.cancel_scope.cancel()
                             host._announce_send.close()
@@ -1148,10 +1152,22 @@ async def open_host(
         # Under load it arrives grouped with the Cancelled of our own nursery's cancel (a 16-host
         # benchmark died of it); a Cancelled dropped here comes back at the caller's next checkpoint
         # if its scope really is cancelled. Anything else (KeyboardInterrupt, ...) propagates.
-        if not body_finished:
-            raise
+        # When the body failed, the race may come out instead of the body's error (an unfunded node
+        # once said "Nursery is closed to new arrivals" instead of what to fund): the body's error wins.
         if isinstance(exc, BaseExceptionGroup) and exc.subgroup(
             lambda e: not isinstance(e, (Exception, trio.Cancelled, BaseExceptionGroup))
         ):
             raise
+        if body_error is not None and not _carries(exc, body_error):
+            log.warning("libp2p raised while shutting down after the host's body failed (ignored): %r", exc)
+            raise body_error from body_error.__cause__  # kept: the cause may say what to fund
+        if not body_finished:
+            raise
         log.warning("libp2p raised while shutting down (ignored, the host's work was done): %r", exc)
+
+
+def _carries(exc: BaseException, inner: BaseException) -> bool:
+    """Whether `inner` is `exc` or inside its groups."""
+    if exc is inner:
+        return True
+    return isinstance(exc, BaseExceptionGroup) and any(_carries(e, inner) for e in exc.exceptions)

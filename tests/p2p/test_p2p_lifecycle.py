@@ -1,6 +1,6 @@
 """The host's lifecycle: the caller's own errors always propagate out of `open_host` (only
-py-libp2p's shutdown races after a finished body are logged instead, see p2p/host.py), and the
-byte counters the node reports per round count chunk payloads both ways."""
+py-libp2p's shutdown races after a finished body are logged instead, and never hide a failed body's
+error, see p2p/host.py), and the byte counters the node reports per round count chunk payloads both ways."""
 
 from __future__ import annotations
 
@@ -33,3 +33,27 @@ async def test_byte_counters_count_both_directions(config):
         assert fetcher.bytes_fetched == len(blob)
         assert holder.bytes_served == len(blob)
         assert holder.bytes_fetched == 0 and fetcher.bytes_served == 0
+
+
+async def test_the_body_error_wins_over_a_shutdown_race(config, monkeypatch):
+    """py-libp2p's shutdown race (a stream arriving while its services stop spawns a task into a
+    closed nursery) cannot be caused on demand: it is raised here where the host hangs up. An
+    unfunded node once printed the race instead of its own error; the body's error must come out."""
+    import p2p.host
+
+    hang_up = p2p.host._hang_up
+
+    async def racing_hang_up(libp2p_host, timeout):
+        await hang_up(libp2p_host, timeout)
+        raise ExceptionGroup("libp2p", [RuntimeError("Nursery is closed to new arrivals")])
+
+    monkeypatch.setattr(p2p.host, "_hang_up", racing_hang_up)
+    funds = ValueError("insufficient funds")  # what the node's one-line error must still find
+    with pytest.raises(BaseException) as info:
+        async with open_host(config(), MemoryBlobStore()):
+            raise BodyError("the caller's own failure") from funds
+    assert isinstance(info.value, BodyError), repr(info.value)  # the race is logged, not raised
+    assert info.value.__cause__ is funds
+    # after a finished body the same race is logged, not raised
+    async with open_host(config(), MemoryBlobStore()):
+        pass
