@@ -699,27 +699,26 @@ class SwarmHost:
                 await coming.wait()
             size = self.store.size(digest)
         hashes = None if size is None or size > wire.MAX_BLOB else await self._piece_hashes(digest, size)
-        with trio.fail_after(self.config.request_timeout):
-            if size is None or hashes is None:
-                self.not_found_answers += 1
+        if size is None or hashes is None:
+            self.not_found_answers += 1
+            with trio.fail_after(self.config.request_timeout):
                 await wire.write_frame(stream, wire.NOT_FOUND + digest.encode())
-                return None
-            opened = _Opened(digest, size, max(1, math.ceil(size / 1024)) + 8, size)
-            if not first or size == 0:
+            return None
+        opened = _Opened(digest, size, max(1, math.ceil(size / 1024)) + 8, size)
+        if not first or size == 0:
+            with trio.fail_after(self.config.request_timeout):
                 await wire.write_frame(stream, wire.size_response(size, hashes))
-                return opened
-            length = min(size, wire.PIECE_SIZE)
-            chunk = self.store.read(digest, 0, length)
-            if chunk is None:  # removed since `size` was read: the fetcher fails this holder, as after a READ
-                await wire.write_frame(stream, wire.size_response(size, hashes), wire.NOT_FOUND + b"blob removed")
-                return None
-            await wire.write_frame(stream, wire.size_response(size, hashes), wire.DATA + chunk)
-        self.bytes_served += length
-        return opened._replace(reads_left=opened.reads_left - 1, bytes_left=size - length)
+            return opened
+        # FIRST: the SIZE goes in front of the first piece's answer, counted as a READ of the blob
+        return await self._answer_read(
+            stream, opened, (0, min(size, wire.PIECE_SIZE)), before=(wire.size_response(size, hashes),)
+        )
 
-    async def _answer_read(self, stream: INetStream, opened: _Opened, request: tuple[int, int]) -> _Opened | None:
+    async def _answer_read(
+        self, stream: INetStream, opened: _Opened, request: tuple[int, int], before: tuple[bytes, ...] = ()
+    ) -> _Opened | None:
         """DATA for one READ of the open blob, and what its next READs may take; None (after ERROR or
-        NOT_FOUND) when the stream must end."""
+        NOT_FOUND) when the stream must end. `before`: frames written ahead of the answer, in its write."""
         offset, length = request
         timeout = self.config.request_timeout
         if length == 0 or length > wire.PIECE_SIZE or offset + length > opened.size:
@@ -730,15 +729,15 @@ class SwarmHost:
             why = ""
         if why:
             with trio.move_on_after(timeout):
-                await wire.write_frame(stream, wire.ERROR + why.encode())
+                await wire.write_frame(stream, *before, wire.ERROR + why.encode())
             return None
         chunk = self.store.read(opened.digest, offset, length)
-        if chunk is None:
+        if chunk is None:  # removed since it was opened: the fetcher fails this holder
             with trio.move_on_after(timeout):
-                await wire.write_frame(stream, wire.NOT_FOUND + b"blob removed")
+                await wire.write_frame(stream, *before, wire.NOT_FOUND + b"blob removed")
             return None
         with trio.fail_after(timeout):
-            await wire.write_frame(stream, wire.DATA + chunk)
+            await wire.write_frame(stream, *before, wire.DATA + chunk)
         self.bytes_served += len(chunk)
         return opened._replace(reads_left=opened.reads_left - 1, bytes_left=opened.bytes_left - length)
 
@@ -953,11 +952,12 @@ class SwarmHost:
                 reusable = True
                 raise HolderDoesNotHold(f"not found: {answer[1:200].decode('utf-8', 'replace')}")
             size, hashes = wire.parse_size(answer)
-            if first and size:
-                in_flight.append(0)  # its DATA is on its way, unasked: a stream ended before it arrives is reset
+            unasked = first and size > 0  # piece 0's DATA is on its way behind the SIZE
+            if unasked:
+                in_flight.append(0)  # a stream ended before it arrives is reset, not kept
             fetch.declare(peer, size, hashes)  # raises on a size above the limit or a provably false list
             claim = fetch.claims[peer]
-            if in_flight:
+            if unasked:
                 fetch.arriving(peer, 0)
             while fetch.follows(peer) and not fetch.complete:
                 while len(in_flight) < self.config.pipeline_depth:
