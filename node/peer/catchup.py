@@ -116,8 +116,9 @@ class CatchUp:
         """Round r finalized before this peer saw it close, so it computed no aggregate: compute
         it now from the winning set if every included blob is already here (prefetched while the
         round was open), and store it if it is the finalized model. The faster peers that hold the
-        model may be gone by now (after the last round they linger only `linger` seconds); the
-        blobs are not. Anything short of the exact finalized digest leaves the fetch to do it."""
+        model may be gone by now (after the last round they serve on only within `linger_max`,
+        node/peer/linger.py); the blobs are not. Anything short of the exact finalized digest
+        leaves the fetch to do it."""
         try:
             digest = await self.finalized_digest(r)
             commitments = await self._call(self.ledger.commitments, r)

@@ -32,6 +32,7 @@ from node.peer.catchup import CatchUp, ModelUnavailable
 from node.peer.cpu import PROCESS_COMPUTE
 from node.peer.endpoints import Witness
 from node.peer.fetching import Prefetch, obtain, round_fetches
+from node.peer.linger import serve_on
 from node.peer.ports import HostPort, LedgerPort, PoisonableStore, Receipt, RunSync, StorePort
 from node.peer.round_outcome import Phase, RoundOutcome, gas_used, mined_in
 from node.peer.secure_round import Membership, secure_rounds
@@ -137,13 +138,11 @@ class Peer:
         self.eval_model = init_model(sh.model, input_shape=sh.input_shape, num_classes=sh.num_classes, seed=sh.seed)
         self._background: trio.Nursery | None = None  # run()'s: speculative trainings outlive their round
         # self.model is the training's scratch space: the room trains on it, one training at a time
-        self.training = Training(
-            PROCESS_COMPUTE.timed(lambda r, v: self._train_and_perturb(r, v)),
-            self._off_loop,
-            last_round=settings.rounds,
-        )
+        timed = PROCESS_COMPUTE.timed(lambda r, v: self._train_and_perturb(r, v))
+        self.training = Training(timed, self._off_loop, last_round=settings.rounds)
         self._model_digest: bytes | None = None  # digest of the finalized model we hold (None: genesis)
         self._own_aggregate: tuple[int, bytes, torch.Tensor] | None = None  # (round, digest, vector) we attested
+        self._participant_ids: tuple[int, list[str]] = (0, [])  # the last agreement's round and committers
         # every fetched update must be one of the swarm mechanism's outputs (None: nothing checked)
         self.release_mechanism = release.swarm_mechanism(sh)
         # who served its blobs to nobody lately: such a committer's blob is not waited for (agree.py)
@@ -291,11 +290,18 @@ class Peer:
                     on_round(outcome)
             self._background = None
             background.cancel_scope.cancel()  # a speculation for a round that will not come
-        # Followers of the last round fetch its model from us after it finalized: do not vanish.
-        self._set(Phase.SERVING)
-        await trio.sleep(self.s.linger)
-        self._set(Phase.DONE)
+        await self._serve_on(outcomes[-1] if outcomes else None)
         return outcomes
+
+    async def _serve_on(self, last: RoundOutcome | None) -> None:
+        """Followers and late participants of the last round fetch its model from us after it ended:
+        do not vanish (`linger.serve_on`: until its participants announced the model, within bounds)."""
+        self._set(Phase.SERVING)
+        r, participants = self._participant_ids
+        digest = last.global_digest if last is not None and last.round == r else None
+        me = peer_id_from_bytes(self.host.peer_id_bytes)
+        await serve_on(self.host, digest, participants, me, floor=self.s.linger, cap=self.s.linger_max)
+        self._set(Phase.DONE)
 
     async def play_round(self, r: int, global_vector: torch.Tensor | None) -> tuple[RoundOutcome, torch.Tensor | None]:
         """Round r from the model `global_vector`: train and commit while it is open, wait for it
@@ -563,6 +569,7 @@ class Peer:
         self.vetting.closed_round(r, commitments)  # read after the close: the round's whole set
         vetted = [await self._vet(r, c) for c in commitments]
         peer_ids = [peer_id_from_bytes(raw) for raw, _ in vetted]
+        self._participant_ids = (r, peer_ids)
         refused = [verdict for _, verdict in vetted]
         return Agreement(
             r,

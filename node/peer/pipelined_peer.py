@@ -129,10 +129,7 @@ class PipelinedPeer(Peer):
             await self._conclude()
             self._background = None
             background.cancel_scope.cancel()
-        # Followers of the last round fetch its model from us after it finalized: do not vanish.
-        self._set(Phase.SERVING)
-        await trio.sleep(self.s.linger)
-        self._set(Phase.DONE)
+        await self._serve_on(self._outcomes[-1] if self._outcomes else None)
         return self._outcomes
 
     async def play_round(self, r: int) -> None:  # type: ignore[override]

@@ -116,6 +116,7 @@ class PeerSettings:
     poll_interval: float = 0.1
     chain_timeout: float = 600.0  # longest wait for any one chain state change
     linger: float = 5.0  # seconds to keep serving after the last round, for peers still fetching its model
+    linger_max: float = 60.0  # ... and on, up to this, while a participant has not announced it (node/peer/linger.py)
     device: str = "cpu"  # torch device local training runs on (node/learning/device.py)
     augmentations: int = 1  # DP-SGD augmentation multiplicity (node.learning.train); 1 = off
     fault: str | None = None  # testing only: "wrong-bytes", "withhold" or "scale:K" (node/peer/faults.py)

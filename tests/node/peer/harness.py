@@ -56,6 +56,7 @@ def settings(**overrides: Any) -> PeerSettings:
         poll_interval=0.1,
         chain_timeout=600.0,
         linger=0.0,
+        linger_max=0.0,
     )
     return PeerSettings(**(base | overrides))
 
