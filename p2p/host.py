@@ -36,6 +36,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.tools.anyio_service import background_trio_service
+from libp2p.tools.anyio_service.exceptions import LifecycleError
 
 from . import pubsub_reader, pubsub_records, task_parents, wire, yamux_window
 from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
@@ -710,9 +711,12 @@ class SwarmHost:
                 await wire.write_frame(stream, wire.size_response(size, hashes))
             return opened
         # FIRST: the SIZE goes in front of the first piece's answer, counted as a READ of the blob
-        return await self._answer_read(
+        read = await self._answer_read(
             stream, opened, (0, min(size, wire.PIECE_SIZE)), before=(wire.size_response(size, hashes),)
         )
+        if read is None:  # removed since `size` was read: as after a READ, the stream ends
+            raise wire.StreamEnded(f"blob {digest[:16]} removed while it was opened")
+        return read
 
     async def _answer_read(
         self, stream: INetStream, opened: _Opened, request: tuple[int, int], before: tuple[bytes, ...] = ()
@@ -1112,6 +1116,7 @@ async def open_host(
     pubsub = Pubsub(libp2p_host, gossipsub, strict_signing=True)
     body_finished = False
     body_error: BaseException | None = None
+    instead: BaseException | None = None  # raised in place of the host's exit error (a shutdown race)
     try:
         async with libp2p_host.run(listen_addrs=listen):
             try:
@@ -1152,22 +1157,39 @@ async def open_host(
         # Under load it arrives grouped with the Cancelled of our own nursery's cancel (a 16-host
         # benchmark died of it); a Cancelled dropped here comes back at the caller's next checkpoint
         # if its scope really is cancelled. Anything else (KeyboardInterrupt, ...) propagates.
-        # When the body failed, the race may come out instead of the body's error (an unfunded node
-        # once said "Nursery is closed to new arrivals" instead of what to fund): the body's error wins.
         if isinstance(exc, BaseExceptionGroup) and exc.subgroup(
             lambda e: not isinstance(e, (Exception, trio.Cancelled, BaseExceptionGroup))
         ):
             raise
-        if body_error is not None and not _carries(exc, body_error):
-            log.warning("libp2p raised while shutting down after the host's body failed (ignored): %r", exc)
-            raise body_error from body_error.__cause__  # kept: the cause may say what to fund
         if not body_finished:
-            raise
-        log.warning("libp2p raised while shutting down (ignored, the host's work was done): %r", exc)
+            instead = _without_shutdown_race(exc, body_error)
+            if instead is None:
+                raise
+            log.warning("libp2p raised while shutting down after the host's body failed (ignored): %r", exc)
+        else:
+            log.warning("libp2p raised while shutting down (ignored, the host's work was done): %r", exc)
+    if instead is not None:
+        raise instead  # outside the handler: its own __cause__ and __context__ (what to fund) are kept
 
 
-def _carries(exc: BaseException, inner: BaseException) -> bool:
-    """Whether `inner` is `exc` or inside its groups."""
-    if exc is inner:
-        return True
-    return isinstance(exc, BaseExceptionGroup) and any(_carries(e, inner) for e in exc.exceptions)
+def _is_shutdown_race(exc: BaseException) -> bool:
+    """py-libp2p 0.8.1's shutdown race: a task started in a nursery or service that is stopping."""
+    return isinstance(exc, LifecycleError) or (isinstance(exc, RuntimeError) and "closed to new arrivals" in str(exc))
+
+
+def _without_shutdown_race(exc: BaseException, body_error: BaseException | None) -> BaseException | None:
+    """What to raise instead of `exc`, the host's exit error after its body raised `body_error`:
+    `exc` without the shutdown races in it, or the body's own error where a race took its place
+    (an unfunded node once said "Nursery is closed to new arrivals" instead of what to fund).
+    None: raise `exc` as it is (no race in it, or the body was cancelled: a background task's
+    error, in `exc`, is the cause then)."""
+    if body_error is None or isinstance(body_error, trio.Cancelled):
+        return None
+    if not isinstance(exc, BaseExceptionGroup):
+        return body_error if _is_shutdown_race(exc) else None
+    race, rest = exc.split(_is_shutdown_race)
+    if race is None:
+        return None
+    if rest is None or not rest.subgroup(lambda e: not isinstance(e, (trio.Cancelled, BaseExceptionGroup))):
+        return body_error  # the races and our own cancel only: the body's error is what happened
+    return rest

@@ -49,6 +49,6 @@ async def serve_on(
         while lacking(host, digest, participants, me):
             await trio.sleep(CHECK_INTERVAL)
     missing = lacking(host, digest, participants, me)
-    if waited.cancelled_caught:
+    if waited.cancelled_caught and missing:
         log.warning("leaving after %.0f s: %s never announced the last round's model", cap, ", ".join(missing))
     return missing

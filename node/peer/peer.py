@@ -293,14 +293,18 @@ class Peer:
         await self._serve_on(outcomes[-1] if outcomes else None)
         return outcomes
 
-    async def _serve_on(self, last: RoundOutcome | None) -> None:
+    async def _serve_on(self, last: RoundOutcome | None, *, stopped: bool = False) -> None:
         """Followers and late participants of the last round fetch its model from us after it ended:
-        do not vanish (`linger.serve_on`: until its participants announced the model, within bounds)."""
+        do not vanish (`linger.serve_on`: until its participants announced the model, within bounds).
+        `stopped` (asked to stop before the swarm's last round): `linger` only, as asked."""
         self._set(Phase.SERVING)
         r, participants = self._participant_ids
         digest = last.global_digest if last is not None and last.round == r else None
+        if digest is not None and self.store.has(digest):  # again, at once: one lost HAVE would keep them all
+            await self.host.announce_blob(digest)
         me = peer_id_from_bytes(self.host.peer_id_bytes)
-        await serve_on(self.host, digest, participants, me, floor=self.s.linger, cap=self.s.linger_max)
+        cap = self.s.linger if stopped else self.s.linger_max
+        await serve_on(self.host, digest, participants, me, floor=self.s.linger, cap=cap)
         self._set(Phase.DONE)
 
     async def play_round(self, r: int, global_vector: torch.Tensor | None) -> tuple[RoundOutcome, torch.Tensor | None]:

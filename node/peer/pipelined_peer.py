@@ -129,7 +129,7 @@ class PipelinedPeer(Peer):
             await self._conclude()
             self._background = None
             background.cancel_scope.cancel()
-        await self._serve_on(self._outcomes[-1] if self._outcomes else None)
+        await self._serve_on(self._outcomes[-1] if self._outcomes else None, stopped=self._stopping)
         return self._outcomes
 
     async def play_round(self, r: int) -> None:  # type: ignore[override]

@@ -56,6 +56,7 @@ from node.protocol.blob import BlobError, sha256, unflatten
 from node.protocol.secure_step import GlobalStep, next_global
 from node.protocol.settings import PeerSettings
 from node.protocol.wire import encode_bitmap
+from p2p import peer_id_from_bytes
 
 if TYPE_CHECKING:  # the peer drives this module (and imports it): annotations only
     from node.peer.peer import Peer
@@ -273,6 +274,9 @@ class SecureRounds:
         digest = sha256(data)
         p.store.put(data)
         await p.host.announce_blob(digest.hex(), later=True)
+        if r >= p.s.rounds:  # the last round's participants, whom the peer serves on for (node/peer/linger.py)
+            raw_ids = await p.chain(lambda: [bytes(p.ledger.peer_id_of(c.peer)) for c in commitments])
+            p._participant_ids = (r, [peer_id_from_bytes(raw) for raw in raw_ids])
         out.included = included
         p._set(Phase.ATTESTING, included=sum(included), participants=len(included))
         try:

@@ -5,6 +5,7 @@ error, see p2p/host.py), and the byte counters the node reports per round count 
 from __future__ import annotations
 
 import pytest
+import trio
 
 from p2p.host import open_host
 from p2p.store import MemoryBlobStore
@@ -57,3 +58,42 @@ async def test_the_body_error_wins_over_a_shutdown_race(config, monkeypatch):
     # after a finished body the same race is logged, not raised
     async with open_host(config(), MemoryBlobStore()):
         pass
+
+
+async def test_a_background_task_crash_comes_out_as_itself_not_as_the_bodys_cancel(config, monkeypatch):
+    """A host task that fails cancels the body; the body's Cancelled must not stand in for the failure."""
+    from p2p.host import SwarmHost
+
+    async def crash(self):
+        raise KeyError("a bug in a background task")
+
+    monkeypatch.setattr(SwarmHost, "_say_hello_periodically", crash)
+    with pytest.raises(BaseException) as info:
+        with trio.fail_after(60):
+            async with open_host(config(), MemoryBlobStore()):
+                await trio.sleep_forever()
+    assert isinstance(info.value, BaseExceptionGroup) and info.group_contains(KeyError), repr(info.value)
+
+
+async def test_only_the_shutdown_race_is_taken_out_of_a_failed_bodys_error():
+    from p2p.host import _without_shutdown_race
+
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled as exc:
+            cancelled = exc
+    body, bug = BodyError("the caller's own failure"), KeyError("a bug")
+    race = RuntimeError("Nursery is closed to new arrivals")
+    assert _without_shutdown_race(race, body) is body
+    assert _without_shutdown_race(BaseExceptionGroup("g", [race, cancelled]), body) is body
+    assert _without_shutdown_race(ExceptionGroup("g", [race]), body) is body
+    kept = _without_shutdown_race(ExceptionGroup("g", [ExceptionGroup("ours", [body]), race]), body)
+    assert isinstance(kept, ExceptionGroup) and kept.subgroup(BodyError) and not kept.subgroup(RuntimeError)
+    other = _without_shutdown_race(ExceptionGroup("g", [race, bug]), body)
+    assert isinstance(other, ExceptionGroup) and other.exceptions == (bug,)
+    assert _without_shutdown_race(ExceptionGroup("g", [bug]), body) is None  # no race: as it is
+    assert _without_shutdown_race(RuntimeError("something else"), body) is None
+    assert _without_shutdown_race(ExceptionGroup("g", [race]), cancelled) is None  # a cancelled body: as it is
+    assert _without_shutdown_race(ExceptionGroup("g", [race]), None) is None

@@ -249,6 +249,10 @@ def test_a_peer_that_missed_a_sum_takes_the_velocity_from_the_finalized_blob_and
             digest = sha256(wire.model_blob(model, r, velocity)).hex()
             assert {out[r - 1].global_digest for out in outcomes} == {digest}
         assert peers[0].store.get(digest) is not None  # the round-2 model member 0 computed and attested
+        # whom each serves on for after the last round (node/peer/linger.py): its participants
+        assert [(r, sorted(ids)) for r, ids in (p._participant_ids for p in peers)] == [
+            (2, sorted(q.host.peer_id for q in peers))
+        ] * 3
 
     run_virtual(main)
 
