@@ -736,9 +736,9 @@ class SwarmHost:
                 await wire.write_frame(stream, *before, wire.ERROR + why.encode())
             return None
         chunk = self.store.read(opened.digest, offset, length)
-        if chunk is None:  # removed since it was opened: the fetcher fails this holder
+        if chunk is None or len(chunk) != length:  # removed or cut short since it was opened: not a lie of ours
             with trio.move_on_after(timeout):
-                await wire.write_frame(stream, *before, wire.NOT_FOUND + b"blob removed")
+                await wire.write_frame(stream, *before, wire.NOT_FOUND + b"blob removed or damaged")
             return None
         with trio.fail_after(timeout):
             await wire.write_frame(stream, *before, wire.DATA + chunk)

@@ -147,3 +147,25 @@ def test_a_piece_outstanding_at_a_blamed_holder_goes_back_to_be_handed_out():
     assert list(fetch.pending) == [1] and fetch.take("honest", 0) == 1
     fetch.deliver("honest", 1, memoryview(blob[MiB : 2 * MiB]))
     assert fetch.complete and fetch.finish() == blob
+
+
+async def test_a_blob_cut_short_on_disk_is_answered_not_found_not_with_short_data(config, hosts, tmp_path):
+    """A holder whose file was truncated after the OPEN (a full disk, an operator) says so: short DATA
+    would make an honest holder look like a liar to the fetcher (HolderLied, blamed with proof)."""
+    from p2p.store import DiskBlobStore
+
+    blob = os.urandom(2 * MiB + 500)
+    holder_store = DiskBlobStore(tmp_path / "holder")
+    digest = holder_store.put(blob)
+    async with hosts([(config(), holder_store, None), (config(), MemoryBlobStore(), None)]) as (holder, client):
+        await client.connect(holder.addrs[0])
+        stream = await client.libp2p_host.new_stream(ID.from_base58(holder.peer_id), [TProtocol(wire.BLOB_PROTOCOL)])
+        with trio.fail_after(10):
+            await wire.write_frame(stream, wire.open_request(digest))
+            assert wire.parse_size(await wire.read_frame(stream))[0] == len(blob)
+            with open(holder_store._path(digest), "r+b") as fh:
+                fh.truncate(MiB + 10)
+            await wire.write_frame(stream, wire.read_request(0, MiB))
+            assert await wire.read_frame(stream) == wire.DATA + blob[:MiB]
+            await wire.write_frame(stream, wire.read_request(MiB, MiB))
+            assert await wire.read_frame(stream) == wire.NOT_FOUND + b"blob removed or damaged"
