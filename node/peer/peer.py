@@ -301,7 +301,10 @@ class Peer:
         r, participants = self._participant_ids
         digest = last.global_digest if last is not None and last.round == r else None
         if digest is not None and self.store.has(digest):  # again, at once: one lost HAVE would keep them all
-            await self.host.announce_blob(digest)
+            try:
+                await self.host.announce_blob(digest)
+            except Exception as exc:  # a courtesy: the rounds are over, a failed publish must not fail the run
+                log.info("the last model's announcement failed: %s", exc)
         me = peer_id_from_bytes(self.host.peer_id_bytes)
         cap = self.s.linger if stopped else self.s.linger_max
         await serve_on(self.host, digest, participants, me, floor=self.s.linger, cap=cap)

@@ -142,3 +142,26 @@ async def _have_over_real_gossip() -> None:
                     await late.announce_blob(digest)
                     await trio.sleep(1.0)
         assert left == [[]]  # ended by the HAVE, not by the cap
+
+
+def test_a_failed_announcement_at_the_end_does_not_fail_the_run():
+    """The model's HAVE again as the peer starts serving is a courtesy: a publish that fails (a
+    stalled mesh peer's stream: TooSlowError) must not turn a finished run into an error."""
+
+    async def main() -> None:
+        swarm = FakeSwarm(3)
+        peers = [swarm.peer(i, linger=5.0, linger_max=60.0) for i in range(3)]
+        host = swarm.members[0].host
+        announce = host.announce_blob
+
+        async def failing(digest: str, *, later: bool = False) -> None:
+            if peers[0].phase is Phase.SERVING:
+                raise trio.TooSlowError
+            await announce(digest, later=later)
+
+        host.announce_blob = failing  # type: ignore[method-assign]
+        outcomes = await run_all(peers)
+        assert [o[-1].state for o in outcomes] == ["finalized"] * 3
+        assert all(p.phase is Phase.DONE for p in peers)
+
+    run_virtual(main)
