@@ -135,6 +135,8 @@ class P2PConfig:
     listen_host: str
     listen_port: int
     bootstrap: list[str]
+    linger: float
+    linger_max: float
 
 
 @dataclass
@@ -311,6 +313,10 @@ def _apply_override(config: Config, override: str) -> None:
     setattr(section, name, _parse_text(text.strip(), hint, key))
 
 
+# the longest a peer serves on after its last round (p2p.linger, p2p.linger_max): an hour
+MAX_LINGER_S = 3600.0
+
+
 def _check_ranges(c: Config) -> None:
     checks = [
         (c.swarm.peers >= 1, "swarm.peers", "must be >= 1"),
@@ -373,6 +379,12 @@ def _check_ranges(c: Config) -> None:
             f"must be none, {SECURE_AGGREGATION} or one of {', '.join(MECHANISMS)}",
         ),
         (0 <= c.p2p.listen_port <= 65535, "p2p.listen_port", "must be in 0..65535"),
+        (0 <= c.p2p.linger <= MAX_LINGER_S, "p2p.linger", f"must be in 0..{MAX_LINGER_S:g} s"),
+        (
+            c.p2p.linger <= c.p2p.linger_max <= MAX_LINGER_S,
+            "p2p.linger_max",
+            f"must be in p2p.linger ({c.p2p.linger:g})..{MAX_LINGER_S:g} s",
+        ),
         (c.train.device in DEVICES, "train.device", f"must be one of {', '.join(DEVICES)}"),
     ]
     for ok, name, rule in checks:

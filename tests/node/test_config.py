@@ -61,6 +61,11 @@ def test_file_then_overrides(tmp_path):
         ("privacy.params=3", "set one entry as privacy.params.NAME=value"),
         ("privacy.params.k=big", r"privacy.params.k must be a finite number"),
         ("swarm.peers.x=1", "has no sub-keys"),
+        ("p2p.linger=-1", r"p2p.linger must be in 0..3600 s, got -1.0"),
+        ("p2p.linger=inf", "p2p.linger must be a finite number"),
+        ("p2p.linger=90", r"p2p.linger_max must be in p2p.linger \(90\)..3600 s, got 60.0"),
+        ("p2p.linger_max=4", r"p2p.linger_max must be in p2p.linger \(5\)..3600 s, got 4.0"),
+        ("p2p.linger_max=3601", r"p2p.linger_max must be in p2p.linger \(5\)..3600 s"),
     ],
 )
 def test_override_errors(override, message):
@@ -105,3 +110,15 @@ def test_a_secure_swarm_refuses_step_windows_no_deeper_than_its_confirmations():
     with pytest.raises(ConfigError, match=r"chain.attest_window of 27 blocks .* MASKED_ACK window 6 blocks.* >= 28"):
         load_config(None, [*secure, "chain.commit_window=56", "chain.attest_window=27"])
     load_config(None, ["chain.confirmations=4", "chain.attest_window=24"])  # not secure: no step windows
+
+
+def test_linger_reaches_the_peer_settings():
+    """p2p.linger and p2p.linger_max are how long a peer serves on after its last round (node/peer/linger.py)."""
+    from node.derive import peer_settings
+
+    default = peer_settings(load_config(None, []))
+    assert (default.linger, default.linger_max) == (5.0, 60.0)
+    settings = peer_settings(load_config(None, ["p2p.linger=0", "p2p.linger_max=0"]))
+    assert (settings.linger, settings.linger_max) == (0.0, 0.0)
+    settings = peer_settings(load_config(None, ["p2p.linger=12.5", "p2p.linger_max=600"]))
+    assert (settings.linger, settings.linger_max) == (12.5, 600.0)
