@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from eth_abi import decode as abi_decode
 from eth_abi import encode as abi_encode
+from eth_abi.exceptions import DecodingError
 from eth_account.signers.local import LocalAccount
 from eth_typing import HexStr
 from eth_utils import event_abi_to_log_topic, keccak
@@ -49,7 +50,7 @@ from node.chain.client import (
     raw_reader,
     read_until_complete,
 )
-from node.chain.codec import ViewCodec
+from node.chain.codec import EventDecoder, ViewCodec
 from node.chain.decoder import RevertDecoder
 from node.chain.errors import LedgerError
 from node.chain.mirror import LedgerMirror, MirroredLog
@@ -177,7 +178,7 @@ class PipelinedClient:
         self.contract = w3.eth.contract(address=self.address, abi=abi)
         self._signatures = {e["name"]: "0x" + event_abi_to_log_topic(e).hex() for e in abi if e["type"] == "event"}
         self._events_by_signature = {topic: name for name, topic in self._signatures.items()}
-        self._codec, self._errors = ViewCodec(abi), RevertDecoder(abi)
+        self._codec, self._errors, self._events = ViewCodec(abi), RevertDecoder(abi), EventDecoder(abi)
         self._committed_topic = bytes.fromhex(self._signatures["Committed"][2:])
         self._opening_topics = frozenset(bytes.fromhex(self._signatures[n][2:]) for n in ROUND_OPENINGS)
         self.confirmations = confirmations
@@ -1216,7 +1217,10 @@ class PipelinedClient:
         name = self._events_by_signature.get("0x" + bytes(topics[0]).hex()) if topics else None
         if name is None:
             raise LedgerError(f"a log of {self.address} that names no event of the contract")
-        return getattr(self.contract.events, name)().process_log(log)
+        try:
+            return self._events.decode(log)
+        except (ValueError, TypeError, KeyError, DecodingError):  # web3 gives its own answer or error
+            return getattr(self.contract.events, name)().process_log(log)
 
     def _timestamp(self, event: Any) -> int:
         """The timestamp of the block holding `event`, kept by block hash (a reorganised block is another)."""

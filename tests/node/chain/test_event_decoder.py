@@ -1,0 +1,136 @@
+"""`EventDecoder` gives what web3's `process_log` gives, value for value and type for type, on every
+event of both ledgers; where it answers a log that web3 refuses or answers otherwise is a bug (the
+pipelined client falls back to web3 only when the decoder raises)."""
+
+from __future__ import annotations
+
+import json
+import random
+from importlib import resources
+from typing import Any
+
+import pytest
+from eth_abi import encode as abi_encode
+from eth_utils import keccak
+from hexbytes import HexBytes
+from web3 import Web3
+from web3._utils.method_formatters import log_entry_formatter
+from web3.datastructures import AttributeDict
+
+from node.chain.codec import EventDecoder, abi_type
+
+ADDRESS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+ARTIFACTS = ("SwarmLedger.json", "PipelinedLedger.json")
+
+
+def _abi(name: str) -> list[dict[str, Any]]:
+    return json.loads(resources.files("node.chain").joinpath(f"artifacts/{name}").read_text())["abi"]
+
+
+def _value(kind: str, rng: random.Random) -> Any:
+    if kind == "address":
+        return Web3.to_checksum_address(rng.randbytes(20))
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "bytes":
+        return rng.randbytes(rng.choice([0, 1, 31, 32, 33, 100]))
+    if kind.startswith("bytes"):
+        return rng.randbytes(int(kind[5:]))
+    bits = int(kind.removeprefix("u").removeprefix("int"))
+    return rng.choice([0, 1, 2**bits - 1, rng.getrandbits(bits)])
+
+
+def _raw_log(event: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """A log of `event` as an endpoint sends it (JSON: hex strings)."""
+    inputs = event["inputs"]
+    signature = keccak(text=f"{event['name']}({','.join(abi_type(i) for i in inputs)})")
+    values = {i["name"]: _value(i["type"], rng) for i in inputs}
+    topics = [signature] + [abi_encode([i["type"]], [values[i["name"]]]) for i in inputs if i["indexed"]]
+    unindexed = [i for i in inputs if not i["indexed"]]
+    data = abi_encode([i["type"] for i in unindexed], [values[i["name"]] for i in unindexed])
+    return {
+        "address": ADDRESS.lower(),
+        "topics": ["0x" + t.hex() for t in topics],
+        "data": "0x" + data.hex(),
+        "blockNumber": hex(rng.randrange(1, 2**32)),
+        "logIndex": hex(rng.randrange(0, 300)),
+        "transactionIndex": hex(rng.randrange(0, 300)),
+        "transactionHash": "0x" + rng.randbytes(32).hex(),
+        "blockHash": "0x" + rng.randbytes(32).hex(),
+        "removed": False,
+    }
+
+
+def _web3(contract: Any, name: str, log: Any) -> Any:
+    return getattr(contract.events, name)().process_log(log)
+
+
+def _same(a: Any, b: Any) -> None:
+    """Equal, and of the same types all the way down (HexBytes is not bytes; an AttributeDict is not a dict)."""
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, dict | AttributeDict):
+        assert list(a.keys()) == list(b.keys())
+        for key in a:
+            _same(a[key], b[key])
+    else:
+        assert a == b
+
+
+@pytest.mark.parametrize("artifact", ARTIFACTS)
+def test_every_event_decodes_as_web3_decodes_it(artifact):
+    abi = _abi(artifact)
+    contract = Web3().eth.contract(address=ADDRESS, abi=abi)
+    decoder = EventDecoder(abi)
+    rng = random.Random(7)
+    events = [e for e in abi if e["type"] == "event"]
+    assert len(events) >= 6
+    for event in events:
+        for _ in range(20):
+            formatted = log_entry_formatter(_raw_log(event, rng))  # as the mirror holds a pushed log
+            _same(decoder.decode(formatted), _web3(contract, event["name"], formatted))
+            as_read = AttributeDict.recursive(formatted)  # as web3's get_logs gives one
+            _same(decoder.decode(as_read), _web3(contract, event["name"], as_read))
+
+
+def _mutations(log: dict[str, Any], rng: random.Random) -> list[dict[str, Any]]:
+    """`log` broken in the ways a hostile endpoint could send it."""
+    topics, data = list(log["topics"]), bytes(log["data"])
+    out = [
+        {**log, "topics": topics[:-1]},
+        {**log, "topics": [*topics, HexBytes(rng.randbytes(32))]},
+        {**log, "topics": [HexBytes(rng.randbytes(32)), *topics[1:]]},
+        {**log, "topics": []},
+        {**log, "data": HexBytes(data[:-1])},
+        {**log, "data": HexBytes(data[:-32])},
+        {**log, "data": HexBytes(data + b"\x00" * 32)},
+    ]
+    for i in range(1, len(topics)):  # a topic's padding made non-zero, or the topic cut short
+        dirty = bytearray(topics[i])
+        dirty[0] ^= 0x80
+        out.append({**log, "topics": [*topics[:i], HexBytes(bytes(dirty)), *topics[i + 1 :]]})
+        out.append({**log, "topics": [*topics[:i], HexBytes(bytes(topics[i])[:31]), *topics[i + 1 :]]})
+    for word in range(len(data) // 32):  # each data word's first byte flipped: padding, offsets, lengths
+        dirty = bytearray(data)
+        dirty[32 * word] ^= 0xFF
+        out.append({**log, "data": HexBytes(bytes(dirty))})
+    return out
+
+
+@pytest.mark.parametrize("artifact", ARTIFACTS)
+def test_a_broken_log_is_never_answered_where_web3_refuses_it_or_answers_otherwise(artifact):
+    abi = _abi(artifact)
+    contract = Web3().eth.contract(address=ADDRESS, abi=abi)
+    decoder = EventDecoder(abi)
+    rng = random.Random(11)
+    answered = refused = 0
+    for event in (e for e in abi if e["type"] == "event"):
+        for _ in range(3):
+            for broken in _mutations(log_entry_formatter(_raw_log(event, rng)), rng):
+                try:
+                    ours = decoder.decode(broken)
+                except Exception:
+                    refused += 1  # the client asks web3 then: its own answer or error
+                    continue
+                _same(ours, _web3(contract, event["name"], broken))  # web3 raising here fails the test
+                answered += 1
+    assert refused > 0 and answered > 0  # both paths were taken: the mutations reach the checks
