@@ -154,14 +154,15 @@ class EventDecoder:
     twenty a round at 16 peers (docs/SCALING.md, "Per task, counted"). Same output, value for
     value and type for type (tests/node/chain/test_event_decoder.py compares both on every event of
     both ledgers); `decode` raises ValueError for anything it does not decode the way web3 would
-    (another event, topics that do not fit, an event with tuple or array inputs), and the caller
-    then asks web3, which gives its own answer or error."""
+    (another event, topics that do not fit, hex strings rather than bytes, an event with tuple or
+    array inputs), and the caller then asks web3, which gives its own answer or error."""
 
     def __init__(self, abi: list[dict[str, Any]]) -> None:
         self._events: dict[bytes, tuple[str, list[tuple[str, str]], list[str], list[str]]] = {}
+        event_names = [item.get("name") for item in abi if item.get("type") == "event"]
         for item in abi:
-            if item.get("type") != "event" or item.get("anonymous"):
-                continue
+            if item.get("type") != "event" or item.get("anonymous") is not False or event_names.count(item["name"]) > 1:
+                continue  # anonymous, unsaid, or overloaded (the client names an event by its name): web3's
             inputs = item["inputs"]
             if not all(_plain(str(i["type"])) for i in inputs) or any(
                 i.get("indexed") and i["type"] in ("bytes", "string") for i in inputs
@@ -171,12 +172,14 @@ class EventDecoder:
             indexed = [(str(i["name"]), str(i["type"])) for i in inputs if i.get("indexed")]
             data = [i for i in inputs if not i.get("indexed")]
             names = [str(i["name"]) for i in data]
-            if len({n for n, _ in indexed} | set(names)) != len(inputs):
-                continue  # duplicated names: web3 refuses those (InvalidEventABI)
+            if {n for n, _ in indexed} & set(names):
+                continue  # a name both indexed and not: web3 refuses those (InvalidEventABI)
             self._events[signature] = (str(item["name"]), indexed, [str(i["type"]) for i in data], names)
 
     def decode(self, log: Any) -> Any:
         """The EventData web3 would give for `log` (an AttributeDict for an AttributeDict, else a dict)."""
+        if not isinstance(log["topics"], list | tuple):
+            raise ValueError("topics that are not a list")
         topics = [_as_bytes(t) for t in log["topics"]]
         if not topics or topics[0] not in self._events:
             raise ValueError("not a log of an event this decoder knows")
@@ -204,9 +207,8 @@ class EventDecoder:
 
 
 def _as_bytes(value: Any) -> bytes:
-    """A topic or a log's data as web3 reads it: bytes as they are, a string as hex."""
+    """A topic or a log's data, as bytes (a formatted log's HexBytes); anything else, hex strings
+    included (web3 reads those its own way), is left to web3."""
     if isinstance(value, bytes | bytearray):
         return bytes(value)
-    if isinstance(value, str):
-        return bytes.fromhex(value.removeprefix("0x"))
-    raise ValueError(f"not bytes or hex: {str(value)[:100]}")
+    raise ValueError(f"not bytes: {str(value)[:100]}")

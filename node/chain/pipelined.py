@@ -1219,8 +1219,12 @@ class PipelinedClient:
             raise LedgerError(f"a log of {self.address} that names no event of the contract")
         try:
             return self._events.decode(log)
-        except (ValueError, TypeError, KeyError, DecodingError):  # web3 gives its own answer or error
+        except (ValueError, TypeError, KeyError, DecodingError, OverflowError):
+            pass  # web3 decides: its own answer, or its error
+        try:
             return getattr(self.contract.events, name)().process_log(log)
+        except Exception as exc:  # the endpoint's bytes (an offset past 2**63 is an OverflowError in eth_abi)
+            raise LedgerError(f"a {name} log of {self.address} that does not decode: {exc}") from None
 
     def _timestamp(self, event: Any) -> int:
         """The timestamp of the block holding `event`, kept by block hash (a reorganised block is another)."""

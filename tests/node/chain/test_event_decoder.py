@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import random
 from importlib import resources
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from eth_abi import encode as abi_encode
+from eth_abi.exceptions import DecodingError
 from eth_utils import keccak
 from hexbytes import HexBytes
 from web3 import Web3
@@ -18,8 +20,12 @@ from web3._utils.method_formatters import log_entry_formatter
 from web3.datastructures import AttributeDict
 
 from node.chain.codec import EventDecoder, abi_type
+from node.chain.errors import LedgerError
+from node.chain.pipelined import PipelinedClient
 
 ADDRESS = "0x5FbDB2315678afecb367f032d93F642f64180aa3"
+# what PipelinedClient._decode catches from the decoder before asking web3 (anything else escapes)
+FALLS_BACK = (ValueError, TypeError, KeyError, DecodingError, OverflowError)
 ARTIFACTS = ("SwarmLedger.json", "PipelinedLedger.json")
 
 
@@ -128,9 +134,58 @@ def test_a_broken_log_is_never_answered_where_web3_refuses_it_or_answers_otherwi
             for broken in _mutations(log_entry_formatter(_raw_log(event, rng)), rng):
                 try:
                     ours = decoder.decode(broken)
-                except Exception:
+                except FALLS_BACK:
                     refused += 1  # the client asks web3 then: its own answer or error
                     continue
                 _same(ours, _web3(contract, event["name"], broken))  # web3 raising here fails the test
                 answered += 1
     assert refused > 0 and answered > 0  # both paths were taken: the mutations reach the checks
+
+
+def _committed(rng: random.Random) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    abi = _abi("PipelinedLedger.json")
+    event = next(e for e in abi if e["type"] == "event" and e["name"] == "Committed")
+    return abi, log_entry_formatter(_raw_log(event, rng))
+
+
+def test_what_the_decoder_leaves_to_web3():
+    """Hex strings (web3 reads them its own way), an overloaded event (the client names events by
+    name), an event entry that does not say whether it is anonymous: the decoder refuses, web3 decides."""
+    abi, log = _committed(random.Random(3))
+    decoder = EventDecoder(abi)
+    for text in (
+        {**log, "topics": ["0x" + bytes(t).hex() for t in log["topics"]]},
+        {**log, "data": "0x" + bytes(log["data"]).hex()},
+        {**log, "data": "0x " + bytes(log["data"]).hex()},  # bytes.fromhex would skip the blank
+        {**log, "topics": iter(log["topics"])},
+    ):
+        with pytest.raises(ValueError):
+            decoder.decode(text)
+    event = next(e for e in abi if e["type"] == "event" and e["name"] == "Committed")
+    overloaded = [*abi, {**event, "inputs": event["inputs"][:2]}]
+    unsaid = [e for e in abi if e is not event] + [{k: v for k, v in event.items() if k != "anonymous"}]
+    for other in (overloaded, unsaid):
+        with pytest.raises(ValueError, match="not a log of an event this decoder knows"):
+            EventDecoder(other).decode(log)
+    assert EventDecoder(abi).decode(log)["event"] == "Committed"
+
+
+def test_a_log_no_decoder_reads_is_a_ledger_error():
+    """A `bytes` length past 2**63 is an OverflowError in eth_abi, web3's as well as the decoder's:
+    the client says the endpoint's log does not decode (LedgerError) rather than let it escape."""
+    abi, log = _committed(random.Random(5))
+    data = bytearray(log["data"])
+    offset = int.from_bytes(data[5 * 32 : 6 * 32], "big")  # the mechanism's: the sixth head word
+    data[offset : offset + 32] = (2**64).to_bytes(32, "big")
+    bomb = {**log, "data": HexBytes(bytes(data))}
+    with pytest.raises(OverflowError):
+        EventDecoder(abi).decode(bomb)
+    client = SimpleNamespace(
+        _events=EventDecoder(abi),
+        contract=Web3().eth.contract(address=ADDRESS, abi=abi),
+        _events_by_signature={"0x" + bytes(log["topics"][0]).hex(): "Committed"},
+        address=ADDRESS,
+    )
+    with pytest.raises(LedgerError, match="a Committed log of .* that does not decode"):
+        PipelinedClient._decode(client, bomb)  # type: ignore[arg-type]
+    assert PipelinedClient._decode(client, log)["event"] == "Committed"  # type: ignore[arg-type]
