@@ -67,6 +67,12 @@ def _raw_log(event: dict[str, Any], rng: random.Random) -> dict[str, Any]:
     }
 
 
+def _both(artifact: str) -> tuple[list[dict[str, Any]], Any, EventDecoder]:
+    """The ABI of `artifact`, web3's contract for it and the decoder."""
+    abi = _abi(artifact)
+    return abi, Web3().eth.contract(address=ADDRESS, abi=abi), EventDecoder(abi)
+
+
 def _web3(contract: Any, name: str, log: Any) -> Any:
     return getattr(contract.events, name)().process_log(log)
 
@@ -84,9 +90,7 @@ def _same(a: Any, b: Any) -> None:
 
 @pytest.mark.parametrize("artifact", ARTIFACTS)
 def test_every_event_decodes_as_web3_decodes_it(artifact):
-    abi = _abi(artifact)
-    contract = Web3().eth.contract(address=ADDRESS, abi=abi)
-    decoder = EventDecoder(abi)
+    abi, contract, decoder = _both(artifact)
     rng = random.Random(7)
     events = [e for e in abi if e["type"] == "event"]
     assert len(events) >= 6
@@ -124,9 +128,7 @@ def _mutations(log: dict[str, Any], rng: random.Random) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("artifact", ARTIFACTS)
 def test_a_broken_log_is_never_answered_where_web3_refuses_it_or_answers_otherwise(artifact):
-    abi = _abi(artifact)
-    contract = Web3().eth.contract(address=ADDRESS, abi=abi)
-    decoder = EventDecoder(abi)
+    abi, contract, decoder = _both(artifact)
     rng = random.Random(11)
     answered = refused = 0
     for event in (e for e in abi if e["type"] == "event"):
