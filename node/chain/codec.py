@@ -71,7 +71,7 @@ class ViewCodec:
                 raise ValueError("not a hex string")
             values = abi_decode(outputs, bytes.fromhex(result[2:]))
             shaped = [_checksummed(e, v) for e, v in zip(entries, values, strict=True)]
-        except (ValueError, DecodingError) as exc:
+        except (ValueError, DecodingError, OverflowError) as exc:  # Overflow: a length or offset past 2**63
             raise LedgerError(f"{name}: not the view's output ({exc}): {str(result)[:200]}") from None
         return shaped[0] if len(shaped) == 1 else shaped
 
@@ -108,7 +108,7 @@ class EventCodec:
             raise LedgerError(f"eth_getLogs {name}: unexpected answer {str(logs)[:200]}")
         try:
             return [self._decode_one(name, log) for log in logs]
-        except (ValueError, TypeError, KeyError, DecodingError) as exc:
+        except (ValueError, TypeError, KeyError, DecodingError, OverflowError) as exc:  # Overflow: as in ViewCodec
             raise LedgerError(f"eth_getLogs {name}: a log that is not a {name} event ({exc})") from None
 
     def _decode_one(self, name: str, log: dict[str, Any]) -> dict[str, Any]:

@@ -67,3 +67,25 @@ def test_no_raw_reader_for_an_endpoint_behind_a_proxy():
     direct = Web3(CountingHTTPProvider("http://127.0.0.1:8545"))
     proxied = Web3(CountingHTTPProvider("http://127.0.0.1:8545", request_kwargs={"proxies": {"http": "http://p:3128"}}))
     assert raw_reader(direct) is not None and raw_reader(proxied) is None
+
+
+def test_a_length_past_2_to_the_63_is_refused_not_raised():
+    """eth_abi raises OverflowError (not a DecodingError) for a `bytes` length or offset too large for
+    an index: a view's answer or a log carrying one is the endpoint's fault like any other (LedgerError)."""
+    word = (2**64).to_bytes(32, "big")
+    with pytest.raises(LedgerError, match="peerIdOf"):
+        ViewCodec(_abi()).decode("peerIdOf", "0x" + ((32).to_bytes(32, "big") + word).hex())
+    with pytest.raises(LedgerError, match="peerIdOf"):  # the offset itself
+        ViewCodec(_abi()).decode("peerIdOf", "0x" + (word + word).hex())
+    events = EventCodec(_abi())
+    topic0, round_topic = events.query("Complained", "0x" + "11" * 20, 5, 9, {"round": 3})["topics"]
+    log = {
+        "topics": [topic0, round_topic, "0x" + "00" * 32],
+        "data": "0x" + ((32).to_bytes(32, "big") + word).hex(),
+        "blockNumber": "0x5",
+        "logIndex": "0x0",
+    }
+    with pytest.raises(LedgerError, match="Complained"):
+        events.decode("Complained", [log])
+    log["data"] = "0x" + ((32).to_bytes(32, "big") + (3).to_bytes(32, "big") + b"abc".ljust(32, b"\0")).hex()
+    assert events.decode("Complained", [log])[0]["args"]["frame"] == b"abc"
