@@ -42,6 +42,7 @@ from . import pubsub_reader, pubsub_records, task_parents, wire, yamux_window
 from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
 from .errors import BlobNotFound, BlobNotHeld, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
 from .gossip import MESH_DEGREE, swarm_gossipsub
+from .have import HAVE_PROTOCOL, DirectHaves
 from .pieces import HolderDoesNotHold, HolderFailed, HolderLied, PieceFetch, piece_hashes
 from .store import BlobStore, check_digest
 
@@ -73,6 +74,7 @@ _MAX_OPENS_PER_STREAM = 4096  # blobs one blob stream may ask for (then the clie
 # holder, and in all
 _IDLE_STREAMS_PER_PEER = 2
 _MAX_IDLE_STREAMS = 256
+_GOSSIPED_HAVES = 64  # undelivered direct HAVEs remembered, each gossiped once (`_gossip_have`)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,9 @@ class HostConfig:
     announce_delay: float = 0.5  # fetched blobs' HAVE goes out once no fetch ran for this long ...
     announce_max_delay: float = 5.0  # ... or once the oldest queued digest waited this long
     dial_discovered: bool = True
+    # HAVEs written to each connected peer on a kept stream (p2p/have.py), not gossiped: only with
+    # dial_discovered, which connects every peer to every other; gossiped otherwise (relayed hop by hop)
+    direct_haves: bool = True
     max_announcement_size: int = 64 * 1024
     announcement_buffer: int = 1024
     max_announcements_per_second: float = 100.0
@@ -249,6 +254,22 @@ class SwarmHost:
         self.blames: collections.deque[Blame] = collections.deque(maxlen=_MAX_BLAMES)  # newest last
         # holder -> blob streams kept from our earlier fetches, between requests, most recent last
         self._idle_streams: dict[str, list[_KeptStream]] = {}
+        self._direct: DirectHaves | None = None
+        self._gossiped_haves: collections.OrderedDict[bytes, float] = collections.OrderedDict()  # body -> when
+        # gossip source -> trio time of its last message (hellos come at least every hello_interval): the
+        # members a direct HAVE must not miss (`_send_have`), least recently heard first
+        self._heard: collections.OrderedDict[ID, float] = collections.OrderedDict()
+        if config.direct_haves and config.dial_discovered:
+            self._direct = DirectHaves(
+                libp2p_host,
+                nursery,
+                allowed=self.allowed,
+                on_have=self._add_providers,
+                undelivered=self._gossip_have,
+                timeout=config.request_timeout,
+                idle_timeout=config.stream_idle_timeout,
+                max_per_second=config.max_announcements_per_second,
+            )
 
     # ---- identity and addresses -------------------------------------------------------------
     @property
@@ -409,7 +430,7 @@ class SwarmHost:
         batch = [digest, *list(self._pending_have)[: wire.MAX_HAVE_DIGESTS - 1]]
         for sent in batch:
             self._pending_have.pop(sent, None)
-        await self._publish(wire.KIND_HAVE, wire.have_body(batch))
+        await self._send_have(batch)
 
     @contextmanager
     def blob_coming(self, digest: str) -> Iterator[None]:
@@ -467,9 +488,58 @@ class SwarmHost:
                 for digest in batch:
                     self._pending_have.pop(digest, None)
                 try:
-                    await self._publish(wire.KIND_HAVE, wire.have_body(batch))
+                    await self._send_have(batch)
                 except Exception as exc:  # the blobs are stored; a lost HAVE only hides a provider
                     log.debug("batched HAVE publish failed: %s", exc)
+
+    async def _send_have(self, digests: list[str]) -> None:
+        """Tell the swarm we hold `digests`: straight to each connected peer where HAVEs go direct
+        (p2p/have.py), and by gossip where they do not, or where a peer could not be written to (then
+        every peer hears it again: the gossip copy is for the peer we could not reach)."""
+        body = wire.have_body(digests)
+        if self._direct is None:
+            await self._publish(wire.KIND_HAVE, body)
+            return
+        self._direct.send(body)
+        unconnected = self._unconnected_members()
+        if unconnected:  # they hear it by gossip, through the peers they are connected to; and are dialed
+            self._gossip_have(body)
+            for peer in unconnected:
+                learned = self._learned.get(peer)
+                if learned is not None:
+                    self._dial_unless_connected(peer, learned[2])
+
+    def _unconnected_members(self) -> list[ID]:
+        """Allowed peers heard on the topic within two `hello_interval`s (alive: a member says hello at
+        least that often) that this host is not connected to: a direct HAVE does not reach them."""
+        horizon = trio.current_time() - 2 * self.config.hello_interval
+        connected = set(self.libp2p_host.get_connected_peers())
+        return [
+            peer
+            for peer, at in self._heard.items()
+            if at >= horizon and peer not in connected and self.allowed(peer.to_base58())
+        ]
+
+    def _gossip_have(self, body: bytes) -> None:
+        """Gossip a HAVE a peer could not be written to directly: once for all the peers it fails for
+        within two `request_timeout`s (how long one peer's writer may try), the last _GOSSIPED_HAVES
+        bodies remembered."""
+        now = trio.current_time()
+        if now - self._gossiped_haves.get(body, -math.inf) < 2 * self.config.request_timeout:
+            return
+        self._gossiped_haves[body] = now
+        self._gossiped_haves.move_to_end(body)
+        while len(self._gossiped_haves) > _GOSSIPED_HAVES:
+            self._gossiped_haves.popitem(last=False)
+
+        async def publish() -> None:
+            try:
+                await self._publish(wire.KIND_HAVE, body)
+            except Exception as exc:  # the blobs are stored; a lost HAVE only hides a provider
+                log.debug("gossip of an undelivered HAVE failed: %s", exc)
+
+        with suppress(RuntimeError):  # the nursery closed: the host is shutting down, nobody to tell
+            self._nursery.start_soon(publish)
 
     def _have_max_delay(self) -> float:
         """How long a HAVE may wait while fetches keep running (see `_announce_batches`)."""
@@ -533,6 +603,10 @@ class SwarmHost:
             except wire.WireError as exc:
                 log.debug("malformed gossip from %s: %s", source, exc)
                 continue
+            self._heard[source] = trio.current_time()
+            self._heard.move_to_end(source)
+            while len(self._heard) > _MAX_LEARNED:  # bounded like learned addresses
+                self._heard.popitem(last=False)
             self._learn_addrs(source, addrs)
             if kind == wire.KIND_APP:
                 try:
@@ -545,11 +619,14 @@ class SwarmHost:
                 except wire.WireError as exc:
                     log.debug("malformed HAVE from %s: %s", source, exc)
                     continue
-                for digest in digests:
-                    self._add_provider(digest, source.to_base58())
+                self._add_providers(source.to_base58(), digests)
 
     def _learn_addrs(self, source: ID, addrs: list[str]) -> None:
-        known = self._dialable_addrs(source, addrs)
+        self._dial_unless_connected(source, self._dialable_addrs(source, addrs))
+
+    def _dial_unless_connected(self, source: ID, known: list[multiaddr.Multiaddr]) -> None:
+        """Dial `source` at `known` in the background, with `dial_discovered`, unless it has no address,
+        is connected, or is being dialed."""
         if not known:
             return
         key = source.to_base58()
@@ -593,6 +670,10 @@ class SwarmHost:
             log.debug("dial of discovered peer failed: %s", exc)
         finally:
             self._dialing.discard(info.peer_id.to_base58())
+
+    def _add_providers(self, peer_id: str, digests: list[str]) -> None:
+        for digest in digests:
+            self._add_provider(digest, peer_id)
 
     def _add_provider(self, digest: str, peer_id: str) -> None:
         """Remember that `peer_id` holds `digest`. Bounded per sender: a peer's oldest digests
@@ -1133,6 +1214,8 @@ async def open_host(
                                     abandon_on_cancel=True,  # type: ignore[call-arg]  # trio-stubs predate it
                                 )
                         libp2p_host.set_stream_handler(TProtocol(wire.BLOB_PROTOCOL), host._serve_blob_stream)
+                        if host._direct is not None:
+                            libp2p_host.set_stream_handler(TProtocol(HAVE_PROTOCOL), host._direct.serve)
                         pubsub.set_topic_validator(config.topic, host._validate_gossip, False)
                         subscription = await pubsub.subscribe(config.topic)
                         nursery.start_soon(host._read_gossip, subscription)
