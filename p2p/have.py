@@ -39,6 +39,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from . import wire
+from .errors import is_cancellation
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +159,9 @@ class DirectHaves:
                         stream = await self._host.new_stream(peer, [TProtocol(HAVE_PROTOCOL)])
                     await wire.write_frame(stream, body)
             except (Exception, BaseExceptionGroup) as exc:
-                # new_stream's and the write's failures, our deadline (TooSlowError); py-libp2p wraps a
-                # connection torn down mid-negotiation in groups. Only cancellation of ours propagates.
-                if isinstance(exc, BaseExceptionGroup) and not exc.subgroup(
-                    lambda e: not isinstance(e, (trio.Cancelled, BaseExceptionGroup))
-                ):
+                # new_stream's and the write's failures, our deadline (TooSlowError), py-libp2p's groups;
+                # only cancellation propagates
+                if is_cancellation(exc):
                     raise
                 log.debug("direct HAVE to %s failed: %s: %s", peer, type(exc).__name__, exc)
                 if stream is not None:

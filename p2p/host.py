@@ -40,7 +40,7 @@ from libp2p.tools.anyio_service.exceptions import LifecycleError
 
 from . import pubsub_reader, pubsub_records, task_parents, wire, yamux_window
 from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
-from .errors import BlobNotFound, BlobNotHeld, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
+from .errors import BlobNotFound, BlobNotHeld, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError, is_cancellation
 from .gossip import MESH_DEGREE, swarm_gossipsub
 from .have import HAVE_PROTOCOL, DirectHaves
 from .pieces import HolderDoesNotHold, HolderFailed, HolderLied, PieceFetch, piece_hashes
@@ -489,7 +489,10 @@ class SwarmHost:
                     self._pending_have.pop(digest, None)
                 try:
                     await self._send_have(batch)
-                except Exception as exc:  # the blobs are stored; a lost HAVE only hides a provider
+                except (Exception, BaseExceptionGroup) as exc:
+                    if is_cancellation(exc):
+                        raise
+                    # the blobs are stored; a lost HAVE only hides a provider
                     log.debug("batched HAVE publish failed: %s", exc)
 
     async def _send_have(self, digests: list[str]) -> None:
@@ -535,7 +538,9 @@ class SwarmHost:
         async def publish() -> None:
             try:
                 await self._publish(wire.KIND_HAVE, body)
-            except Exception as exc:  # the blobs are stored; a lost HAVE only hides a provider
+            except (Exception, BaseExceptionGroup) as exc:  # the blobs are stored; a lost HAVE only hides a provider
+                if is_cancellation(exc):
+                    raise
                 log.debug("gossip of an undelivered HAVE failed: %s", exc)
 
         with suppress(RuntimeError):  # the nursery closed: the host is shutting down, nobody to tell
@@ -573,7 +578,9 @@ class SwarmHost:
                 try:
                     await self._publish(wire.KIND_HELLO, b"")
                     said_to, said_at = peers, trio.current_time()
-                except Exception as exc:  # a publish timed out: try at the next check
+                except (Exception, BaseExceptionGroup) as exc:  # a publish timed out: try at the next check
+                    if is_cancellation(exc):
+                        raise
                     log.debug("hello publish failed: %s", exc)
             await trio.sleep(interval)
             interval = min(interval * 2, self.config.hello_interval)

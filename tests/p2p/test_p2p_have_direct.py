@@ -14,6 +14,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from p2p import wire
+from p2p.errors import is_cancellation
 from p2p.have import HAVE_PROTOCOL, MAX_HAVE_FRAME
 from p2p.store import MemoryBlobStore
 
@@ -241,3 +242,46 @@ async def test_a_newer_stream_replaces_the_older_and_a_disallowed_sender_is_not_
                 await wire.write_frame(second, wire.have_body([two]))
                 await wire.read_frame(second)
         assert receiver.providers(two) == []
+
+
+async def test_a_group_from_libp2p_is_a_failed_write_not_the_hosts_end(config, hosts, wait_until):
+    """py-libp2p wraps a connection torn down mid-negotiation in exception groups (a fault a test cannot
+    time for real, so `new_stream` raises one here): the writer counts a failure, the HAVE goes by
+    gossip, the host lives on; only a group of nothing but cancellation would be re-raised."""
+    specs = [(config(), MemoryBlobStore(), None) for _ in range(2)]
+    async with hosts(specs) as (a, b):
+        await _connected([a, b], wait_until)
+        await wait_until(lambda: b.peer_id in set(a.mesh_peers()), what="mesh")
+
+        cancelled = await _a_cancelled()  # a task of libp2p's own cancelled beside the failure
+
+        async def torn_down(*_args, **_kwargs):
+            raise BaseExceptionGroup("connection torn down", [OSError("reset by peer"), cancelled])
+
+        a.libp2p_host.new_stream = torn_down
+        digest = a.store.put(b"an update")
+        await a.announce_blob(digest)
+        await wait_until(lambda: b.providers(digest) == [a.peer_id], what="the gossiped HAVE")
+        assert _id(b) in a._direct._failing and a._direct.sent == 0
+
+
+async def _a_cancelled() -> trio.Cancelled:
+    """A real trio.Cancelled, caught from a scope cancelled for the purpose."""
+    caught: list[trio.Cancelled] = []
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        try:
+            await trio.lowlevel.checkpoint()
+        except trio.Cancelled as exc:
+            caught.append(exc)
+            raise
+    return caught[0]
+
+
+async def test_only_cancellation_counts_as_cancellation():
+    cancelled = await _a_cancelled()
+    assert is_cancellation(cancelled)
+    assert is_cancellation(BaseExceptionGroup("", [cancelled, BaseExceptionGroup("", [cancelled])]))
+    assert not is_cancellation(BaseExceptionGroup("", [cancelled, OSError()]))
+    assert not is_cancellation(ExceptionGroup("", [OSError()]))
+    assert not is_cancellation(trio.TooSlowError())
