@@ -136,7 +136,8 @@ class DirectHaves:
                     return
                 stream = await self._write(peer, stream, body)
                 if stream is None:
-                    self._failing[peer] = trio.current_time()
+                    if self.connected(peer):  # failing, not gone: not tried again for a while
+                        self._failing[peer] = trio.current_time()
                     return
         finally:
             if self._outboxes.get(peer) is outbox:
@@ -150,12 +151,15 @@ class DirectHaves:
                 await _reset(stream)
 
     async def _write(self, peer: ID, stream: INetStream | None, body: bytes) -> INetStream | None:
-        """Write `body` to `peer` on `stream`, or on a new stream when there is none or writing failed;
-        the stream to keep, or None once both tries failed (then `undelivered`)."""
+        """Write `body` to `peer` on `stream`, or on a new stream when there is none or writing failed
+        (while the peer is connected: never a dial); the stream to keep, or None once both tries failed
+        or the peer is gone (then `undelivered`)."""
         for _ in range(2):
             try:
                 with trio.fail_after(self._timeout):
                     if stream is None:
+                        if not self.connected(peer):  # new_stream would dial it: the dialer's business
+                            break
                         stream = await self._host.new_stream(peer, [TProtocol(HAVE_PROTOCOL)])
                     await wire.write_frame(stream, body)
             except (Exception, BaseExceptionGroup) as exc:
