@@ -1,9 +1,6 @@
-"""Errors raised by the p2p layer (every one is a `P2PError`, so a caller can catch the family), and how a
-loop tells trio's cancellation from a failure (`is_cancellation`)."""
+"""Errors raised by the p2p layer. Every one is a `P2PError`, so a caller can catch the family."""
 
 from __future__ import annotations
-
-import trio
 
 
 class P2PError(Exception):
@@ -35,12 +32,3 @@ class BlobTooLarge(P2PError):
 
 class FetchTimeout(P2PError):
     """The whole fetch did not finish within its deadline."""
-
-
-def is_cancellation(exc: BaseException) -> bool:
-    """Whether `exc` is trio's Cancelled or a group holding nothing else, to be re-raised by a loop that
-    otherwise logs its failures: py-libp2p wraps a connection torn down mid-call in exception groups, and
-    a task in the host's nursery that let one through would end the host."""
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.subgroup(lambda e: not isinstance(e, (trio.Cancelled, BaseExceptionGroup))) is None
-    return isinstance(exc, trio.Cancelled)

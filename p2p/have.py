@@ -39,7 +39,6 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from . import wire
-from .errors import is_cancellation
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +218,15 @@ class DirectHaves:
         while len(self._budgets) > _MAX_SENDERS:
             self._budgets.popitem(last=False)
         return taken
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether `exc` is trio's Cancelled or a group holding nothing else, to be re-raised by a loop that
+    otherwise logs its failures: py-libp2p wraps a connection torn down mid-call in exception groups, and
+    a task in the host's nursery that let one through would end the host."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(lambda e: not isinstance(e, (trio.Cancelled, BaseExceptionGroup))) is None
+    return isinstance(exc, trio.Cancelled)
 
 
 async def _reset(stream: INetStream) -> None:

@@ -40,9 +40,9 @@ from libp2p.tools.anyio_service.exceptions import LifecycleError
 
 from . import pubsub_reader, pubsub_records, task_parents, wire, yamux_window
 from .addresses import WILDCARDS, advertised_addrs, local_ip_addresses
-from .errors import BlobNotFound, BlobNotHeld, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError, is_cancellation
+from .errors import BlobNotFound, BlobNotHeld, BlobTooLarge, DigestMismatch, FetchTimeout, P2PError
 from .gossip import MESH_DEGREE, swarm_gossipsub
-from .have import HAVE_PROTOCOL, DirectHaves
+from .have import HAVE_PROTOCOL, DirectHaves, is_cancellation
 from .pieces import HolderDoesNotHold, HolderFailed, HolderLied, PieceFetch, piece_hashes
 from .store import BlobStore, check_digest
 

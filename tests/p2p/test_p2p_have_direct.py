@@ -14,8 +14,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 
 from p2p import wire
-from p2p.errors import is_cancellation
-from p2p.have import HAVE_PROTOCOL, MAX_HAVE_FRAME
+from p2p.have import HAVE_PROTOCOL, MAX_HAVE_FRAME, is_cancellation
 from p2p.store import MemoryBlobStore
 
 pytestmark = pytest.mark.anyio
